@@ -1,1 +1,17 @@
-pub fn placeholder() {}
+//! scfoundry: single-cell foundation models and baselines on .h5ad data.
+//!
+//! A newcomer's map: `cli.rs` (flags) -> `commands/<command>.rs` (one file per command) ->
+//! `methods/<method>.rs` (one file per method; declared in the top-level `methods/*.toml`);
+//! `anndata/` reads and writes .h5ad; `runner/` runs tasks and writes trace.txt.
+
+pub mod anndata;
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod linalg;
+pub mod methods;
+pub mod progress;
+pub mod registry;
+pub mod runner;
+pub mod settings;
+pub mod weights;

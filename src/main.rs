@@ -1,1 +1,68 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use scfoundry::cli::{Cli, Commands, MethodsCommand, WeightsCommand};
+use scfoundry::commands::{self, not_yet::not_yet, ExitStatus};
+use scfoundry::error::Error;
+use scfoundry::settings::Settings;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are successes; any usage error is the user's: exit 1
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(status) => ExitCode::from(status.code().clamp(0, 255) as u8),
+        Err(err) => {
+            report(&err);
+            let internal = err.downcast_ref::<Error>().is_some_and(|e| !e.is_user_error());
+            ExitCode::from(if internal { 2 } else { 1 })
+        }
+    }
+}
+
+/// `error:`, then each cause, then the first hint found in the chain.
+fn report(err: &anyhow::Error) {
+    eprintln!("error: {err}");
+    for cause in err.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    if let Some(hint) = err.chain().find_map(|c| c.downcast_ref::<Error>().and_then(Error::hint)) {
+        eprintln!("hint: {hint}");
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
+    let g = &cli.global;
+    if let Commands::Task { spec } = &cli.command {
+        return commands::task::run(spec);
+    }
+    if let Commands::Init(a) = &cli.command {
+        return commands::init::init(&a.dir, g.weights_dir.as_deref(), g.quiet);
+    }
+    let s = Settings::resolve(g.workspace.as_deref(), g.weights_dir.as_deref(), g.quiet)?;
+    match &cli.command {
+        Commands::Methods(a) => match &a.command {
+            None | Some(MethodsCommand::List) => commands::methods::run(&s.registry, None),
+            Some(MethodsCommand::Show { name }) => commands::methods::run(&s.registry, Some(name)),
+        },
+        Commands::Weights(a) => match &a.command {
+            WeightsCommand::List { method, hash } => commands::weights::list(&s, method.as_deref(), *hash),
+            WeightsCommand::Verify { names } => commands::weights::verify(&s, names),
+        },
+        Commands::Embed(a) => commands::embed::run(&s, a),
+        Commands::Transfer(_) => not_yet("transfer", "embed reference and query with `scfoundry embed` for now"),
+        Commands::Finetune(_) => not_yet("finetune", "fine-tuning arrives with the transformer models"),
+        Commands::Integrate(_) => not_yet("integrate", "harmony, seurat and scvi_denovo are planned; see `scfoundry methods`"),
+        Commands::Benchmark(_) => not_yet("benchmark", "the scIB metric suite is being built"),
+        Commands::Geometry(_) => not_yet("geometry", "the geometry report comes with the metric suite"),
+        Commands::Config(_) => not_yet("config", "Nextflow config generation is planned"),
+        Commands::Trace(_) => not_yet("trace", "read runs/<id>/trace.txt directly; it is in Nextflow's format"),
+        Commands::Init(_) | Commands::Task { .. } => unreachable!(),
+    }
+}

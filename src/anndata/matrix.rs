@@ -1,0 +1,286 @@
+//! The expression matrix (X, a layer, or raw/X), read in blocks of rows.
+//!
+//! CSR streams: each block reads only its slice of `data` and `indices`. Dense X reads a
+//! hyperslab of rows. CSC cannot be sliced by rows cheaply, so it is converted to CSR in
+//! memory once (with a warning from the caller).
+
+use std::path::{Path, PathBuf};
+
+use hdf5::{Dataset, Group};
+
+use super::h5util::{encoding_type, str_attr};
+use crate::error::{Error, Hdf5Context, Result};
+
+/// A block of rows in CSR form: `indptr` starts at 0 for the block's first row.
+#[derive(Debug, Clone, Default)]
+pub struct CsrBlock {
+    pub start_row: usize,
+    pub indptr: Vec<usize>,
+    pub indices: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+impl CsrBlock {
+    pub fn n_rows(&self) -> usize {
+        self.indptr.len().saturating_sub(1)
+    }
+    pub fn row(&self, i: usize) -> (&[u32], &[f32]) {
+        let (a, b) = (self.indptr[i], self.indptr[i + 1]);
+        (&self.indices[a..b], &self.data[a..b])
+    }
+    pub fn nnz(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// How the matrix is stored.
+pub enum Storage {
+    Dense(Dataset),
+    Csr { data: Dataset, indices: Dataset, indptr: Vec<u64> },
+    /// CSC converted to CSR in memory.
+    InMemory { indptr: Vec<u64>, indices: Vec<u32>, data: Vec<f32> },
+}
+
+/// A matrix inside an .h5ad file.
+pub struct Matrix {
+    pub path: PathBuf,
+    /// Where in the file: `X`, `layers/counts`, `raw/X`.
+    pub field: String,
+    pub n_rows: usize,
+    pub n_cols: usize,
+    pub storage: Storage,
+    /// The on-disk element type, for messages and provenance.
+    pub dtype: String,
+    /// The stored format, `dense`, `csr` or `csc`.
+    pub format: &'static str,
+}
+
+fn bad(path: &Path, field: &str, detail: impl Into<String>, hint: Option<&str>) -> Error {
+    Error::BadField { path: path.to_path_buf(), field: field.into(), detail: detail.into(), hint: hint.map(str::to_string) }
+}
+
+fn dtype_name(ds: &Dataset) -> String {
+    use hdf5::types::TypeDescriptor as T;
+    match ds.dtype().and_then(|t| t.to_descriptor()) {
+        Ok(T::Float(s)) => format!("float{}", s as usize * 8),
+        Ok(T::Integer(s)) => format!("int{}", s as usize * 8),
+        Ok(T::Unsigned(s)) => format!("uint{}", s as usize * 8),
+        Ok(T::Boolean) => "bool".into(),
+        Ok(other) => format!("{other}"),
+        Err(_) => "unknown".into(),
+    }
+}
+
+fn ensure_numeric(path: &Path, field: &str, ds: &Dataset) -> Result<()> {
+    use hdf5::types::TypeDescriptor as T;
+    match ds.dtype().and_then(|t| t.to_descriptor()) {
+        Ok(T::Float(_) | T::Integer(_) | T::Unsigned(_) | T::Boolean) => Ok(()),
+        Ok(other) => Err(bad(path, field, format!("holds {other}, not numbers"), None)),
+        Err(e) => Err(bad(path, field, format!("unreadable type: {e}"), None)),
+    }
+}
+
+fn read_index_vec(path: &Path, field: &str, ds: &Dataset) -> Result<Vec<u64>> {
+    let v: Vec<i64> = ds.read_raw::<i64>().map_err(|e| bad(path, field, format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+    v.into_iter()
+        .map(|x| u64::try_from(x).map_err(|_| bad(path, field, format!("holds a negative offset ({x})"), None)))
+        .collect()
+}
+
+const CORRUPT_HINT: &str = "the file may be truncated or corrupt: copy it again, or rewrite it with anndata";
+
+impl Matrix {
+    /// Open the matrix stored at `field` (a dataset for dense, a group for sparse).
+    pub fn open(path: &Path, file: &Group, field: &str) -> Result<Matrix> {
+        let loc_type = file.loc_type_by_name(field).map_err(|_| {
+            bad(path, field, "is missing", Some("an AnnData file stores its matrix in `X`; a layer is named with `--layer NAME`"))
+        })?;
+        match loc_type {
+            hdf5::LocationType::Dataset => {
+                let ds = file.dataset(field).h5ctx(|| format!("opening {field}"))?;
+                ensure_numeric(path, field, &ds)?;
+                let shape = ds.shape();
+                if shape.len() != 2 {
+                    return Err(bad(path, field, format!("is a {}-dimensional array, expected 2 (cells x genes)", shape.len()), None));
+                }
+                Ok(Matrix {
+                    path: path.to_path_buf(),
+                    field: field.into(),
+                    n_rows: shape[0],
+                    n_cols: shape[1],
+                    dtype: dtype_name(&ds),
+                    storage: Storage::Dense(ds),
+                    format: "dense",
+                })
+            }
+            hdf5::LocationType::Group => {
+                let g = file.group(field).h5ctx(|| format!("opening {field}"))?;
+                let enc = encoding_type(&g).or_else(|| str_attr(&g, "h5sparse_format").map(|f| format!("{f}_matrix")));
+                let enc = enc.ok_or_else(|| {
+                    bad(path, field, "is a group without an `encoding-type` attribute", Some("files from anndata older than 0.7 are not supported: rewrite with a current anndata"))
+                })?;
+                let shape: Vec<i64> = g
+                    .attr("shape")
+                    .and_then(|a| a.read_raw::<i64>())
+                    .map_err(|_| bad(path, &format!("{field}.attrs['shape']"), "is missing or unreadable", Some(CORRUPT_HINT)))?;
+                if shape.len() != 2 || shape.iter().any(|&s| s < 0) {
+                    return Err(bad(path, &format!("{field}.attrs['shape']"), format!("is {shape:?}, expected two sizes"), None));
+                }
+                let (n_rows, n_cols) = (shape[0] as usize, shape[1] as usize);
+                for part in ["data", "indices", "indptr"] {
+                    if !g.link_exists(part) {
+                        return Err(bad(path, &format!("{field}/{part}"), "is missing", Some(CORRUPT_HINT)));
+                    }
+                }
+                let data = g.dataset("data").h5ctx(|| format!("opening {field}/data"))?;
+                ensure_numeric(path, &format!("{field}/data"), &data)?;
+                let indices = g.dataset("indices").h5ctx(|| format!("opening {field}/indices"))?;
+                let indptr_ds = g.dataset("indptr").h5ctx(|| format!("opening {field}/indptr"))?;
+                let indptr = read_index_vec(path, &format!("{field}/indptr"), &indptr_ds)?;
+                let nnz = data.size() as u64;
+                if indices.size() as u64 != nnz {
+                    return Err(bad(path, &format!("{field}/indices"), format!("has {} entries but data has {nnz}", indices.size()), Some(CORRUPT_HINT)));
+                }
+                let dtype = dtype_name(&data);
+                match enc.as_str() {
+                    "csr_matrix" => {
+                        check_indptr(path, field, &indptr, n_rows, nnz)?;
+                        Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csr", storage: Storage::Csr { data, indices, indptr } })
+                    }
+                    "csc_matrix" => {
+                        check_indptr(path, field, &indptr, n_cols, nnz)?;
+                        let storage = csc_to_csr(path, field, &data, &indices, &indptr, n_rows, n_cols)?;
+                        Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csc", storage })
+                    }
+                    other => Err(bad(path, field, format!("has encoding `{other}`, expected csr_matrix, csc_matrix or a dense array"), None)),
+                }
+            }
+            _ => Err(bad(path, field, "is neither a dataset nor a group", None)),
+        }
+    }
+
+    pub fn nnz_estimate(&self) -> u64 {
+        match &self.storage {
+            Storage::Dense(_) => (self.n_rows * self.n_cols) as u64,
+            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => *indptr.last().unwrap_or(&0),
+        }
+    }
+
+    /// Suggested block boundaries: about `target_nnz` stored values a block, at least one row.
+    pub fn blocks(&self, target_nnz: u64) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        match &self.storage {
+            Storage::Dense(_) => {
+                let rows = ((target_nnz as usize) / self.n_cols.max(1)).max(1);
+                let mut s = 0;
+                while s < self.n_rows {
+                    let e = (s + rows).min(self.n_rows);
+                    out.push((s, e));
+                    s = e;
+                }
+            }
+            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => {
+                let mut s = 0;
+                while s < self.n_rows {
+                    let mut e = s + 1;
+                    // grow by doubling-free scan; cheap since indptr is in memory
+                    while e < self.n_rows && indptr[e + 1] - indptr[s] <= target_nnz && e - s < 65536 {
+                        e += 1;
+                    }
+                    out.push((s, e));
+                    s = e;
+                }
+            }
+        }
+        out
+    }
+
+    /// Read rows `start..end` as a CSR block of f32 values.
+    pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
+        let field = &self.field;
+        match &self.storage {
+            Storage::Dense(ds) => {
+                let arr: ndarray::Array2<f32> = ds
+                    .read_slice_2d((start..end, ..))
+                    .map_err(|e| bad(&self.path, field, format!("rows {start}..{end} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+                let mut block = CsrBlock { start_row: start, indptr: vec![0], ..Default::default() };
+                for row in arr.rows() {
+                    for (j, &v) in row.iter().enumerate() {
+                        if v != 0.0 {
+                            block.indices.push(j as u32);
+                            block.data.push(v);
+                        }
+                    }
+                    block.indptr.push(block.data.len());
+                }
+                Ok(block)
+            }
+            Storage::Csr { data, indices, indptr } => {
+                let (a, b) = (indptr[start] as usize, indptr[end] as usize);
+                let vals: Vec<f32> = data
+                    .read_slice_1d(a..b)
+                    .map_err(|e| bad(&self.path, &format!("{field}/data"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?
+                    .into_raw_vec_and_offset()
+                    .0;
+                let idx: Vec<i64> = indices
+                    .read_slice_1d(a..b)
+                    .map_err(|e| bad(&self.path, &format!("{field}/indices"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?
+                    .into_raw_vec_and_offset()
+                    .0;
+                let mut out_idx = Vec::with_capacity(idx.len());
+                for &j in &idx {
+                    if j < 0 || j as usize >= self.n_cols {
+                        return Err(bad(&self.path, &format!("{field}/indices"), format!("holds column {j}, outside 0..{}", self.n_cols), Some(CORRUPT_HINT)));
+                    }
+                    out_idx.push(j as u32);
+                }
+                let ip = indptr[start..=end].iter().map(|&p| (p - a as u64) as usize).collect();
+                Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals })
+            }
+            Storage::InMemory { indptr, indices, data } => {
+                let (a, b) = (indptr[start] as usize, indptr[end] as usize);
+                let ip = indptr[start..=end].iter().map(|&p| (p as usize) - a).collect();
+                Ok(CsrBlock { start_row: start, indptr: ip, indices: indices[a..b].to_vec(), data: data[a..b].to_vec() })
+            }
+        }
+    }
+}
+
+fn check_indptr(path: &Path, field: &str, indptr: &[u64], n: usize, nnz: u64) -> Result<()> {
+    let f = format!("{field}/indptr");
+    if indptr.len() != n + 1 {
+        return Err(bad(path, &f, format!("has {} entries, expected {} (one more than the number of rows or columns)", indptr.len(), n + 1), Some(CORRUPT_HINT)));
+    }
+    if indptr[0] != 0 || *indptr.last().unwrap() != nnz || indptr.windows(2).any(|w| w[0] > w[1]) {
+        return Err(bad(path, &f, format!("is not a valid offset array (first {}, last {}, {nnz} stored values)", indptr[0], indptr.last().unwrap()), Some(CORRUPT_HINT)));
+    }
+    Ok(())
+}
+
+fn csc_to_csr(path: &Path, field: &str, data: &Dataset, indices: &Dataset, indptr: &[u64], n_rows: usize, n_cols: usize) -> Result<Storage> {
+    let vals: Vec<f32> = data.read_raw().map_err(|e| bad(path, &format!("{field}/data"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+    let rows: Vec<i64> = indices.read_raw().map_err(|e| bad(path, &format!("{field}/indices"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+    let mut counts = vec![0u64; n_rows + 1];
+    for &r in &rows {
+        if r < 0 || r as usize >= n_rows {
+            return Err(bad(path, &format!("{field}/indices"), format!("holds row {r}, outside 0..{n_rows}"), Some(CORRUPT_HINT)));
+        }
+        counts[r as usize + 1] += 1;
+    }
+    for i in 0..n_rows {
+        counts[i + 1] += counts[i];
+    }
+    let mut next: Vec<u64> = counts[..n_rows].to_vec();
+    let mut out_idx = vec![0u32; vals.len()];
+    let mut out_val = vec![0f32; vals.len()];
+    for c in 0..n_cols {
+        for p in indptr[c] as usize..indptr[c + 1] as usize {
+            let r = rows[p] as usize;
+            let dst = next[r] as usize;
+            out_idx[dst] = c as u32;
+            out_val[dst] = vals[p];
+            next[r] += 1;
+        }
+    }
+    Ok(Storage::InMemory { indptr: counts, indices: out_idx, data: out_val })
+}

@@ -1,0 +1,238 @@
+//! AnnData (`.h5ad`) reading and writing on HDF5.
+//!
+//! Reading follows anndata's on-disk encoding (`encoding-type` attributes, see
+//! ../shared/GPU.md and anndata's docs): X dense, CSR or CSC of any numeric dtype with
+//! int32 or int64 offsets; dataframes with categorical, string, numeric, bool and nullable
+//! columns; obsm, varm, layers, raw and uns. The matrix is read in blocks of rows.
+//!
+//! Writing never touches the input: the output is a copy of the input (all of its content,
+//! whatever anndata version wrote it) to which we add entries, built in a temporary file
+//! next to the destination and renamed into place.
+
+pub mod dataframe;
+pub mod h5util;
+pub mod matrix;
+pub mod uns;
+pub mod write;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use hdf5::File;
+
+pub use dataframe::{Column, DataFrame};
+pub use matrix::{CsrBlock, Matrix};
+
+use crate::error::{Error, Hdf5Context, Result};
+
+const HDF5_MAGIC: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
+
+/// An open .h5ad file with its validated shape and names.
+pub struct AnnData {
+    pub path: PathBuf,
+    pub file: File,
+    pub n_obs: usize,
+    pub n_vars: usize,
+    pub obs_names: Vec<String>,
+    pub var_names: Vec<String>,
+}
+
+/// Check that `path` exists and starts with the HDF5 signature (at 0, 512, 1024, ...).
+pub fn check_hdf5_signature(path: &Path) -> Result<()> {
+    let mut f = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::MissingFile { path: path.into() },
+        _ => Error::Io { path: path.into(), source: e },
+    })?;
+    if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(Error::BadField { path: path.into(), field: "(path)".into(), detail: "is a folder, not a file".into(), hint: Some("pass the .h5ad file itself".into()) });
+    }
+    let mut buf = vec![0u8; 8];
+    let mut offset = 0usize;
+    let mut head = Vec::new();
+    // The superblock may sit after a user block of 512, 1024, 2048... bytes.
+    loop {
+        f.read_exact(&mut buf).ok();
+        if offset == 0 {
+            head = buf.clone();
+        }
+        if &buf[..] == HDF5_MAGIC {
+            return Ok(());
+        }
+        let next = if offset == 0 { 512 } else { offset * 2 };
+        use std::io::Seek;
+        if next > 1 << 20 || f.seek(std::io::SeekFrom::Start(next as u64)).is_err() {
+            break;
+        }
+        buf.iter_mut().for_each(|b| *b = 0);
+        offset = next;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if next as u64 >= len {
+            break;
+        }
+    }
+    let magic = if head.iter().all(|&b| b == 0) {
+        "nothing readable (an empty file?)".to_string()
+    } else {
+        format!("{:?}", String::from_utf8_lossy(&head).chars().take(8).collect::<String>())
+    };
+    Err(Error::NotHdf5 { path: path.into(), magic })
+}
+
+impl AnnData {
+    /// Open and validate: the file exists, is HDF5, has X, and X's shape agrees with obs and var.
+    pub fn open(path: &Path) -> Result<AnnData> {
+        check_hdf5_signature(path)?;
+        let file = {
+            let _silence = hdf5::silence_errors(true);
+            File::open(path).map_err(|e| Error::CorruptFile { path: path.into(), detail: first_line(&e.to_string()) })?
+        };
+        for group in ["obs", "var"] {
+            if !file.link_exists(group) {
+                return Err(Error::BadField {
+                    path: path.into(),
+                    field: group.into(),
+                    detail: "is missing".into(),
+                    hint: Some("this HDF5 file is not an AnnData file (no obs/var dataframes)".into()),
+                });
+            }
+        }
+        if !file.link_exists("X") {
+            return Err(Error::BadField {
+                path: path.into(),
+                field: "X".into(),
+                detail: "is missing: the file holds no expression matrix".into(),
+                hint: Some(
+                    "anndata writes X unless it is None; if the counts live in a layer, pass `--layer NAME`".into(),
+                ),
+            });
+        }
+        let obs = file.group("obs").h5ctx(|| "opening obs".into())?;
+        let var = file.group("var").h5ctx(|| "opening var".into())?;
+        let obs_names = dataframe::read_index(path, &obs, "obs")?;
+        let var_names = dataframe::read_index(path, &var, "var")?;
+        let x = Matrix::open(path, &file, "X")?;
+        if x.n_rows != obs_names.len() {
+            return Err(Error::ShapeObs { path: path.into(), n_obs: x.n_rows, obs_len: obs_names.len() });
+        }
+        if x.n_cols != var_names.len() {
+            return Err(Error::ShapeVar { path: path.into(), n_vars: x.n_cols, var_len: var_names.len() });
+        }
+        let (n_obs, n_vars) = (x.n_rows, x.n_cols);
+        Ok(AnnData { path: path.into(), file, n_obs, n_vars, obs_names, var_names })
+    }
+
+    /// Fail on zero cells, zero genes or duplicated gene names.
+    pub fn check_usable(&self) -> Result<()> {
+        if self.n_obs == 0 {
+            return Err(Error::ZeroCells { path: self.path.clone(), n_vars: self.n_vars });
+        }
+        if self.n_vars == 0 {
+            return Err(Error::ZeroGenes { path: self.path.clone(), n_obs: self.n_obs });
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(self.var_names.len());
+        for n in &self.var_names {
+            *seen.entry(n.as_str()).or_default() += 1;
+        }
+        let mut dups: Vec<(&str, usize)> = seen.into_iter().filter(|&(_, c)| c > 1).collect();
+        if !dups.is_empty() {
+            dups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            let (name, count) = dups[0];
+            return Err(Error::DuplicateVarNames { path: self.path.clone(), name: name.into(), count, n_dup: dups.len() });
+        }
+        Ok(())
+    }
+
+    /// The expression matrix: X, or `layers/NAME` when a layer is named.
+    pub fn matrix(&self, layer: Option<&str>) -> Result<Matrix> {
+        let field = match layer {
+            None => "X".to_string(),
+            Some(name) => {
+                let field = format!("layers/{name}");
+                if !self.file.link_exists("layers") || !self.file.group("layers").map(|g| g.link_exists(name)).unwrap_or(false) {
+                    let have = self.group_keys("layers");
+                    return Err(Error::BadField {
+                        path: self.path.clone(),
+                        field,
+                        detail: "is missing".into(),
+                        hint: Some(if have.is_empty() { "the file has no layers; drop `--layer` to use X".into() } else { format!("layers in this file: {}", have.join(", ")) }),
+                    });
+                }
+                field
+            }
+        };
+        let m = Matrix::open(&self.path, &self.file, &field)?;
+        if m.n_rows != self.n_obs || m.n_cols != self.n_vars {
+            return Err(Error::BadField {
+                path: self.path.clone(),
+                field,
+                detail: format!("is {} x {} but the data is {} x {}", m.n_rows, m.n_cols, self.n_obs, self.n_vars),
+                hint: None,
+            });
+        }
+        Ok(m)
+    }
+
+    /// Member names of a top-level group (obsm, varm, layers, uns), sorted.
+    pub fn group_keys(&self, group: &str) -> Vec<String> {
+        let mut v = self.file.group(group).and_then(|g| g.member_names()).unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    pub fn obs(&self) -> Result<DataFrame> {
+        let g = self.file.group("obs").h5ctx(|| "opening obs".into())?;
+        dataframe::read_dataframe(&self.path, &g, "obs")
+    }
+
+    pub fn var(&self) -> Result<DataFrame> {
+        let g = self.file.group("var").h5ctx(|| "opening var".into())?;
+        dataframe::read_dataframe(&self.path, &g, "var")
+    }
+
+    /// `raw`, when present: its var dataframe and its matrix.
+    pub fn raw(&self) -> Result<Option<(DataFrame, Matrix)>> {
+        if !self.file.link_exists("raw") {
+            return Ok(None);
+        }
+        let g = self.file.group("raw").h5ctx(|| "opening raw".into())?;
+        let var_g = g.group("var").map_err(|_| Error::BadField { path: self.path.clone(), field: "raw/var".into(), detail: "is missing".into(), hint: None })?;
+        let var = dataframe::read_dataframe(&self.path, &var_g, "raw/var")?;
+        let m = Matrix::open(&self.path, &self.file, "raw/X")?;
+        Ok(Some((var, m)))
+    }
+
+    /// A dense 2-D entry of obsm or varm (`group` is "obsm" or "varm") as row-major f32.
+    pub fn dense_entry(&self, group: &str, key: &str) -> Result<(Vec<f32>, usize, usize)> {
+        let field = format!("{group}/{key}");
+        let ds = self.file.dataset(&field).map_err(|_| {
+            let have = self.group_keys(group);
+            Error::BadField {
+                path: self.path.clone(),
+                field: field.clone(),
+                detail: "is missing or not a dense array".into(),
+                hint: Some(if have.is_empty() { format!("the file has no {group} entries") } else { format!("{group} entries in this file: {}", have.join(", ")) }),
+            }
+        })?;
+        let shape = ds.shape();
+        let (r, c) = match shape.as_slice() {
+            [r] => (*r, 1),
+            [r, c] => (*r, *c),
+            _ => return Err(Error::BadField { path: self.path.clone(), field, detail: format!("has shape {shape:?}, expected 2 dimensions"), hint: None }),
+        };
+        let v: Vec<f32> = ds.read_raw().map_err(|e| Error::BadField { path: self.path.clone(), field: field.clone(), detail: format!("cannot be read: {e}"), hint: None })?;
+        Ok((v, r, c))
+    }
+
+    /// `uns` as JSON (scalars, strings, small arrays, nested dicts).
+    pub fn uns(&self) -> serde_json::Value {
+        match self.file.group("uns") {
+            Ok(g) => uns::read_group(&g),
+            Err(_) => serde_json::json!({}),
+        }
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or(s).to_string()
+}

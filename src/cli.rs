@@ -1,0 +1,186 @@
+//! Command-line definitions only; the logic lives in `commands/`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "scfoundry",
+    version,
+    about = "Run single-cell foundation models and classic baselines on .h5ad data",
+    long_about = "Run single-cell foundation models (scFMs) and classic baselines on AnnData .h5ad files: \
+embed cells, score embeddings, transfer labels and fine-tune, on a laptop, a GPU workstation or a cluster.\n\n\
+Every result is a new .h5ad (your input is never modified unless you pass --in-place) plus a run folder \
+with a Nextflow-format trace.txt and a cost report.",
+    after_help = "Start with `scfoundry methods` to see what can run, then e.g.\n  scfoundry embed --method pca --data demo/pbmc68k_counts.h5ad"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Use this workspace (a folder with scfoundry.toml) instead of $SCFOUNDRY_WORKSPACE or searching
+    /// upwards from the current folder.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Weights folder, shared between workspaces. Default: $SCFOUNDRY_WEIGHTS_DIR, else the workspace's,
+    /// else ~/.cache/scfoundry/weights-v1. With `init`, the workspace points at this folder.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub weights_dir: Option<PathBuf>,
+    /// No progress bars and no summary lines; warnings and errors are still printed.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Commands {
+    /// Create a workspace: scfoundry.toml, runs/ and a weights folder (or a pointer to a shared one).
+    Init(InitArgs),
+    /// List the methods with their defaults, or show one method in full.
+    Methods(MethodsArgs),
+    /// The pinned weights manifest: list entries and check them in the weights folder.
+    Weights(WeightsArgs),
+    /// Embed cells with a method; writes a new .h5ad with obsm['X_<method>'] and a run folder.
+    Embed(EmbedArgs),
+    /// Transfer labels from a reference to a query (not in this version yet).
+    Transfer(NotYetArgs),
+    /// Fine-tune a model on labelled cells (not in this version yet).
+    Finetune(NotYetArgs),
+    /// Integrate batches: harmony, seurat, scvi_denovo (not in this version yet).
+    Integrate(NotYetArgs),
+    /// Score embeddings with the scIB metrics (not in this version yet).
+    Benchmark(NotYetArgs),
+    /// Describe the geometry of an embedding (not in this version yet).
+    Geometry(NotYetArgs),
+    /// Write a Nextflow config for the workspace (not in this version yet).
+    Config(NotYetArgs),
+    /// Read a trace.txt and report cost (not in this version yet).
+    Trace(NotYetArgs),
+    /// Internal: run one task of a run folder.
+    #[command(name = "__task", hide = true)]
+    Task { spec: PathBuf },
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The workspace folder to create (may exist; an existing scfoundry.toml is kept).
+    /// Pass the global `--weights-dir DIR` to share one weights folder between workspaces.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct MethodsArgs {
+    #[command(subcommand)]
+    pub command: Option<MethodsCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MethodsCommand {
+    /// The table of all methods (the default).
+    List,
+    /// One method: description, paper, defaults, honoured options, weights and advice.
+    Show { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct WeightsArgs {
+    #[command(subcommand)]
+    pub command: WeightsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WeightsCommand {
+    /// Each manifest entry, its size, and whether it is present and verified in the weights folder.
+    List {
+        /// Only entries of this method.
+        #[arg(long)]
+        method: Option<String>,
+        /// Hash present files that have no current verification stamp (can be slow for large files).
+        #[arg(long)]
+        hash: bool,
+    },
+    /// Check sha256 of present files against the manifest (offline). Exit 1 if any is wrong.
+    Verify {
+        /// Methods or entry ids; all when none.
+        names: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct EmbedArgs {
+    /// The method (see `scfoundry methods`).
+    #[arg(long, short)]
+    pub method: String,
+    /// Input .h5ad file; never modified unless --in-place.
+    #[arg(long, short, value_name = "H5AD")]
+    pub data: PathBuf,
+    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).
+    #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
+    pub out: Option<PathBuf>,
+    /// Replace the input file atomically (a temporary file is renamed over it when complete).
+    #[arg(long)]
+    pub in_place: bool,
+    /// Read the matrix from layers[NAME] instead of X.
+    #[arg(long, value_name = "NAME")]
+    pub layer: Option<String>,
+    /// Seed for every random step (recorded in the output's provenance).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+    #[command(flatten)]
+    pub knobs: KnobArgs,
+    /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
+    #[arg(long, value_name = "DIR")]
+    pub runs_dir: Option<PathBuf>,
+}
+
+/// Batch options. Each method declares which it honours; others are accepted with a warning.
+#[derive(Debug, Args, Default)]
+pub struct BatchArgs {
+    /// Cells per batch for embedding (default: the method's, see `scfoundry methods`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_size: Option<u64>,
+}
+
+/// Method-specific options; a method that does not declare one ignores it with a warning.
+#[derive(Debug, Args, Default)]
+pub struct KnobArgs {
+    /// pca: number of principal components (default 50).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_comps: Option<u64>,
+    /// pca: number of highly variable genes (default 2000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_top_genes: Option<u64>,
+    /// scprint: maximum genes per cell (default 4000; memory roughly linear in it).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_len: Option<u64>,
+    /// uce: transformer layers to run (default 33; changes the model computed).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub nlayers: Option<u64>,
+    /// cellama, c2s: genes per cell sentence.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub top_genes: Option<u64>,
+}
+
+impl KnobArgs {
+    /// (flag, value) for every knob given on the command line.
+    pub fn given(&self) -> Vec<(&'static str, u64)> {
+        [("--n-comps", self.n_comps), ("--n-top-genes", self.n_top_genes), ("--max-len", self.max_len), ("--nlayers", self.nlayers), ("--top-genes", self.top_genes)]
+            .into_iter()
+            .filter_map(|(f, v)| v.map(|v| (f, v)))
+            .collect()
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct NotYetArgs {
+    /// Arguments for a later version.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    pub rest: Vec<String>,
+}

@@ -1,0 +1,109 @@
+//! `scfoundry methods` and `scfoundry methods show NAME`.
+
+use std::fmt::Write;
+
+use crate::commands::ExitStatus;
+use crate::registry::{Device, Kind, Method, Registry};
+use crate::weights::Manifest;
+
+fn params(n: u64) -> String {
+    match n {
+        0 => "-".into(),
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.0}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.0}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+fn device(d: Device) -> &'static str {
+    match d {
+        Device::Cpu => "cpu",
+        Device::Gpu => "gpu",
+    }
+}
+
+/// The table of all methods, cheapest first.
+pub fn table(reg: &Registry) -> String {
+    let mut rows = vec![["METHOD", "KIND", "FAMILY", "DEVICE", "BATCH", "TIER", "DIM", "PARAMS", "STATUS"].map(String::from).to_vec()];
+    for m in reg.by_cost() {
+        let batch = match reg.default_batch(m) {
+            Some(b) if reg.overrides.contains_key(&m.name) => format!("{b}*"),
+            Some(b) => b.to_string(),
+            None => "-".into(),
+        };
+        rows.push(vec![
+            m.name.clone(),
+            if m.kind == Kind::Integration { "integration".into() } else { "embedding".into() },
+            m.family.clone(),
+            device(m.device).into(),
+            batch,
+            m.cost_tier.to_string(),
+            m.embedding_dim.to_string(),
+            params(m.parameters),
+            if m.implemented { "ready".into() } else { "planned".into() },
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap()).collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect();
+        writeln!(out, "{}", line.join("  ").trim_end()).unwrap();
+    }
+    writeln!(out, "\nTIER: relative cost, 1 cheapest to 5 most expensive. BATCH: default --batch-size ('-': no batch option{}).", if reg.overrides.is_empty() { "" } else { "; '*': set by the workspace" }).unwrap();
+    writeln!(out, "`scfoundry methods show NAME` gives the options a method honours, its weights and advice.").unwrap();
+    out
+}
+
+/// One method in full.
+pub fn show(reg: &Registry, m: &Method) -> String {
+    let mut o = String::new();
+    writeln!(o, "{} ({}): {}", m.display_name, m.name, m.description).unwrap();
+    writeln!(o, "  paper:       {}", m.paper).unwrap();
+    writeln!(o, "  code:        {}", m.repository).unwrap();
+    writeln!(o, "  family:      {} {}", m.family, if m.kind == Kind::Integration { "(integration)" } else { "" }).unwrap();
+    writeln!(o, "  device:      {}", device(m.device)).unwrap();
+    writeln!(o, "  parameters:  {}{}", params(m.parameters), m.parameters_note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()).unwrap();
+    writeln!(o, "  cost tier:   {} of 5", m.cost_tier).unwrap();
+    writeln!(o, "  embedding:   {} dimensions", m.embedding_dim).unwrap();
+    writeln!(o, "  input:       {} , genes as {}", m.input_values.replace('_', " "), m.input_genes).unwrap();
+    match (&m.batch, reg.overrides.get(&m.name)) {
+        (_, Some((b, path))) => writeln!(o, "  batch size:  {b} (set by {}; the method's own default is {})", path.display(), m.batch.as_ref().map(|b| b.default.to_string()).unwrap_or("none".into())).unwrap(),
+        (Some(b), None) => writeln!(o, "  batch size:  {} (source: {})", b.default, b.source).unwrap(),
+        (None, None) => writeln!(o, "  batch size:  none (the method has no batch option)").unwrap(),
+    }
+    writeln!(o, "  honours:").unwrap();
+    for cmd in ["embed", "transfer", "finetune", "integrate"] {
+        let h = m.honoured(cmd);
+        writeln!(o, "    {cmd:<10} {}", if h.is_empty() { "no batch options".to_string() } else { h.join(", ") }).unwrap();
+    }
+    if !m.knobs.is_empty() {
+        writeln!(o, "  options:").unwrap();
+        for k in &m.knobs {
+            writeln!(o, "    {:<16} default {}: {}", k.flag, k.default, k.help).unwrap();
+        }
+    }
+    let manifest = Manifest::builtin();
+    if m.weights.is_empty() {
+        writeln!(o, "  weights:     none").unwrap();
+    } else {
+        writeln!(o, "  weights:").unwrap();
+        for id in &m.weights {
+            match manifest.weights.get(id) {
+                Some(e) => writeln!(o, "    {id:<36} {} ({})", e.file, e.licence).unwrap(),
+                None => writeln!(o, "    {id:<36} (not in weights.toml)").unwrap(),
+            }
+        }
+    }
+    writeln!(o, "  status:      {}", if m.implemented { "ready" } else { "planned: registered, not runnable in this version" }).unwrap();
+    writeln!(o, "  advice:      {}", m.advice).unwrap();
+    o
+}
+
+pub fn run(reg: &Registry, name: Option<&str>) -> anyhow::Result<ExitStatus> {
+    match name {
+        None => print!("{}", table(reg)),
+        Some(n) => print!("{}", show(reg, reg.get(n)?)),
+    }
+    Ok(ExitStatus::Success)
+}

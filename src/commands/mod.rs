@@ -1,0 +1,28 @@
+//! One file per command. Each takes resolved settings and returns an exit status.
+
+pub mod embed;
+pub mod init;
+pub mod methods;
+pub mod not_yet;
+pub mod task;
+pub mod weights;
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Success,
+    /// The user's input or the data is wrong (exit 1).
+    Failure,
+    /// A task process ended with this code.
+    Code(i32),
+}
+
+impl ExitStatus {
+    pub fn code(self) -> i32 {
+        match self {
+            ExitStatus::Success => 0,
+            ExitStatus::Failure => 1,
+            ExitStatus::Code(c) => c,
+        }
+    }
+}

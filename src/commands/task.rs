@@ -1,0 +1,147 @@
+//! `scfoundry __task SPEC`: the task process the runner starts. It does the work, then
+//! records its own cost (stats.json) and result (result.json) beside the spec.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::anndata::h5util::{require_dict, write_array_f64, write_f64, write_i64, write_string, set_encoding};
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::commands::ExitStatus;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::pca::{self, Names, PcaOptions};
+use crate::progress::reporter;
+use crate::runner::stats::TaskStats;
+use crate::runner::{TaskResult, TaskSpec};
+
+pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
+    let started = Instant::now();
+    let text = std::fs::read_to_string(spec_path).map_err(|e| Error::Io { path: spec_path.into(), source: e })?;
+    let spec: TaskSpec = serde_json::from_str(&text)?;
+    let dir = spec_path.parent().unwrap_or(Path::new("."));
+    let outcome = match (spec.command.as_str(), spec.method.as_str()) {
+        ("embed", "pca") => embed_pca(&spec),
+        (c, m) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
+    };
+    let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
+    let _ = std::fs::write(dir.join("stats.json"), serde_json::to_string_pretty(&stats)?);
+    let result = outcome?;
+    std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&result)?)?;
+    Ok(ExitStatus::Success)
+}
+
+fn param_u64(spec: &TaskSpec, key: &str, default: u64) -> u64 {
+    spec.params.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// Write a JSON object as an AnnData dict (strings, numbers, bools, nested objects).
+fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String, Value>) -> hdf5::Result<()> {
+    if parent.link_exists(name) {
+        parent.unlink(name)?;
+    }
+    let g = require_dict(parent, name)?;
+    for (k, val) in v {
+        match val {
+            Value::String(s) => write_string(&g, k, s)?,
+            Value::Number(n) if n.is_i64() || n.is_u64() => write_i64(&g, k, n.as_i64().unwrap_or(i64::MAX))?,
+            Value::Number(n) => write_f64(&g, k, n.as_f64().unwrap_or(f64::NAN))?,
+            Value::Bool(b) => {
+                let ds = g.new_dataset::<bool>().shape(()).create(k.as_str())?;
+                ds.write_scalar(b)?;
+                set_encoding(&ds, "numeric-scalar", "0.2.0")?;
+            }
+            Value::Object(o) => write_json_dict(&g, k, o)?,
+            Value::Null => {}
+            Value::Array(_) => write_string(&g, k, &val.to_string())?,
+        }
+    }
+    Ok(())
+}
+
+fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(spec.quiet);
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    if x.format == "csc" {
+        notes.push(format!("{} is stored as CSC, which was converted to CSR in memory; store CSR to stream with flat memory", x.field));
+    }
+    let opts = PcaOptions {
+        n_comps: param_u64(spec, "n_comps", 50) as usize,
+        n_top_genes: param_u64(spec, "n_top_genes", 2000) as usize,
+        seed: spec.seed,
+        ..PcaOptions::default()
+    };
+    if opts.n_top_genes > ad.n_vars {
+        notes.push(format!("--n-top-genes {} exceeds the {} genes in the data; all genes with finite dispersion are used", opts.n_top_genes, ad.n_vars));
+    }
+    let names = Names { obs: &ad.obs_names, var: &ad.var_names };
+    let fit = pca::fit(&x, &names, &opts, rep.as_ref())?;
+    let nc = fit.variance.len();
+
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_pca";
+    let ds = out.create_obsm(key, ad.n_obs, nc)?;
+    pca::transform(&x, &fit, &opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
+    drop(ds);
+    let f = out.file();
+    // varm['PCs']: loadings for every gene, zero outside the HVGs (as scanpy with mask_var)
+    let varm = require_dict(f, "varm").h5ctx(|| "creating varm".into())?;
+    if varm.link_exists("PCs") {
+        varm.unlink("PCs").h5ctx(|| "replacing varm/PCs".into())?;
+    }
+    let m = fit.hvg_genes.len();
+    let mut pcs = vec![0f32; ad.n_vars * nc];
+    for (h, &gene) in fit.hvg_genes.iter().enumerate() {
+        for c in 0..nc {
+            pcs[gene * nc + c] = fit.components[c * m + h] as f32;
+        }
+    }
+    let pcs_ds = varm.new_dataset::<f32>().shape([ad.n_vars, nc]).create("PCs").h5ctx(|| "creating varm/PCs".into())?;
+    pcs_ds.write_raw(&pcs).h5ctx(|| "writing varm/PCs".into())?;
+    set_encoding(&pcs_ds, "array", "0.2.0").h5ctx(|| "tagging varm/PCs".into())?;
+
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    // uns['pca'] as scanpy writes it
+    let mut pca_params = serde_json::Map::new();
+    pca_params.insert("zero_center".into(), json!(true));
+    pca_params.insert("use_highly_variable".into(), json!(true));
+    pca_params.insert("mask_var".into(), json!("highly_variable"));
+    if uns.link_exists("pca") {
+        uns.unlink("pca").h5ctx(|| "replacing uns/pca".into())?;
+    }
+    let pca_g = require_dict(&uns, "pca").h5ctx(|| "creating uns/pca".into())?;
+    write_array_f64(&pca_g, "variance", &fit.variance).h5ctx(|| "writing uns/pca/variance".into())?;
+    write_array_f64(&pca_g, "variance_ratio", &fit.variance_ratio).h5ctx(|| "writing uns/pca/variance_ratio".into())?;
+    write_json_dict(&pca_g, "params", &pca_params).h5ctx(|| "writing uns/pca/params".into())?;
+
+    // uns['scfoundry']: provenance
+    let meta = std::fs::metadata(&spec.data).ok();
+    let mut prov = serde_json::Map::new();
+    prov.insert("tool".into(), json!("scfoundry"));
+    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    prov.insert("method".into(), json!(spec.method));
+    prov.insert("command".into(), json!(spec.command));
+    prov.insert("command_line".into(), json!(spec.command_line));
+    prov.insert("obsm_key".into(), json!(key));
+    prov.insert("seed".into(), json!(spec.seed));
+    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
+    prov.insert("run_id".into(), json!(spec.run_id));
+    prov.insert("input".into(), json!(spec.data.display().to_string()));
+    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
+    prov.insert("matrix".into(), json!(x.field));
+    let mut params = spec.params.clone();
+    params.insert("target_sum".into(), json!(opts.target_sum as f64));
+    params.insert("hvg_flavor".into(), json!("seurat"));
+    params.insert("n_hvg_selected".into(), json!(m));
+    prov.insert("parameters".into(), Value::Object(params));
+    prov.insert("weights".into(), json!({}));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    drop(varm);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes })
+}

@@ -1,0 +1,150 @@
+//! Errors of the library, each with an optional hint that tells the user what to do next.
+//!
+//! The binary walks the chain and prints `error:`, `caused by:` and `hint:` lines
+//! (see `main.rs`). User errors exit 1, internal errors 2.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in library code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: no such file")]
+    MissingFile { path: PathBuf },
+
+    #[error("{path}: not an HDF5 file (an .h5ad file is HDF5; this one starts with {magic})")]
+    NotHdf5 { path: PathBuf, magic: String },
+
+    #[error("{path}: cannot be read as HDF5: {detail}")]
+    CorruptFile { path: PathBuf, detail: String },
+
+    #[error("{path}: {field}: {detail}")]
+    BadField { path: PathBuf, field: String, detail: String, hint: Option<String> },
+
+    #[error("{path}: X has {n_obs} rows but `obs` has {obs_len} cells")]
+    ShapeObs { path: PathBuf, n_obs: usize, obs_len: usize },
+
+    #[error("{path}: X has {n_vars} columns but `var` has {var_len} genes")]
+    ShapeVar { path: PathBuf, n_vars: usize, var_len: usize },
+
+    #[error("{path}: X holds a non-finite value ({value}) at cell {row} ({cell}), gene {col} ({gene})")]
+    NonFinite { path: PathBuf, value: f32, row: usize, col: usize, cell: String, gene: String },
+
+    #[error("{path}: {method} needs raw counts, but X holds {what} ({value}) at cell {row} ({cell}), gene {col} ({gene})")]
+    NotRawCounts {
+        path: PathBuf,
+        method: String,
+        what: &'static str,
+        value: f32,
+        row: usize,
+        col: usize,
+        cell: String,
+        gene: String,
+        hint: String,
+    },
+
+    #[error("{path}: var names are not unique: {name:?} appears {count} times ({n_dup} duplicated names in all)")]
+    DuplicateVarNames { path: PathBuf, name: String, count: usize, n_dup: usize },
+
+    #[error("{path}: the data has no cells (X is 0 x {n_vars})")]
+    ZeroCells { path: PathBuf, n_vars: usize },
+
+    #[error("{path}: the data has no genes (X is {n_obs} x 0)")]
+    ZeroGenes { path: PathBuf, n_obs: usize },
+
+    #[error("unknown method `{name}`")]
+    UnknownMethod { name: String, suggestion: Option<String>, known: Vec<String> },
+
+    #[error("method `{name}` is registered but not implemented in scfoundry {version} yet")]
+    NotImplemented { name: String, version: &'static str },
+
+    #[error("invalid value for {option}: {detail}")]
+    BadOption { option: String, detail: String, hint: Option<String> },
+
+    #[error("{path}: {detail}")]
+    Config { path: PathBuf, detail: String, hint: Option<String> },
+
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    #[error("HDF5 error while {context}: {source}")]
+    Hdf5 { context: String, source: hdf5::Error },
+}
+
+impl Error {
+    /// What the user can do about it, if we know.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::MissingFile { .. } => Some("check the path; relative paths are taken from the current folder".into()),
+            Error::NotHdf5 { .. } => Some(
+                "pass an AnnData .h5ad file; a .loom, .csv or 10x .h5 must be converted first, e.g. with scanpy: `sc.read_10x_h5(f).write_h5ad('x.h5ad')`".into(),
+            ),
+            Error::CorruptFile { .. } => Some("the file may be truncated (an interrupted copy or download): copy it again and compare its size with the original".into()),
+            Error::BadField { hint, .. } => hint.clone(),
+            Error::ShapeObs { .. } | Error::ShapeVar { .. } => {
+                Some("the file is inconsistent; rewrite it with anndata (`adata = ad.read_h5ad(f); adata.write_h5ad(g)`) or check how it was made".into())
+            }
+            Error::NonFinite { .. } => Some("remove or fix cells with NaN or infinite values before embedding".into()),
+            Error::NotRawCounts { hint, .. } => Some(hint.clone()),
+            Error::DuplicateVarNames { .. } => Some(
+                "make gene names unique first, e.g. in Python `adata.var_names_make_unique()`, and write the file again".into(),
+            ),
+            Error::ZeroCells { .. } => Some("the file holds no cells: check the filter that produced it".into()),
+            Error::ZeroGenes { .. } => Some("the file holds no genes: check the filter that produced it".into()),
+            Error::UnknownMethod { suggestion, known, .. } => Some(match suggestion {
+                Some(s) => format!("did you mean `{s}`? `scfoundry methods` lists all methods"),
+                None => format!("known methods: {}", known.join(", ")),
+            }),
+            Error::NotImplemented { name, .. } => Some(format!(
+                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca)"
+            )),
+            Error::BadOption { hint, .. } => hint.clone(),
+            Error::Config { hint, .. } => hint.clone(),
+            Error::Io { .. } => None,
+            Error::Hdf5 { .. } => None,
+        }
+    }
+
+    /// Whether the error is the user's to fix (exit 1) rather than ours (exit 2).
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, Error::Hdf5 { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attach a context string to HDF5 errors.
+pub trait Hdf5Context<T> {
+    fn h5ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Hdf5Context<T> for hdf5::Result<T> {
+    fn h5ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Hdf5 { context: context(), source })
+    }
+}
+
+/// Levenshtein distance, for "did you mean" suggestions.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut cur = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The closest candidate within a small edit distance.
+pub fn suggest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(&name.to_lowercase(), c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c.to_string())
+}

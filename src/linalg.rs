@@ -1,0 +1,221 @@
+//! Small dense linear algebra for PCA: Lanczos with full reorthogonalisation for the top
+//! eigenpairs of a symmetric matrix, and cyclic Jacobi for the small projected problem.
+//! Everything in f64, row-major.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+
+/// y = A x for a symmetric m x m row-major matrix.
+fn symv(a: &[f64], m: usize, x: &[f64], y: &mut [f64]) {
+    y.par_chunks_mut(64).enumerate().for_each(|(c, ys)| {
+        for (r, yv) in ys.iter_mut().enumerate() {
+            let row = &a[(c * 64 + r) * m..(c * 64 + r + 1) * m];
+            *yv = row.iter().zip(x).map(|(p, q)| p * q).sum();
+        }
+    });
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Eigen-decomposition of a small symmetric k x k matrix by cyclic Jacobi.
+/// Returns (eigenvalues descending, eigenvectors as columns of a row-major k x k matrix).
+pub fn jacobi_eigh(a: &[f64], k: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut a = a.to_vec();
+    let mut v = vec![0.0; k * k];
+    for i in 0..k {
+        v[i * k + i] = 1.0;
+    }
+    for _sweep in 0..100 {
+        let off: f64 = (0..k).flat_map(|i| (0..k).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| a[i * k + j].powi(2)).sum();
+        let diag: f64 = (0..k).map(|i| a[i * k + i].powi(2)).sum();
+        if off <= 1e-30 * diag.max(1e-300) {
+            break;
+        }
+        for p in 0..k {
+            for q in p + 1..k {
+                let apq = a[p * k + q];
+                if apq.abs() < 1e-300 {
+                    continue;
+                }
+                let app = a[p * k + p];
+                let aqq = a[q * k + q];
+                let theta = (aqq - app) / (2.0 * apq);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let t = if theta == 0.0 { 1.0 } else { t };
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for r in 0..k {
+                    let arp = a[r * k + p];
+                    let arq = a[r * k + q];
+                    a[r * k + p] = c * arp - s * arq;
+                    a[r * k + q] = s * arp + c * arq;
+                }
+                for r in 0..k {
+                    let apr = a[p * k + r];
+                    let aqr = a[q * k + r];
+                    a[p * k + r] = c * apr - s * aqr;
+                    a[q * k + r] = s * apr + c * aqr;
+                }
+                for r in 0..k {
+                    let vrp = v[r * k + p];
+                    let vrq = v[r * k + q];
+                    v[r * k + p] = c * vrp - s * vrq;
+                    v[r * k + q] = s * vrp + c * vrq;
+                }
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&i, &j| a[j * k + j].partial_cmp(&a[i * k + i]).unwrap_or(std::cmp::Ordering::Equal));
+    let vals = order.iter().map(|&i| a[i * k + i]).collect();
+    let mut vecs = vec![0.0; k * k];
+    for (new, &old) in order.iter().enumerate() {
+        for r in 0..k {
+            vecs[r * k + new] = v[r * k + old];
+        }
+    }
+    (vals, vecs)
+}
+
+/// The top `n` eigenpairs of a symmetric positive semi-definite m x m matrix.
+/// Returns (eigenvalues descending, eigenvectors row-major n x m), each vector with its
+/// largest-magnitude entry positive, so the result is deterministic for a given seed.
+pub fn top_eigh(a: &[f64], m: usize, n: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+    assert!(n <= m && n > 0);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rand_unit = |basis: &[Vec<f64>]| -> Vec<f64> {
+        loop {
+            let mut q: Vec<f64> = (0..m).map(|_| StandardNormal.sample(&mut rng)).collect();
+            for _ in 0..2 {
+                for b in basis {
+                    let d = dot(&q, b);
+                    q.iter_mut().zip(b).for_each(|(x, y)| *x -= d * y);
+                }
+            }
+            let nrm = dot(&q, &q).sqrt();
+            if nrm > 1e-8 {
+                q.iter_mut().for_each(|x| *x /= nrm);
+                return q;
+            }
+        }
+    };
+    let mut basis: Vec<Vec<f64>> = vec![rand_unit(&[])];
+    let mut alpha: Vec<f64> = Vec::new();
+    let mut beta: Vec<f64> = Vec::new();
+    let mut w = vec![0.0; m];
+    let scale = (0..m).map(|i| a[i * m + i]).fold(0.0f64, f64::max).max(1e-300);
+    let check_every = 10;
+    let mut result: Option<(Vec<f64>, Vec<f64>)> = None;
+    for j in 0..m {
+        symv(a, m, &basis[j], &mut w);
+        let aj = dot(&basis[j], &w);
+        alpha.push(aj);
+        // full reorthogonalisation, twice
+        for _ in 0..2 {
+            let coefs: Vec<f64> = basis.par_iter().map(|b| dot(&w, b)).collect();
+            for (b, c) in basis.iter().zip(&coefs) {
+                w.iter_mut().zip(b).for_each(|(x, y)| *x -= c * y);
+            }
+        }
+        let bj = dot(&w, &w).sqrt();
+        let k = j + 1;
+        let last = k == m;
+        if k >= n && (k % check_every == 0 || last || bj < 1e-12 * scale) {
+            // Ritz values of the tridiagonal T_k
+            let mut t = vec![0.0; k * k];
+            for i in 0..k {
+                t[i * k + i] = alpha[i];
+                if i + 1 < k {
+                    t[i * k + i + 1] = beta[i];
+                    t[(i + 1) * k + i] = beta[i];
+                }
+            }
+            let (vals, vecs) = jacobi_eigh(&t, k);
+            let converged = last
+                || bj < 1e-12 * scale
+                || (0..n).all(|i| (bj * vecs[(k - 1) * k + i]).abs() <= 1e-9 * vals[0].abs().max(1e-300));
+            if converged {
+                let mut out = vec![0.0; n * m];
+                for i in 0..n {
+                    let row = &mut out[i * m..(i + 1) * m];
+                    for (r, b) in basis.iter().enumerate().take(k) {
+                        let c = vecs[r * k + i];
+                        row.iter_mut().zip(b).for_each(|(x, y)| *x += c * y);
+                    }
+                    let big = row.iter().cloned().fold(0.0f64, |acc, x| if x.abs() > acc.abs() { x } else { acc });
+                    if big < 0.0 {
+                        row.iter_mut().for_each(|x| *x = -*x);
+                    }
+                }
+                result = Some((vals[..n].to_vec(), out));
+                break;
+            }
+        }
+        beta.push(bj);
+        let next = if bj < 1e-12 * scale {
+            // invariant subspace found: continue with a fresh direction (beta = 0 decouples T)
+            *beta.last_mut().unwrap() = 0.0;
+            rand_unit(&basis)
+        } else {
+            w.iter().map(|x| x / bj).collect()
+        };
+        basis.push(next);
+    }
+    result.expect("Lanczos reaches m steps at most")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random_psd(m: usize, seed: u64) -> Vec<f64> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let b: Vec<f64> = (0..m * m).map(|_| StandardNormal.sample(&mut rng)).collect();
+        let mut a = vec![0.0; m * m];
+        for i in 0..m {
+            for j in 0..m {
+                a[i * m + j] = (0..m).map(|t| b[i * m + t] * b[j * m + t] / (1.0 + t as f64)).sum();
+            }
+        }
+        a
+    }
+
+    #[test]
+    fn jacobi_reconstructs() {
+        let m = 12;
+        let a = random_psd(m, 1);
+        let (vals, vecs) = jacobi_eigh(&a, m);
+        for w in vals.windows(2) {
+            assert!(w[0] >= w[1]);
+        }
+        for i in 0..m {
+            for j in 0..m {
+                let r: f64 = (0..m).map(|t| vecs[i * m + t] * vals[t] * vecs[j * m + t]).sum();
+                assert!((r - a[i * m + j]).abs() < 1e-9 * vals[0], "{i},{j}");
+            }
+        }
+    }
+
+    #[test]
+    fn lanczos_matches_jacobi() {
+        let m = 80;
+        let a = random_psd(m, 2);
+        let (vals_j, vecs_j) = jacobi_eigh(&a, m);
+        let (vals, vecs) = top_eigh(&a, m, 10, 7);
+        for i in 0..10 {
+            assert!((vals[i] - vals_j[i]).abs() < 1e-8 * vals_j[0], "eigenvalue {i}: {} vs {}", vals[i], vals_j[i]);
+            let c: f64 = (0..m).map(|r| vecs[i * m + r] * vecs_j[r * m + i]).sum();
+            assert!(c.abs() > 1.0 - 1e-8, "eigenvector {i}: |cos| = {}", c.abs());
+        }
+    }
+
+    #[test]
+    fn lanczos_is_deterministic_for_a_seed() {
+        let a = random_psd(40, 3);
+        assert_eq!(top_eigh(&a, 40, 5, 11), top_eigh(&a, 40, 5, 11));
+    }
+}

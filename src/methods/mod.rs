@@ -1,0 +1,4 @@
+//! Method implementations, one file per method. The registry (`methods/*.toml`) declares
+//! them; a method whose `implemented = false` fails plainly when asked to run.
+
+pub mod pca;

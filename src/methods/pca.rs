@@ -1,0 +1,407 @@
+//! PCA on raw counts: scanpy's standard recipe, streamed over row blocks.
+//!
+//! `sc.pp.normalize_total(target_sum=1e4)`, `sc.pp.log1p`, `sc.pp.highly_variable_genes(
+//! flavor="seurat", n_top_genes=2000)`, `sc.pp.pca(n_comps=50, zero_center=True)` on the
+//! highly variable genes (Wolf et al. 2018, https://github.com/scverse/scanpy).
+//!
+//! Three passes over the rows, never densifying the matrix and with memory independent of
+//! the number of cells (apart from one size factor per cell):
+//! 1. per-cell totals and per-gene mean/variance of the normalised values (for the HVGs);
+//! 2. the HVG Gram matrix and means of log1p values -> the covariance (m x m, m = HVGs);
+//! 3. the top eigenvectors (Lanczos, seeded) and the projection of every cell.
+//!
+//! Numerics follow scanpy: normalisation and log1p in float32 as scanpy does on float32
+//! data, statistics accumulated in float64, variances with ddof = 1, seurat-flavour
+//! dispersion bins cut like `pd.cut(means, 20)`.
+
+use rayon::prelude::*;
+
+use crate::anndata::{CsrBlock, Matrix};
+use crate::error::{Error, Result};
+use crate::linalg::top_eigh;
+use crate::progress::Reporter;
+
+#[derive(Debug, Clone)]
+pub struct PcaOptions {
+    pub n_comps: usize,
+    pub n_top_genes: usize,
+    pub target_sum: f32,
+    pub seed: u64,
+    /// Require non-negative integers (raw counts).
+    pub check_counts: bool,
+    /// Approximate stored values read per block.
+    pub block_nnz: u64,
+}
+
+impl Default for PcaOptions {
+    fn default() -> Self {
+        PcaOptions { n_comps: 50, n_top_genes: 2000, target_sum: 1e4, seed: 0, check_counts: true, block_nnz: 4_000_000 }
+    }
+}
+
+/// Names used in error messages.
+pub struct Names<'a> {
+    pub obs: &'a [String],
+    pub var: &'a [String],
+}
+
+/// Result of the seurat-flavour highly-variable-gene selection.
+#[derive(Debug, Clone)]
+pub struct Hvg {
+    /// log1p of the mean of normalised counts.
+    pub means: Vec<f64>,
+    /// log of the dispersion (variance / mean), NaN where the variance is 0.
+    pub dispersions: Vec<f64>,
+    pub dispersions_norm: Vec<f64>,
+    pub selected: Vec<bool>,
+}
+
+/// Seurat-flavour HVG selection from per-gene mean and variance (ddof 1) of normalised
+/// counts, as scanpy's `highly_variable_genes(flavor="seurat", n_top_genes=n)`.
+pub fn hvg_seurat(mean: &[f64], var: &[f64], n_top: usize) -> Hvg {
+    let g = mean.len();
+    let mut means = Vec::with_capacity(g);
+    let mut disp = Vec::with_capacity(g);
+    for i in 0..g {
+        let m = if mean[i] == 0.0 { 1e-12 } else { mean[i] };
+        let d = var[i] / m;
+        disp.push(if d == 0.0 { f64::NAN } else { d.ln() });
+        means.push(m.ln_1p());
+    }
+    // pd.cut(means, 20): equal-width edges over [min, max], the first lowered by 0.1% of the range
+    let n_bins = 20;
+    let (mn, mx) = means.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    let mut edges: Vec<f64>;
+    if mn == mx {
+        let (lo, hi) = if mn != 0.0 { (mn - 0.001 * mn.abs(), mx + 0.001 * mx.abs()) } else { (-0.001, 0.001) };
+        let step = (hi - lo) / n_bins as f64;
+        edges = (0..=n_bins).map(|i| lo + step * i as f64).collect();
+        edges[n_bins] = hi;
+    } else {
+        let step = (mx - mn) / n_bins as f64;
+        edges = (0..=n_bins).map(|i| mn + step * i as f64).collect();
+        edges[n_bins] = mx;
+        edges[0] -= (mx - mn) * 0.001;
+    }
+    let bin_of = |x: f64| -> usize {
+        // searchsorted(edges, x, side="left") - 1, i.e. edges[b] < x <= edges[b+1]
+        let i = edges.partition_point(|&e| e < x);
+        i.clamp(1, n_bins) - 1
+    };
+    let bins: Vec<usize> = means.iter().map(|&x| bin_of(x)).collect();
+    // per-bin mean and sample std of non-NaN dispersions
+    let mut cnt = vec![0usize; n_bins];
+    let mut sum = vec![0.0f64; n_bins];
+    for i in 0..g {
+        if !disp[i].is_nan() {
+            cnt[bins[i]] += 1;
+            sum[bins[i]] += disp[i];
+        }
+    }
+    let avg: Vec<f64> = (0..n_bins).map(|b| if cnt[b] > 0 { sum[b] / cnt[b] as f64 } else { f64::NAN }).collect();
+    let mut ss = vec![0.0f64; n_bins];
+    for i in 0..g {
+        if !disp[i].is_nan() {
+            ss[bins[i]] += (disp[i] - avg[bins[i]]).powi(2);
+        }
+    }
+    let mut avg_used = avg.clone();
+    let mut dev: Vec<f64> = (0..n_bins).map(|b| if cnt[b] > 1 { (ss[b] / (cnt[b] - 1) as f64).sqrt() } else { f64::NAN }).collect();
+    for b in 0..n_bins {
+        // a bin whose std is undefined: scanpy sets dev = avg, avg = 0 (normalised dispersion 1)
+        if dev[b].is_nan() {
+            dev[b] = avg[b];
+            avg_used[b] = 0.0;
+        }
+    }
+    let dispersions_norm: Vec<f64> = (0..g).map(|i| (disp[i] - avg_used[bins[i]]) / dev[bins[i]]).collect();
+    let mut finite: Vec<f64> = dispersions_norm.iter().cloned().filter(|x| !x.is_nan()).collect();
+    finite.sort_by(|a, b| b.partial_cmp(a).unwrap());
+    let selected = if finite.is_empty() {
+        vec![false; g]
+    } else {
+        let cut = finite[n_top.min(finite.len()) - 1];
+        dispersions_norm.iter().map(|&x| !x.is_nan() && x >= cut).collect()
+    };
+    Hvg { means, dispersions: disp, dispersions_norm, selected }
+}
+
+/// A fitted PCA.
+#[derive(Debug, Clone)]
+pub struct PcaFit {
+    pub n_obs: usize,
+    /// Indices (into var) of the highly variable genes, in var order.
+    pub hvg_genes: Vec<usize>,
+    pub hvg: Hvg,
+    /// Mean of log1p-normalised values per HVG.
+    pub mean: Vec<f64>,
+    /// n_comps x m, row-major.
+    pub components: Vec<f64>,
+    pub variance: Vec<f64>,
+    pub variance_ratio: Vec<f64>,
+    /// Per cell: total counts / target_sum (the divisor), float32 as scanpy.
+    pub size_factors: Vec<f32>,
+    pub target_sum: f32,
+}
+
+fn row_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
+    let parts = parts.max(1).min(n.max(1));
+    (0..parts).map(|p| (p * n / parts, (p + 1) * n / parts)).collect()
+}
+
+fn threads() -> usize {
+    rayon::current_num_threads().clamp(1, 8)
+}
+
+/// Check values of one block: finite always; non-negative integers when raw counts are required.
+fn check_block(b: &CsrBlock, x: &Matrix, names: &Names, check_counts: bool) -> Result<()> {
+    for i in 0..b.n_rows() {
+        let (idx, vals) = b.row(i);
+        for (&j, &v) in idx.iter().zip(vals) {
+            let bad = !v.is_finite() || (check_counts && (v < 0.0 || v.fract() != 0.0));
+            if !bad {
+                continue;
+            }
+            let row = b.start_row + i;
+            let col = j as usize;
+            let cell = names.obs.get(row).cloned().unwrap_or_default();
+            let gene = names.var.get(col).cloned().unwrap_or_default();
+            if !v.is_finite() {
+                return Err(Error::NonFinite { path: x.path.clone(), value: v, row, col, cell, gene });
+            }
+            let what = if v < 0.0 { "a negative value" } else { "a non-integer value" };
+            let layer_hint = if x.field == "X" {
+                "if raw counts are stored in a layer, pass `--layer counts` (or that layer's name); log-normalised data cannot be turned back into counts".to_string()
+            } else {
+                format!("{} does not hold raw counts either; pick the layer with integer counts", x.field)
+            };
+            return Err(Error::NotRawCounts {
+                path: x.path.clone(),
+                method: "pca".into(),
+                what,
+                value: v,
+                row,
+                col,
+                cell,
+                gene,
+                hint: format!("pca normalises raw counts itself (normalize_total, log1p); {layer_hint}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Normalised value as scanpy computes it in float32: x / (total / target_sum).
+#[inline]
+fn normalise(v: f32, size: f32) -> f32 {
+    v / size
+}
+
+/// Passes 1 and 2 and the eigen-decomposition.
+pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> Result<PcaFit> {
+    let n = x.n_rows;
+    let g = x.n_cols;
+    if n < 2 {
+        return Err(Error::BadField {
+            path: x.path.clone(),
+            field: x.field.clone(),
+            detail: format!("has {n} cell(s); PCA needs at least 2"),
+            hint: None,
+        });
+    }
+    let blocks = x.blocks(opts.block_nnz);
+    let t = threads();
+
+    // Pass 1: size factors and per-gene moments of normalised values.
+    let p = rep.step("pass 1/3: gene statistics", n as u64, "cells");
+    let mut size_factors = vec![0f32; n];
+    let mut accs: Vec<(Vec<f64>, Vec<f64>)> = (0..t).map(|_| (vec![0.0; g], vec![0.0; g])).collect();
+    for &(s, e) in &blocks {
+        let b = x.read_rows(s, e)?;
+        check_block(&b, x, names, opts.check_counts)?;
+        let sf = &mut size_factors[s..e];
+        sf.par_iter_mut().enumerate().for_each(|(i, out)| {
+            let (_, vals) = b.row(i);
+            let total: f64 = vals.iter().map(|&v| v as f64).sum();
+            let total = total as f32;
+            let total = if total == 0.0 { 1.0 } else { total };
+            *out = total / opts.target_sum;
+        });
+        let ranges = row_ranges(b.n_rows(), t);
+        accs.par_iter_mut().zip(ranges).for_each(|((sum, sq), (ra, rb))| {
+            for i in ra..rb {
+                let (idx, vals) = b.row(i);
+                let size = sf[i];
+                for (&j, &v) in idx.iter().zip(vals) {
+                    let nv = normalise(v, size);
+                    // scanpy's seurat flavour works on expm1(log1p(x)) in float32
+                    let ev = nv.ln_1p().exp_m1() as f64;
+                    sum[j as usize] += ev;
+                    sq[j as usize] += ev * ev;
+                }
+            }
+        });
+        p.inc((e - s) as u64);
+    }
+    p.finish();
+    let (mut sum, mut sq) = accs.pop().unwrap();
+    for (s2, q2) in accs {
+        sum.iter_mut().zip(&s2).for_each(|(a, b)| *a += b);
+        sq.iter_mut().zip(&q2).for_each(|(a, b)| *a += b);
+    }
+    let nf = n as f64;
+    let mean: Vec<f64> = sum.iter().map(|s| s / nf).collect();
+    let var: Vec<f64> = (0..g).map(|j| ((sq[j] - nf * mean[j] * mean[j]) / (nf - 1.0)).max(0.0)).collect();
+    let hvg = hvg_seurat(&mean, &var, opts.n_top_genes);
+    let hvg_genes: Vec<usize> = (0..g).filter(|&j| hvg.selected[j]).collect();
+    let m = hvg_genes.len();
+    if m == 0 {
+        return Err(Error::BadField {
+            path: x.path.clone(),
+            field: x.field.clone(),
+            detail: "no gene varies across cells, so there are no highly variable genes".into(),
+            hint: None,
+        });
+    }
+    let max_comps = m.min(n - 1);
+    if opts.n_comps > max_comps {
+        return Err(Error::BadOption {
+            option: "--n-comps".into(),
+            detail: format!("{} components asked, but {n} cells and {m} highly variable genes allow at most {max_comps}", opts.n_comps),
+            hint: Some(format!("pass `--n-comps {max_comps}` or fewer")),
+        });
+    }
+    let mut hvg_index = vec![u32::MAX; g];
+    for (h, &j) in hvg_genes.iter().enumerate() {
+        hvg_index[j] = h as u32;
+    }
+
+    // Pass 2: Gram matrix of log1p values on HVGs (upper triangle) and their sums.
+    let p = rep.step("pass 2/3: covariance", n as u64, "cells");
+    let mut accs: Vec<(Vec<f64>, Vec<f64>)> = (0..t).map(|_| (vec![0.0; m * m], vec![0.0; m])).collect();
+    for &(s, e) in &blocks {
+        let b = x.read_rows(s, e)?;
+        let sf = &size_factors[s..e];
+        let ranges = row_ranges(b.n_rows(), t);
+        accs.par_iter_mut().zip(ranges).for_each(|((gram, hs), (ra, rb))| {
+            let mut hv: Vec<(u32, f64)> = Vec::new();
+            for i in ra..rb {
+                let (idx, vals) = b.row(i);
+                hv.clear();
+                for (&j, &v) in idx.iter().zip(vals) {
+                    let h = hvg_index[j as usize];
+                    if h != u32::MAX {
+                        hv.push((h, normalise(v, sf[i]).ln_1p() as f64));
+                    }
+                }
+                hv.sort_unstable_by_key(|p| p.0);
+                for (a, &(ha, va)) in hv.iter().enumerate() {
+                    hs[ha as usize] += va;
+                    let row = &mut gram[ha as usize * m..(ha as usize + 1) * m];
+                    for &(hb, vb) in &hv[a..] {
+                        row[hb as usize] += va * vb;
+                    }
+                }
+            }
+        });
+        p.inc((e - s) as u64);
+    }
+    p.finish();
+    let (mut gram, mut hsum) = accs.pop().unwrap();
+    for (g2, h2) in accs {
+        gram.iter_mut().zip(&g2).for_each(|(a, b)| *a += b);
+        hsum.iter_mut().zip(&h2).for_each(|(a, b)| *a += b);
+    }
+    let mu: Vec<f64> = hsum.iter().map(|s| s / nf).collect();
+    // covariance, ddof = 1, full symmetric
+    let mut cov = vec![0.0; m * m];
+    for a in 0..m {
+        for b in a..m {
+            let c = (gram[a * m + b] - nf * mu[a] * mu[b]) / (nf - 1.0);
+            cov[a * m + b] = c;
+            cov[b * m + a] = c;
+        }
+    }
+    drop(gram);
+    let total_var: f64 = (0..m).map(|a| cov[a * m + a].max(0.0)).sum();
+    let p = rep.step("eigenvectors", 1, "");
+    let (variance, components) = top_eigh(&cov, m, opts.n_comps, opts.seed);
+    p.inc(1);
+    p.finish();
+    let variance_ratio = variance.iter().map(|v| v / total_var).collect();
+    Ok(PcaFit { n_obs: n, hvg_genes, hvg, mean: mu, components, variance, variance_ratio, size_factors, target_sum: opts.target_sum })
+}
+
+/// Pass 3: project every cell; `sink(start_row, rows)` receives blocks of n_comps-wide rows.
+pub fn transform(
+    x: &Matrix,
+    fit: &PcaFit,
+    opts: &PcaOptions,
+    rep: &dyn Reporter,
+    mut sink: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let nc = fit.variance.len();
+    let m = fit.hvg_genes.len();
+    let g = x.n_cols;
+    let mut hvg_index = vec![u32::MAX; g];
+    for (h, &j) in fit.hvg_genes.iter().enumerate() {
+        hvg_index[j] = h as u32;
+    }
+    // V transposed: m x nc, so a gene's loadings are contiguous
+    let mut vt = vec![0.0f64; m * nc];
+    for c in 0..nc {
+        for h in 0..m {
+            vt[h * nc + c] = fit.components[c * m + h];
+        }
+    }
+    let offset: Vec<f64> = (0..nc).map(|c| (0..m).map(|h| fit.mean[h] * vt[h * nc + c]).sum()).collect();
+    let p = rep.step("pass 3/3: projection", x.n_rows as u64, "cells");
+    for (s, e) in x.blocks(opts.block_nnz) {
+        let b = x.read_rows(s, e)?;
+        let sf = &fit.size_factors[s..e];
+        let mut out = vec![0f32; (e - s) * nc];
+        out.par_chunks_mut(nc).enumerate().for_each(|(i, row)| {
+            let mut acc = vec![0.0f64; nc];
+            let (idx, vals) = b.row(i);
+            for (&j, &v) in idx.iter().zip(vals) {
+                let h = hvg_index[j as usize];
+                if h != u32::MAX {
+                    let lv = normalise(v, sf[i]).ln_1p() as f64;
+                    let load = &vt[h as usize * nc..(h as usize + 1) * nc];
+                    acc.iter_mut().zip(load).for_each(|(a, l)| *a += lv * l);
+                }
+            }
+            row.iter_mut().zip(acc.iter().zip(&offset)).for_each(|(o, (a, off))| *o = (a - off) as f32);
+        });
+        sink(s, &out)?;
+        p.inc((e - s) as u64);
+    }
+    p.finish();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hvg_single_gene_bin_gets_norm_one() {
+        // one outlying gene alone in the top bin: scanpy gives it normalised dispersion 1
+        let mut mean = vec![1.0; 10];
+        let mut var = (0..10).map(|i| 1.0 + i as f64 * 0.1).collect::<Vec<_>>();
+        mean[9] = 100.0;
+        var[9] = 500.0;
+        let h = hvg_seurat(&mean, &var, 3);
+        assert!((h.dispersions_norm[9] - 1.0).abs() < 1e-12);
+        assert_eq!(h.selected.iter().filter(|&&s| s).count(), 3);
+    }
+
+    #[test]
+    fn hvg_zero_variance_is_nan_and_never_selected() {
+        let mean = vec![0.0, 1.0, 2.0, 3.0];
+        let var = vec![0.0, 1.0, 3.0, 2.0];
+        let h = hvg_seurat(&mean, &var, 4);
+        assert!(h.dispersions[0].is_nan());
+        assert!(!h.selected[0]);
+    }
+}

@@ -1,0 +1,165 @@
+//! The embedded local runner: each unit of work runs as one `scfoundry` task process in a
+//! run folder `runs/<id>/`, which holds the task's spec and logs, a Nextflow-format
+//! `trace.txt` and a cost report (`report.json`).
+
+pub mod stats;
+pub mod trace;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use stats::TaskStats;
+use trace::TraceRecord;
+
+/// What a task process is asked to do. Written to `tasks/<n>/task.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskSpec {
+    pub task_id: u64,
+    /// Nextflow-style process name and tag, e.g. `EMBED (pbmc)`.
+    pub name: String,
+    pub command: String,
+    pub method: String,
+    pub data: PathBuf,
+    pub out: PathBuf,
+    pub layer: Option<String>,
+    pub seed: u64,
+    /// Method parameters after defaults, as recorded in provenance.
+    pub params: serde_json::Map<String, serde_json::Value>,
+    pub quiet: bool,
+    /// The command line the user typed, for provenance.
+    pub command_line: String,
+    pub run_id: String,
+}
+
+impl TaskSpec {
+    /// Nextflow-style short hash `ab/cdef12` of what the task computes.
+    pub fn hash(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(serde_json::to_vec(&(&self.command, &self.method, &self.data, &self.layer, self.seed, &self.params)).unwrap());
+        let hex = hex::encode(h.finalize());
+        format!("{}/{}", &hex[..2], &hex[2..8])
+    }
+}
+
+/// What the task process reports back besides its exit code (`tasks/<n>/result.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub output: Option<PathBuf>,
+    pub obsm_key: Option<String>,
+    pub n_obs: usize,
+    pub dim: usize,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// A run folder.
+pub struct Run {
+    pub id: String,
+    pub dir: PathBuf,
+}
+
+impl Run {
+    /// Create `base/<id>/` with a fresh id `YYYYmmdd-HHMMSS-<method>-<4 hex>`.
+    pub fn create(base: &Path, label: &str) -> Result<Run> {
+        let now = chrono::Local::now();
+        let rand: u16 = rand::random();
+        let id = format!("{}-{label}-{rand:04x}", now.format("%Y%m%d-%H%M%S"));
+        let dir = base.join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
+        Ok(Run { id, dir })
+    }
+
+    pub fn task_dir(&self, task_id: u64) -> PathBuf {
+        self.dir.join("tasks").join(task_id.to_string())
+    }
+}
+
+/// The outcome of one task as seen by the runner.
+pub struct Outcome {
+    pub exit: i32,
+    pub record: TraceRecord,
+    pub stats: Option<TaskStats>,
+    pub result: Option<TaskResult>,
+}
+
+/// Run one task as a child process of this binary and wait for it.
+pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
+    let tdir = run.task_dir(spec.task_id);
+    std::fs::create_dir_all(&tdir).map_err(|e| Error::Io { path: tdir.clone(), source: e })?;
+    let spec_path = tdir.join("task.json");
+    std::fs::write(&spec_path, serde_json::to_string_pretty(spec).unwrap()).map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
+    let exe = std::env::current_exe().map_err(|e| Error::Io { path: "current executable".into(), source: e })?;
+    let submit_ms = chrono::Utc::now().timestamp_millis();
+    let started = Instant::now();
+    let mut child = Command::new(exe)
+        .arg("__task")
+        .arg(&spec_path)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
+    let pid = child.id();
+    let status = child.wait().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let exit = status.code().unwrap_or(128 + 9);
+    let stats: Option<TaskStats> = std::fs::read_to_string(tdir.join("stats.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let result: Option<TaskResult> = std::fs::read_to_string(tdir.join("result.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let record = TraceRecord {
+        task_id: spec.task_id,
+        hash: spec.hash(),
+        native_id: Some(pid),
+        name: spec.name.clone(),
+        status: if exit == 0 { "COMPLETED".into() } else { "FAILED".into() },
+        exit: Some(exit),
+        submit_ms,
+        duration_ms: Some(duration_ms),
+        realtime_ms: stats.as_ref().map(|s| s.realtime_ms),
+        cpu_percent: stats.as_ref().map(|s| s.cpu_percent()),
+        peak_rss: stats.as_ref().map(|s| s.peak_rss),
+        peak_vmem: stats.as_ref().map(|s| s.peak_vmem),
+        rchar: stats.as_ref().map(|s| s.rchar),
+        wchar: stats.as_ref().map(|s| s.wchar),
+    };
+    Ok(Outcome { exit, record, stats, result })
+}
+
+/// Write `trace.txt` and `report.json` for a finished run.
+pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Result<()> {
+    let records: Vec<TraceRecord> = outcomes.iter().map(|o| o.record.clone()).collect();
+    let trace_path = run.dir.join("trace.txt");
+    std::fs::write(&trace_path, trace::render(&records)).map_err(|e| Error::Io { path: trace_path, source: e })?;
+    let tasks: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "task_id": o.record.task_id,
+                "name": o.record.name,
+                "status": o.record.status,
+                "exit": o.exit,
+                "duration_ms": o.record.duration_ms,
+                "stats": o.stats,
+                "result": o.result,
+            })
+        })
+        .collect();
+    let report = serde_json::json!({
+        "run_id": run.id,
+        "tool": "scfoundry",
+        "version": env!("CARGO_PKG_VERSION"),
+        "command": spec.command,
+        "method": spec.method,
+        "params": spec.params,
+        "seed": spec.seed,
+        "data": spec.data,
+        "tasks": tasks,
+        "total_cpu_ms": outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.cpu_ms)).sum::<u64>(),
+        "max_peak_rss": outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.peak_rss)).max(),
+    });
+    let path = run.dir.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).map_err(|e| Error::Io { path, source: e })?;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! The pinned weights manifest (`weights.toml`, compiled in) and checks of the weights folder.
+//!
+//! Layout: `<weights dir>/<entry.file>`. A verified file gets a stamp in
+//! `<weights dir>/.verified/<id>.json` (size, mtime, sha256), so `weights list` need not
+//! hash multi-gigabyte files every time. Nothing here ever deletes a file.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+pub static MANIFEST_TEXT: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/weights.toml"));
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub method: String,
+    pub file: String,
+    pub url: String,
+    pub revision: String,
+    #[serde(default)]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub sha256: Option<String>,
+    pub licence: String,
+    #[serde(default)]
+    pub archive: Option<String>,
+    #[serde(default)]
+    pub note: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct Manifest {
+    #[serde(default)]
+    pub weights: BTreeMap<String, Entry>,
+}
+
+impl Manifest {
+    pub fn builtin() -> Manifest {
+        parse_manifest(MANIFEST_TEXT).unwrap_or_else(|e| panic!("weights.toml: {e}"))
+    }
+}
+
+pub fn parse_manifest(text: &str) -> std::result::Result<Manifest, String> {
+    let m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
+    for (id, e) in &m.weights {
+        if let Some(s) = &e.sha256 {
+            if s.len() != 64 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(format!("weights.{id}.sha256 is not 64 hex digits"));
+            }
+        }
+        if e.file.starts_with('/') || e.file.split('/').any(|c| c == "..") {
+            return Err(format!("weights.{id}.file must be a relative path inside the weights folder"));
+        }
+    }
+    Ok(m)
+}
+
+/// What we know about one entry in a weights folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Missing,
+    /// Present, size as pinned (or no pinned size), not yet hashed.
+    Present,
+    /// Present and its sha256 matches the pin.
+    Verified,
+    /// Present, no pinned sha256 to check against.
+    Unpinned,
+    WrongSize { expected: u64, found: u64 },
+    WrongHash { expected: String, found: String },
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Status::Missing => write!(f, "missing"),
+            Status::Present => write!(f, "present (not verified)"),
+            Status::Verified => write!(f, "verified"),
+            Status::Unpinned => write!(f, "present (no sha256 pinned)"),
+            Status::WrongSize { expected, found } => write!(f, "WRONG SIZE ({found} bytes, expected {expected})"),
+            Status::WrongHash { .. } => write!(f, "WRONG SHA256"),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+    sha256: String,
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+/// sha256 of a file, streamed.
+pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        progress(n as u64);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Check one entry. With `hash`, a present file without a current stamp is hashed
+/// (and stamped when it matches).
+pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u64)) -> Result<Status> {
+    let path = dir.join(&e.file);
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() => m,
+        _ => return Ok(Status::Missing),
+    };
+    if let Some(expected) = e.size {
+        if meta.len() != expected {
+            return Ok(Status::WrongSize { expected, found: meta.len() });
+        }
+    }
+    let Some(pinned) = &e.sha256 else { return Ok(Status::Unpinned) };
+    let stamp_path = dir.join(".verified").join(format!("{id}.json"));
+    if let Ok(text) = std::fs::read_to_string(&stamp_path) {
+        if let Ok(s) = serde_json::from_str::<Stamp>(&text) {
+            if s.size == meta.len() && s.mtime_ns == mtime_ns(&meta) && &s.sha256 == pinned {
+                return Ok(Status::Verified);
+            }
+        }
+    }
+    if !hash {
+        return Ok(Status::Present);
+    }
+    let found = sha256_file(&path, progress)?;
+    if &found != pinned {
+        return Ok(Status::WrongHash { expected: pinned.clone(), found });
+    }
+    // Stamp it; failing to write a stamp is not an error (read-only shared folders).
+    let stamp = Stamp { size: meta.len(), mtime_ns: mtime_ns(&meta), sha256: found };
+    if std::fs::create_dir_all(stamp_path.parent().unwrap()).is_ok() {
+        let _ = std::fs::write(&stamp_path, serde_json::to_string(&stamp).unwrap());
+    }
+    Ok(Status::Verified)
+}
+
+/// The default weights folder when neither flag, environment nor workspace names one.
+pub fn default_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("scfoundry").join("weights-v1")
+}
