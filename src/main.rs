@@ -8,6 +8,10 @@ use scfoundry::error::Error;
 use scfoundry::settings::Settings;
 
 fn main() -> ExitCode {
+    // Behave like other command-line tools when piped into `head`: exit quietly on SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
