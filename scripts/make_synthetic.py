@@ -37,7 +37,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-BLOCK = 4096          # cells per seeded stream (fixed: results must not depend on --chunk)
+BLOCK = 4096          # cells per seeded stream (fixed, so a smaller file is a prefix of a larger one)
 THETA = 1.0           # NB inverse dispersion (size)
 SIGMA_MU = 1.7        # log-normal spread of baseline gene means
 TARGET_COUNTS = 290.0 # expected counts of a cell with library factor 1 (the median cell)
