@@ -17,6 +17,9 @@ pub enum Error {
     #[error("{path}: cannot be read as HDF5: {detail}")]
     CorruptFile { path: PathBuf, detail: String },
 
+    #[error("{path}: the file is locked by another process ({detail})")]
+    Locked { path: PathBuf, detail: String },
+
     #[error("{path}: {field}: {detail}")]
     BadField { path: PathBuf, field: String, detail: String, hint: Option<String> },
 
@@ -79,6 +82,9 @@ impl Error {
                 "pass an AnnData .h5ad file; a .loom, .csv or 10x .h5 must be converted first, e.g. with scanpy: `sc.read_10x_h5(f).write_h5ad('x.h5ad')`".into(),
             ),
             Error::CorruptFile { .. } => Some("the file may be truncated (an interrupted copy or download): copy it again and compare its size with the original".into()),
+            Error::Locked { .. } => Some(
+                "another program has the file open for writing: wait for it to finish; on file systems without locking (some NFS or Lustre mounts) set HDF5_USE_FILE_LOCKING=FALSE".into(),
+            ),
             Error::BadField { hint, .. } => hint.clone(),
             Error::ShapeObs { .. } | Error::ShapeVar { .. } => {
                 Some("the file is inconsistent; rewrite it with anndata (`adata = ad.read_h5ad(f); adata.write_h5ad(g)`) or check how it was made".into())

@@ -134,6 +134,8 @@ pub struct Settings {
     /// Where the weights folder came from, for `weights list`.
     pub weights_dir_source: &'static str,
     pub quiet: bool,
+    /// Draw progress bars (off with --quiet or $SCFOUNDRY_NO_PROGRESS).
+    pub progress: bool,
     pub registry: Registry,
 }
 
@@ -155,7 +157,7 @@ impl Settings {
         } else {
             (crate::weights::default_dir(), "default")
         };
-        let quiet = quiet || std::env::var_os(EnvVars::NO_PROGRESS).is_some();
-        Ok(Settings { workspace, weights_dir, weights_dir_source, quiet, registry })
+        let progress = !quiet && std::env::var_os(EnvVars::NO_PROGRESS).is_none();
+        Ok(Settings { workspace, weights_dir, weights_dir_source, quiet, progress, registry })
     }
 }

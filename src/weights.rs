@@ -166,3 +166,53 @@ pub fn default_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".cache"));
     base.join("scfoundry").join("weights-v1")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(file: &str, content: &[u8]) -> Entry {
+        Entry {
+            method: "pca".into(),
+            file: file.into(),
+            url: "http://127.0.0.1/x".into(),
+            revision: "test".into(),
+            size: Some(content.len() as u64),
+            sha256: Some(hex::encode(Sha256::digest(content))),
+            licence: "MIT".into(),
+            archive: None,
+            note: None,
+            description: None,
+        }
+    }
+
+    #[test]
+    fn statuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = entry("m/model.bin", b"weights!");
+        assert_eq!(check(dir.path(), "a", &e, true, |_| {}).unwrap(), Status::Missing);
+        std::fs::create_dir_all(dir.path().join("m")).unwrap();
+        std::fs::write(dir.path().join("m/model.bin"), b"weights!").unwrap();
+        assert_eq!(check(dir.path(), "a", &e, false, |_| {}).unwrap(), Status::Present);
+        assert_eq!(check(dir.path(), "a", &e, true, |_| {}).unwrap(), Status::Verified);
+        // the stamp makes the next check cheap and still verified
+        assert!(dir.path().join(".verified/a.json").exists());
+        assert_eq!(check(dir.path(), "a", &e, false, |_| {}).unwrap(), Status::Verified);
+        // same size, different content: the stale stamp must not hide it
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(dir.path().join("m/model.bin"), b"weights?").unwrap();
+        assert!(matches!(check(dir.path(), "a", &e, true, |_| {}).unwrap(), Status::WrongHash { .. }));
+        std::fs::write(dir.path().join("m/model.bin"), b"short").unwrap();
+        assert!(matches!(check(dir.path(), "a", &e, true, |_| {}).unwrap(), Status::WrongSize { expected: 8, found: 5 }));
+        // nothing was deleted
+        assert!(dir.path().join("m/model.bin").exists());
+    }
+
+    #[test]
+    fn manifest_rejects_escaping_paths_and_bad_hashes() {
+        let bad = "[weights.x]\nmethod='pca'\nfile='../etc/passwd'\nurl='u'\nrevision='r'\nlicence='MIT'\n";
+        assert!(parse_manifest(bad).unwrap_err().contains("relative path"));
+        let bad = "[weights.x]\nmethod='pca'\nfile='a'\nurl='u'\nrevision='r'\nlicence='MIT'\nsha256='abc'\n";
+        assert!(parse_manifest(bad).unwrap_err().contains("64 hex"));
+    }
+}

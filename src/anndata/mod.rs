@@ -85,7 +85,14 @@ impl AnnData {
         check_hdf5_signature(path)?;
         let file = {
             let _silence = hdf5::silence_errors(true);
-            File::open(path).map_err(|e| Error::CorruptFile { path: path.into(), detail: first_line(&e.to_string()) })?
+            File::open(path).map_err(|e| {
+                let detail = first_line(&e.to_string());
+                if detail.contains("lock") {
+                    Error::Locked { path: path.into(), detail }
+                } else {
+                    Error::CorruptFile { path: path.into(), detail }
+                }
+            })?
         };
         for group in ["obs", "var"] {
             if !file.link_exists(group) {

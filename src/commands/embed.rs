@@ -98,6 +98,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         seed: args.seed,
         params,
         quiet: s.quiet,
+        progress: s.progress,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         run_id: run.id.clone(),
     };

@@ -61,7 +61,7 @@ fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String,
 }
 
 fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
-    let rep = reporter(spec.quiet);
+    let rep = reporter(!spec.progress);
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;

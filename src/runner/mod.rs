@@ -31,6 +31,9 @@ pub struct TaskSpec {
     /// Method parameters after defaults, as recorded in provenance.
     pub params: serde_json::Map<String, serde_json::Value>,
     pub quiet: bool,
+    /// Draw progress bars.
+    #[serde(default)]
+    pub progress: bool,
     /// The command line the user typed, for provenance.
     pub command_line: String,
     pub run_id: String,

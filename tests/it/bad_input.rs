@@ -1,0 +1,177 @@
+//! Every bad input gets one clear error naming the file and the field, a hint, exit 1,
+//! the input untouched and no output file.
+
+use crate::common::{sha256, TestContext, Tiny};
+use std::path::PathBuf;
+
+/// Write `t` as `name`, run `embed --method pca` on it, and check the invariants.
+fn embed_fails(ctx: &TestContext, name: &str, extra: &[&str]) -> crate::common::Run {
+    let input = ctx.path(name);
+    let before = std::fs::read(&input).ok().map(|_| sha256(&input));
+    let mut args = vec!["embed", "--method", "pca", "--data", name];
+    args.extend_from_slice(extra);
+    let r = ctx.run(&args);
+    r.user_error().has_hint();
+    if let Some(b) = before {
+        assert_eq!(b, sha256(&input), "the input file changed");
+    }
+    let stem = name.trim_end_matches(".h5ad");
+    let out: PathBuf = ctx.path(&format!("{stem}.pca.h5ad"));
+    assert!(!out.exists(), "an output file was left behind");
+    // no temporary files either
+    let leftovers: Vec<_> = std::fs::read_dir(ctx.dir.path()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    r
+}
+
+#[test]
+fn missing_file() {
+    let ctx = TestContext::new();
+    embed_fails(&ctx, "nope.h5ad", &[]).stderr_has("nope.h5ad: no such file");
+}
+
+#[test]
+fn not_hdf5() {
+    let ctx = TestContext::new();
+    std::fs::write(ctx.path("table.h5ad"), "gene,cell1\nCD3E,4\n").unwrap();
+    embed_fails(&ctx, "table.h5ad", &[]).stderr_has("table.h5ad: not an HDF5 file").stderr_has("convert");
+}
+
+#[test]
+fn truncated_file() {
+    let ctx = TestContext::new();
+    let p = ctx.path("cut.h5ad");
+    Tiny::counts(30, 20).write(&p);
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    embed_fails(&ctx, "cut.h5ad", &[]).stderr_has("cut.h5ad").stderr_has("truncated");
+}
+
+#[test]
+fn no_x() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.write_x = false;
+    t.write(&ctx.path("nox.h5ad"));
+    embed_fails(&ctx, "nox.h5ad", &[]).stderr_has("nox.h5ad: X: is missing");
+}
+
+#[test]
+fn x_rows_disagree_with_obs() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.obs_names.pop();
+    t.write(&ctx.path("rows.h5ad"));
+    embed_fails(&ctx, "rows.h5ad", &[]).stderr_has("rows.h5ad: X has 10 rows but `obs` has 9 cells");
+}
+
+#[test]
+fn x_columns_disagree_with_var() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.var_names.push("extra".into());
+    t.write(&ctx.path("cols.h5ad"));
+    embed_fails(&ctx, "cols.h5ad", &[]).stderr_has("cols.h5ad: X has 8 columns but `var` has 9 genes");
+}
+
+#[test]
+fn non_finite_value() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.x[3 * 8 + 2] = f32::NAN;
+    t.write(&ctx.path("nan.h5ad"));
+    embed_fails(&ctx, "nan.h5ad", &[]).stderr_has("nan.h5ad: X holds a non-finite value (NaN) at cell 3 (cell_3), gene 2 (gene_2)");
+}
+
+#[test]
+fn negative_value() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.x[5 * 8 + 1] = -2.0;
+    t.write(&ctx.path("neg.h5ad"));
+    embed_fails(&ctx, "neg.h5ad", &[])
+        .stderr_has("neg.h5ad: pca needs raw counts, but X holds a negative value (-2) at cell 5 (cell_5), gene 1 (gene_1)")
+        .stderr_has("--layer");
+}
+
+#[test]
+fn non_integer_value() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.x[0] = 1.5;
+    t.write(&ctx.path("lognorm.h5ad"));
+    embed_fails(&ctx, "lognorm.h5ad", &[]).stderr_has("X holds a non-integer value (1.5) at cell 0 (cell_0), gene 0 (gene_0)");
+}
+
+#[test]
+fn duplicate_var_names() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(10, 8);
+    t.var_names[5] = "gene_1".into();
+    t.write(&ctx.path("dups.h5ad"));
+    embed_fails(&ctx, "dups.h5ad", &[]).stderr_has("dups.h5ad: var names are not unique: \"gene_1\" appears 2 times").stderr_has("var_names_make_unique");
+}
+
+#[test]
+fn zero_cells() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(0, 8);
+    t.obs_names.clear();
+    t.write(&ctx.path("empty.h5ad"));
+    embed_fails(&ctx, "empty.h5ad", &[]).stderr_has("empty.h5ad: the data has no cells (X is 0 x 8)");
+}
+
+#[test]
+fn missing_layer() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    embed_fails(&ctx, "t.h5ad", &["--layer", "counts"]).stderr_has("t.h5ad: layers/counts: is missing").stderr_has("no layers");
+}
+
+#[test]
+fn unknown_method() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "--method", "scgtp", "--data", "t.h5ad"]);
+    r.user_error().stderr_has("unknown method `scgtp`").stderr_has("did you mean `scgpt`?");
+}
+
+#[test]
+fn planned_method_fails_plainly() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "--method", "scgpt", "--data", "t.h5ad"]);
+    r.user_error().stderr_has("method `scgpt` is registered but not implemented").has_hint();
+    assert!(!ctx.path("t.scgpt.h5ad").exists());
+}
+
+#[test]
+fn unknown_option() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "--method", "pca", "--data", "t.h5ad", "--n-components", "5"]);
+    r.user_error().stderr_has("unexpected argument '--n-components'").stderr_has("--n-comps");
+}
+
+#[test]
+fn malformed_option_values() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    ctx.run(&["embed", "--method", "pca", "--data", "t.h5ad", "--n-comps", "abc"]).user_error().stderr_has("invalid value 'abc' for '--n-comps <N>'");
+    ctx.run(&["embed", "--method", "pca", "--data", "t.h5ad", "--n-comps", "0"]).user_error().stderr_has("invalid value '0'");
+    ctx.run(&["embed", "--method", "pca", "--data", "t.h5ad", "--seed", "-1"]).user_error();
+}
+
+#[test]
+fn too_many_components() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    embed_fails(&ctx, "t.h5ad", &["--n-comps", "40"]).stderr_has("invalid value for --n-comps: 40 components asked").stderr_has("pass `--n-comps");
+}
+
+#[test]
+fn out_is_the_input() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    embed_fails(&ctx, "t.h5ad", &["--out", "t.h5ad"]).stderr_has("is the input file").stderr_has("--in-place");
+}

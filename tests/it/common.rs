@@ -1,0 +1,219 @@
+//! Shared helpers: a test context with a temp folder, running the binary, and a small
+//! .h5ad writer (on the hdf5 crate) to build valid and broken files.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hdf5::types::VarLenUnicode;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_scfoundry");
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub struct TestContext {
+    pub dir: tempfile::TempDir,
+}
+
+/// HDF5 locks files with flock(); a lock taken by one test thread leaks into processes that
+/// other test threads spawn at that moment (fork copies descriptors), which then makes an
+/// unrelated test's file look locked. Tests turn HDF5 file locking off, once, before any
+/// HDF5 call; the product keeps HDF5's default.
+pub fn no_hdf5_locking() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("HDF5_USE_FILE_LOCKING", "FALSE"));
+}
+
+impl TestContext {
+    pub fn new() -> TestContext {
+        no_hdf5_locking();
+        TestContext { dir: tempfile::tempdir().unwrap() }
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    /// Run scfoundry in the temp folder with an isolated environment.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("SCFOUNDRY_WORKSPACE")
+            .env("SCFOUNDRY_WEIGHTS_DIR", self.dir.path().join("weights-cache"))
+            .env("SCFOUNDRY_NO_PROGRESS", "1")
+            .output()
+            .unwrap();
+        Run::from(out)
+    }
+    /// A copy of a demo dataset in the temp folder.
+    pub fn demo(&self, name: &str) -> PathBuf {
+        let dst = self.path(name);
+        std::fs::copy(repo().join("demo").join(name), &dst).unwrap();
+        dst
+    }
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+        }
+    }
+}
+
+impl Run {
+    #[track_caller]
+    pub fn success(&self) -> &Run {
+        assert_eq!(self.code, 0, "expected success\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+    #[track_caller]
+    pub fn user_error(&self) -> &Run {
+        assert_eq!(self.code, 1, "expected exit 1\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert!(self.stderr.starts_with("error: "), "stderr should start with `error: `:\n{}", self.stderr);
+        self
+    }
+    #[track_caller]
+    pub fn stderr_has(&self, needle: &str) -> &Run {
+        assert!(self.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", self.stderr);
+        self
+    }
+    #[track_caller]
+    pub fn has_hint(&self) -> &Run {
+        assert!(self.stderr.contains("\nhint: "), "no hint in:\n{}", self.stderr);
+        self
+    }
+}
+
+/// The Python interpreter with anndata and scanpy, or None (allowed only outside CI).
+pub fn python() -> Option<PathBuf> {
+    match std::env::var_os("SCFOUNDRY_TEST_PYTHON") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI=true but SCFOUNDRY_TEST_PYTHON is not set: .ci/run must provide the Python venv");
+            }
+            eprintln!("SCFOUNDRY_TEST_PYTHON not set: skipping the Python half of this test (CI runs it)");
+            None
+        }
+    }
+}
+
+/// Run a Python script from tests/python with arguments; return its stdout parsed as JSON.
+pub fn python_json(py: &Path, script: &str, args: &[&Path]) -> serde_json::Value {
+    let out = Command::new(py).arg(repo().join("tests/python").join(script)).args(args).output().unwrap();
+    assert!(out.status.success(), "{script} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script}: bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+pub fn sha256(path: &Path) -> String {
+    scfoundry::weights::sha256_file(path, |_| {}).unwrap()
+}
+
+/// A small valid AnnData in memory, written with anndata's encoding.
+#[derive(Clone)]
+pub struct Tiny {
+    pub n_obs: usize,
+    pub n_vars: usize,
+    /// dense row-major values
+    pub x: Vec<f32>,
+    pub obs_names: Vec<String>,
+    pub var_names: Vec<String>,
+    pub write_x: bool,
+}
+
+impl Tiny {
+    /// Seeded negative-binomial-like integer counts with structure in a few genes.
+    pub fn counts(n_obs: usize, n_vars: usize) -> Tiny {
+        let mut x = vec![0f32; n_obs * n_vars];
+        let mut state: u64 = 0x9E3779B97F4A7C15;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for i in 0..n_obs {
+            for j in 0..n_vars {
+                let group = (i % 3) as f64;
+                let rate = 0.3 + if j % 3 == i % 3 { 2.0 + group } else { 0.0 } + (j as f64 * 0.05);
+                // Poisson by inversion
+                let (mut k, mut p, u) = (0u32, (-rate).exp(), next());
+                let mut cdf = p;
+                while u > cdf && k < 60 {
+                    k += 1;
+                    p *= rate / k as f64;
+                    cdf += p;
+                }
+                x[i * n_vars + j] = k as f32;
+            }
+        }
+        Tiny {
+            n_obs,
+            n_vars,
+            x,
+            obs_names: (0..n_obs).map(|i| format!("cell_{i}")).collect(),
+            var_names: (0..n_vars).map(|j| format!("gene_{j}")).collect(),
+            write_x: true,
+        }
+    }
+
+    pub fn write(&self, path: &Path) {
+        let f = hdf5::File::create(path).unwrap();
+        enc(&f, "anndata", "0.1.0");
+        write_df(&f, "obs", &self.obs_names);
+        write_df(&f, "var", &self.var_names);
+        if self.write_x {
+            let g = f.create_group("X").unwrap();
+            enc(&g, "csr_matrix", "0.1.0");
+            let (mut data, mut indices, mut indptr) = (vec![], vec![], vec![0i32]);
+            for i in 0..self.n_obs {
+                for j in 0..self.n_vars {
+                    let v = self.x[i * self.n_vars + j];
+                    if v != 0.0 {
+                        data.push(v);
+                        indices.push(j as i32);
+                    }
+                }
+                indptr.push(data.len() as i32);
+            }
+            g.new_attr::<i64>().shape([2]).create("shape").unwrap().write_raw(&[self.n_obs as i64, self.n_vars as i64]).unwrap();
+            g.new_dataset::<f32>().shape([data.len()]).create("data").unwrap().write_raw(&data).unwrap();
+            g.new_dataset::<i32>().shape([indices.len()]).create("indices").unwrap().write_raw(&indices).unwrap();
+            g.new_dataset::<i32>().shape([indptr.len()]).create("indptr").unwrap().write_raw(&indptr).unwrap();
+        }
+        for name in ["obsm", "varm", "layers", "uns", "obsp", "varp"] {
+            let g = f.create_group(name).unwrap();
+            enc(&g, "dict", "0.1.0");
+        }
+    }
+}
+
+pub fn enc(loc: &hdf5::Location, t: &str, v: &str) {
+    for (k, val) in [("encoding-type", t), ("encoding-version", v)] {
+        let s: VarLenUnicode = val.parse().unwrap();
+        loc.new_attr::<VarLenUnicode>().shape(()).create(k).unwrap().write_scalar(&s).unwrap();
+    }
+}
+
+fn write_df(f: &hdf5::File, name: &str, index: &[String]) {
+    let g = f.create_group(name).unwrap();
+    enc(&g, "dataframe", "0.2.0");
+    let s: VarLenUnicode = "_index".parse().unwrap();
+    g.new_attr::<VarLenUnicode>().shape(()).create("_index").unwrap().write_scalar(&s).unwrap();
+    g.new_attr::<f64>().shape([0]).create("column-order").unwrap();
+    let vals: Vec<VarLenUnicode> = index.iter().map(|s| s.parse().unwrap()).collect();
+    let ds = g.new_dataset::<VarLenUnicode>().shape([vals.len()]).create("_index").unwrap();
+    ds.write_raw(&vals).unwrap();
+    enc(&ds, "string-array", "0.2.0");
+}

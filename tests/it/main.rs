@@ -1,0 +1,13 @@
+//! scfoundry's integration tests: one binary, a module per area.
+//!
+//! Tests that need Python (anndata, scanpy) use the interpreter in $SCFOUNDRY_TEST_PYTHON,
+//! which `.ci/run` provides from ci/requirements.txt. Under CI=true a missing interpreter is
+//! a failure, never a silent skip.
+
+mod anndata_compat;
+mod bad_input;
+mod common;
+mod pca;
+mod registry;
+mod runner;
+mod workspace;
