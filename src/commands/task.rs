@@ -82,11 +82,14 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     let fit = pca::fit(&x, &names, &opts, rep.as_ref())?;
     let nc = fit.variance.len();
 
+    let clock = std::time::Instant::now();
     let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let copy_s = clock.elapsed().as_secs_f64();
     let key = "X_pca";
     let ds = out.create_obsm(key, ad.n_obs, nc)?;
     pca::transform(&x, &fit, &opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
     drop(ds);
+    let project_s = clock.elapsed().as_secs_f64() - copy_s;
     let f = out.file();
     // varm['PCs']: loadings for every gene, zero outside the HVGs (as scanpy with mask_var)
     let varm = require_dict(f, "varm").h5ctx(|| "creating varm".into())?;
@@ -143,5 +146,14 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     drop(uns);
     drop(varm);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes })
+    let mut phases: Vec<(String, f64)> = fit.timings.clone();
+    phases.push(("copy input".into(), copy_s));
+    phases.push(("projection".into(), project_s));
+    phases.push(("write rest".into(), clock.elapsed().as_secs_f64() - copy_s - project_s));
+    if std::env::var_os("SCFOUNDRY_PROFILE").is_some() {
+        for (k, v) in &phases {
+            eprintln!("profile: {k:<16} {v:.3}s");
+        }
+    }
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes, phases })
 }
