@@ -11,8 +11,8 @@
 //! (90-NN computed once, then `subset_k`): 15 for graph connectivity and Leiden,
 //! 50 for kBET, 90 for iLISI/cLISI.
 
-// TODO pub mod aggregate;
-// TODO pub mod clustering;
+pub mod aggregate;
+pub mod clustering;
 pub mod graph_connectivity;
 pub mod isolated_labels;
 // TODO pub mod kbet;
@@ -20,19 +20,19 @@ pub mod linalg;
 pub mod lisi;
 pub mod neighbors;
 pub mod nmi_ari;
-// TODO pub mod pcr_comparison;
+pub mod pcr_comparison;
 pub mod silhouette;
 // TODO pub mod umap_graph;
 
-// TODO pub use aggregate::{aggregate, AggregateScores, MetricKind};
-// TODO pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans};
+pub use aggregate::{aggregate, AggregateScores, MetricKind};
+pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
 pub use graph_connectivity::graph_connectivity;
 pub use isolated_labels::isolated_labels;
 // TODO pub use kbet::{kbet, kbet_per_label};
 pub use lisi::{clisi_knn, ilisi_knn, lisi_knn};
 pub use neighbors::{exact_knn, NeighborsResults};
 pub use nmi_ari::{ari, nmi};
-// TODO pub use pcr_comparison::{pcr_comparison, principal_component_regression};
+pub use pcr_comparison::{pcr_comparison, principal_component_regression};
 pub use silhouette::{bras, silhouette_batch, silhouette_label, silhouette_samples};
 
 /// Neighbour counts scib-metrics' Benchmarker derives from one 90-NN search.

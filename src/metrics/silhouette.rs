@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn silhouettes_match_scib() {
-        for case in ["easy", "hard"] {
+        for case in ["easy", "hard", "mixed"] {
             let f = load_case(case);
             let (x, n, d) = (&f.embedding, f.n, f.d);
             let checks = [
