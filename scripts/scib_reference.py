@@ -219,11 +219,71 @@ def run_benchmarker(emb, x_pre, labels, batches):
     return res
 
 
+def make_large(n, seed=7):
+    """Larger synthetic set for timing only (not a committed fixture)."""
+    rng = np.random.default_rng(seed)
+    d, d_pre, n_lab, n_bat = 30, 40, 12, 4
+    labels = rng.choice(n_lab, size=n, p=np.linspace(1, 3, n_lab) / np.linspace(1, 3, n_lab).sum())
+    batches = rng.integers(0, n_bat, n)
+    centers = rng.normal(0, 2.0, (n_lab, d_pre))
+    shifts = rng.normal(0, 1.5, (n_bat, d_pre))
+    x_pre = centers[labels] + shifts[batches] + rng.normal(0, 1.0, (n, d_pre))
+    proj = np.linalg.qr(rng.normal(size=(d_pre, d)))[0]
+    emb = (centers[labels] + 0.2 * shifts[batches] + rng.normal(0, 1.0, (n, d_pre))) @ proj
+    return emb.astype(np.float32), x_pre.astype(np.float32), labels.astype(np.int64), batches.astype(np.int64)
+
+
+def run_timing(n, out_dir):
+    """Time every scib-metrics call on an n-cell set; dump raw inputs for the Rust side."""
+    os.makedirs(out_dir, exist_ok=True)
+    emb, x_pre, labels, batches = make_large(n)
+    t = {}
+    m = {}
+    t0 = time.perf_counter()
+    nn90 = pynndescent(emb, n_neighbors=90, random_state=0, n_jobs=1)
+    t["pynndescent_90"] = time.perf_counter() - t0
+    nn15, nn50 = nn90.subset_neighbors(15), nn90.subset_neighbors(50)
+    calls = {
+        "silhouette_label": lambda: scib_metrics.silhouette_label(emb, labels),
+        "silhouette_batch": lambda: scib_metrics.silhouette_batch(emb, labels, batches),
+        "bras": lambda: scib_metrics.bras(emb, labels, batches),
+        "isolated_labels": lambda: scib_metrics.isolated_labels(emb, labels, batches),
+        "ilisi_knn": lambda: scib_metrics.ilisi_knn(nn90, batches),
+        "clisi_knn": lambda: scib_metrics.clisi_knn(nn90, labels),
+        "graph_connectivity": lambda: scib_metrics.graph_connectivity(nn15, labels),
+        "pcr_comparison": lambda: scib_metrics.pcr_comparison(x_pre, emb, batches, categorical=True),
+        "kbet_per_label": lambda: scib_metrics.kbet_per_label(nn50, batches, labels),
+        "nmi_ari_cluster_labels_kmeans": lambda: scib_metrics.nmi_ari_cluster_labels_kmeans(emb, labels),
+        "nmi_ari_cluster_labels_leiden": lambda: scib_metrics.nmi_ari_cluster_labels_leiden(nn15, labels),
+    }
+    for name, fn in calls.items():
+        t0 = time.perf_counter()
+        v = fn()
+        t[name] = time.perf_counter() - t0
+        m[name] = {k: float(x) for k, x in v.items()} if isinstance(v, dict) else float(v)
+        print(f"  {name:32s} {t[name]:8.2f}s  {m[name]}", flush=True)
+    emb.tofile(os.path.join(out_dir, "emb.f32"))
+    x_pre.tofile(os.path.join(out_dir, "x_pre.f32"))
+    labels.astype(np.uint32).tofile(os.path.join(out_dir, "labels.u32"))
+    batches.astype(np.uint32).tofile(os.path.join(out_dir, "batches.u32"))
+    nn90.indices.astype(np.uint32).tofile(os.path.join(out_dir, "knn_idx.u32"))
+    nn90.distances.astype(np.float32).tofile(os.path.join(out_dir, "knn_dist.f32"))
+    meta = {"n": n, "d": emb.shape[1], "d_pre": x_pre.shape[1], "k": 90, "metrics": m, "timings_s": t}
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(json.dumps(t, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "scib"))
     ap.add_argument("--cases", default="easy,hard,mixed")
+    ap.add_argument("--timing-n", type=int, default=0, help="only time scib-metrics on an n-cell set")
+    ap.add_argument("--timing-dir", default="/tmp/scib-timing")
     args = ap.parse_args()
+    if args.timing_n:
+        run_timing(args.timing_n, args.timing_dir)
+        return
     os.makedirs(args.out, exist_ok=True)
     for name in args.cases.split(","):
         t0 = time.perf_counter()

@@ -137,3 +137,90 @@ pub(crate) mod fixtures {
         }
     }
 }
+
+#[cfg(test)]
+mod timing {
+    //! Timings (ignored by default): `cargo test --release -- --ignored --nocapture timing`.
+    use super::*;
+    use std::time::Instant;
+
+    fn run_all(
+        tag: &str,
+        emb: &[f32],
+        x_pre: &[f32],
+        n: usize,
+        d: usize,
+        d_pre: usize,
+        labels: &[u32],
+        batches: &[u32],
+        knn: Option<&NeighborsResults>,
+    ) -> Vec<(&'static str, f64, f64)> {
+        let mut out = Vec::new();
+        let mut t = Instant::now();
+        let own = exact_knn(emb, n, d, 90);
+        out.push(("exact_knn_90", own.n as f64, t.elapsed().as_secs_f64()));
+        let nn90 = knn.cloned().unwrap_or(own);
+        let (nn15, nn50) = (nn90.subset_k(15), nn90.subset_k(50));
+        macro_rules! time {
+            ($name:expr, $e:expr) => {{
+                t = Instant::now();
+                let v: f64 = $e;
+                out.push(($name, v, t.elapsed().as_secs_f64()));
+            }};
+        }
+        time!("silhouette_label", silhouette_label(emb, n, d, labels, true, 256));
+        time!("silhouette_batch", silhouette_batch(emb, n, d, labels, batches, true, 256));
+        time!("bras", bras(emb, n, d, labels, batches, 256));
+        time!("isolated_labels", isolated_labels(emb, n, d, labels, batches, true, None));
+        time!("ilisi_knn", ilisi_knn(&nn90, batches, None, true));
+        time!("clisi_knn", clisi_knn(&nn90, labels, None, true));
+        time!("graph_connectivity", graph_connectivity(&nn15, labels));
+        time!("pcr_comparison", pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true));
+        time!("kbet_per_label", kbet_per_label(&nn50, batches, labels, 0.05, 100));
+        time!("nmi_ari_cluster_labels_kmeans", nmi_ari_cluster_labels_kmeans(emb, n, d, labels, 0).0);
+        time!("nmi_ari_cluster_labels_leiden", nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), 42).0);
+        for (name, v, s) in &out {
+            eprintln!("{tag:6} {name:32} {s:9.3}s  value {v:.6}");
+        }
+        out
+    }
+
+    #[test]
+    #[ignore]
+    fn timing_fixtures() {
+        for case in ["easy", "hard", "mixed"] {
+            let f = fixtures::load_case(case);
+            run_all(case, &f.embedding, &f.x_pre, f.n, f.d, f.d_pre, &f.labels, &f.batches, Some(&f.knn));
+        }
+    }
+
+    /// Reads the raw set written by `scripts/scib_reference.py --timing-n N`
+    /// (default dir /tmp/scib-timing, or $SCIB_TIMING_DIR) and compares values and times.
+    #[test]
+    #[ignore]
+    fn timing_vs_scib_large() {
+        let dir = std::env::var("SCIB_TIMING_DIR").unwrap_or_else(|_| "/tmp/scib-timing".into());
+        let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/meta.json")).unwrap()).unwrap();
+        let rd = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
+        let f32s = |b: Vec<u8>| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>();
+        let u32s = |b: Vec<u8>| b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<u32>>();
+        let n = meta["n"].as_u64().unwrap() as usize;
+        let d = meta["d"].as_u64().unwrap() as usize;
+        let d_pre = meta["d_pre"].as_u64().unwrap() as usize;
+        let k = meta["k"].as_u64().unwrap() as usize;
+        let (emb, x_pre) = (f32s(rd("emb.f32")), f32s(rd("x_pre.f32")));
+        let (labels, batches) = (u32s(rd("labels.u32")), u32s(rd("batches.u32")));
+        let knn = NeighborsResults::new(u32s(rd("knn_idx.u32")), f32s(rd("knn_dist.f32")), n, k);
+        let res = run_all("large", &emb, &x_pre, n, d, d_pre, &labels, &batches, Some(&knn));
+        eprintln!("{:32} {:>10} {:>10} {:>12} {:>12}", "metric", "ours_s", "scib_s", "ours", "scib");
+        for (name, v, s) in res {
+            let key = if name == "exact_knn_90" { "pynndescent_90" } else { name };
+            let st = meta["timings_s"][key].as_f64().unwrap_or(f64::NAN);
+            let sv = match &meta["metrics"][key] {
+                serde_json::Value::Object(o) => o["nmi"].as_f64().unwrap(),
+                other => other.as_f64().unwrap_or(f64::NAN),
+            };
+            eprintln!("{name:32} {s:10.3} {st:10.3} {v:12.6} {sv:12.6}");
+        }
+    }
+}
