@@ -142,7 +142,7 @@ pub fn kbet(nn: &NeighborsResults, batches: &[u32], alpha: f64) -> KbetResult {
 
 /// Largest dense problem solved with the full symmetric eigen-decomposition;
 /// larger subgraphs use Lanczos.
-pub const DENSE_EIGEN_MAX: usize = 1500;
+pub const DENSE_EIGEN_MAX: usize = 400;
 
 const EPS: f32 = 1e-8;
 

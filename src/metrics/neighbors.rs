@@ -66,10 +66,129 @@ impl Ord for Cand {
 }
 
 const ROW_BLOCK: usize = 64;
-const COL_BLOCK: usize = 1024;
+const COL_BLOCK: usize = 512;
+
+/// A block of columns (cells) transposed to `d x ncp` (ncp = nc rounded up to
+/// a multiple of 8, zero padded) so that distance kernels vectorise over cells.
+pub(crate) struct ColBlock {
+    pub data: Vec<f32>,
+    pub nc: usize,
+    pub ncp: usize,
+}
+
+impl ColBlock {
+    pub fn new(x: &[f32], d: usize, c0: usize, c1: usize) -> ColBlock {
+        let nc = c1 - c0;
+        let ncp = nc.div_ceil(8) * 8;
+        let mut data = vec![0f32; d * ncp];
+        for c in 0..nc {
+            let row = &x[(c0 + c) * d..(c0 + c + 1) * d];
+            for t in 0..d {
+                data[t * ncp + c] = row[t];
+            }
+        }
+        ColBlock { data, nc, ncp }
+    }
+}
+
+/// Kind of pairwise quantity a tile kernel computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileOp {
+    /// sum_t (a_t - b_t)^2, by direct differences (no cancellation)
+    SqDist,
+    /// sum_t a_t * b_t
+    Dot,
+}
+
+/// out[i * cb.ncp + c] = op(row r0 + i, column c of `cb`) for i in 0..nr.
+/// Register-blocked: 4 rows x 8 columns of accumulators, loop over d inside.
+/// Uses an AVX2+FMA build of the same code when the CPU has it.
+pub(crate) fn tile_kernel(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, op: TileOp, out: &mut [f32]) {
+    debug_assert!(out.len() >= nr * cb.ncp);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the features were detected at run time.
+            unsafe {
+                match op {
+                    TileOp::SqDist => tile_avx2::<true>(x, d, r0, nr, cb, out),
+                    TileOp::Dot => tile_avx2::<false>(x, d, r0, nr, cb, out),
+                }
+            }
+            return;
+        }
+    }
+    match op {
+        TileOp::SqDist => tile_generic::<true>(x, d, r0, nr, cb, out),
+        TileOp::Dot => tile_generic::<false>(x, d, r0, nr, cb, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const SQ: bool>(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, out: &mut [f32]) {
+    tile_generic::<SQ>(x, d, r0, nr, cb, out)
+}
+
+#[inline(always)]
+fn tile_generic<const SQ: bool>(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, out: &mut [f32]) {
+    let ncp = cb.ncp;
+    let mut i = 0;
+    while i + 4 <= nr {
+        let a0 = &x[(r0 + i) * d..(r0 + i + 1) * d];
+        let a1 = &x[(r0 + i + 1) * d..(r0 + i + 2) * d];
+        let a2 = &x[(r0 + i + 2) * d..(r0 + i + 3) * d];
+        let a3 = &x[(r0 + i + 3) * d..(r0 + i + 4) * d];
+        let mut c = 0;
+        while c < ncp {
+            let mut acc = [[0f32; 8]; 4];
+            for t in 0..d {
+                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
+                let av = [a0[t], a1[t], a2[t], a3[t]];
+                for q in 0..4 {
+                    let aq = av[q];
+                    for l in 0..8 {
+                        if SQ {
+                            let e = aq - col[l];
+                            acc[q][l] += e * e;
+                        } else {
+                            acc[q][l] += aq * col[l];
+                        }
+                    }
+                }
+            }
+            for (q, accq) in acc.iter().enumerate() {
+                out[(i + q) * ncp + c..(i + q) * ncp + c + 8].copy_from_slice(accq);
+            }
+            c += 8;
+        }
+        i += 4;
+    }
+    while i < nr {
+        let a = &x[(r0 + i) * d..(r0 + i + 1) * d];
+        let mut c = 0;
+        while c < ncp {
+            let mut acc = [0f32; 8];
+            for t in 0..d {
+                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
+                for l in 0..8 {
+                    if SQ {
+                        let e = a[t] - col[l];
+                        acc[l] += e * e;
+                    } else {
+                        acc[l] += a[t] * col[l];
+                    }
+                }
+            }
+            out[i * ncp + c..i * ncp + c + 8].copy_from_slice(&acc);
+            c += 8;
+        }
+        i += 1;
+    }
+}
 
 /// Exact Euclidean kNN by blocked brute force (row blocks in parallel, column
-/// blocks with a dot-product kernel, per-row bounded max-heap).
+/// blocks through a register-blocked distance kernel, per-row bounded max-heap).
 ///
 /// Self is included (normally first, distance 0), like pynndescent and
 /// scib-metrics' `NeighborsResults`. Ties are broken by the smaller index.
@@ -77,11 +196,13 @@ const COL_BLOCK: usize = 1024;
 pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
     assert_eq!(x.len(), n * d);
     assert!(k >= 1 && k <= n, "need 1 <= k <= n");
-    let norms: Vec<f32> = (0..n)
-        .map(|i| x[i * d..(i + 1) * d].iter().map(|v| v * v).sum())
-        .collect();
     let mut indices = vec![0u32; n * k];
     let mut distances = vec![0f32; n * k];
+    // all column blocks transposed once (n*d floats), shared by the threads
+    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_BLOCK))
+        .into_par_iter()
+        .map(|b| ColBlock::new(x, d, b * COL_BLOCK, ((b + 1) * COL_BLOCK).min(n)))
+        .collect();
     indices
         .par_chunks_mut(ROW_BLOCK * k)
         .zip(distances.par_chunks_mut(ROW_BLOCK * k))
@@ -91,47 +212,37 @@ pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
             let r1 = (r0 + ROW_BLOCK).min(n);
             let nr = r1 - r0;
             let mut heaps: Vec<BinaryHeap<Cand>> = (0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect();
-            let mut dots = vec![0f32; nr * COL_BLOCK];
-            let mut c0 = 0;
-            while c0 < n {
-                let c1 = (c0 + COL_BLOCK).min(n);
-                let nc = c1 - c0;
-                // dot-product kernel: rows r0..r1 against columns c0..c1
-                for (ri, r) in (r0..r1).enumerate() {
-                    let xr = &x[r * d..(r + 1) * d];
-                    let out = &mut dots[ri * COL_BLOCK..ri * COL_BLOCK + nc];
-                    for (cj, c) in (c0..c1).enumerate() {
-                        let xc = &x[c * d..(c + 1) * d];
-                        out[cj] = dot(xr, xc);
-                    }
-                }
-                for (ri, r) in (r0..r1).enumerate() {
+            let mut tile = vec![0f32; nr * (COL_BLOCK + 8)];
+            for (b, cb) in blocks.iter().enumerate() {
+                let c0 = b * COL_BLOCK;
+                tile_kernel(x, d, r0, nr, cb, TileOp::SqDist, &mut tile);
+                for ri in 0..nr {
+                    let r = r0 + ri;
                     let heap = &mut heaps[ri];
-                    let nr_ = norms[r];
-                    for cj in 0..nc {
+                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
+                    let mut worst = if heap.len() < k { f32::INFINITY } else { heap.peek().unwrap().0 };
+                    for (cj, &dd) in row.iter().enumerate() {
                         let c = c0 + cj;
-                        let d2 = if c == r { 0.0 } else { (nr_ + norms[c] - 2.0 * dots[ri * COL_BLOCK + cj]).max(0.0) };
+                        let d2 = if c == r { 0.0 } else { dd };
+                        if d2 > worst {
+                            continue;
+                        }
+                        let cand = Cand(d2, c as u32);
                         if heap.len() < k {
-                            heap.push(Cand(d2, c as u32));
-                        } else if let Some(top) = heap.peek() {
-                            if Cand(d2, c as u32) < *top {
-                                heap.pop();
-                                heap.push(Cand(d2, c as u32));
+                            heap.push(cand);
+                            if heap.len() == k {
+                                worst = heap.peek().unwrap().0;
                             }
+                        } else if cand < *heap.peek().unwrap() {
+                            heap.pop();
+                            heap.push(cand);
+                            worst = heap.peek().unwrap().0;
                         }
                     }
                 }
-                c0 = c1;
             }
             for (ri, heap) in heaps.into_iter().enumerate() {
-                let r = r0 + ri;
-                let mut v = heap.into_sorted_vec();
-                // refine: recompute the kept distances directly (no cancellation error)
-                for c in v.iter_mut() {
-                    let j = c.1 as usize;
-                    c.0 = if j == r { 0.0 } else { sqdist(&x[r * d..(r + 1) * d], &x[j * d..(j + 1) * d]) };
-                }
-                v.sort();
+                let v = heap.into_sorted_vec();
                 for (t, c) in v.into_iter().enumerate() {
                     idx_out[ri * k + t] = c.1;
                     dist_out[ri * k + t] = c.0.sqrt();

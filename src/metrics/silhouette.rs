@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use super::compact_codes;
+use super::neighbors::{tile_kernel, ColBlock, TileOp};
 
 /// Distance used by the silhouette.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,25 +56,29 @@ pub fn silhouette_samples(
     let chunk = chunk_size.max(1);
     let mut out = vec![0f64; n];
     const COL_TILE: usize = 512;
+    let op = match metric {
+        Distance::Euclidean => TileOp::SqDist,
+        Distance::Cosine => TileOp::Dot,
+    };
     out.par_chunks_mut(chunk).enumerate().for_each(|(bi, out_chunk)| {
         let r0 = bi * chunk;
         let nr = out_chunk.len();
         let mut sums = vec![0f64; nr * n_clusters];
+        let mut tile = vec![0f32; nr * (COL_TILE + 8)];
         let mut c0 = 0;
         while c0 < n {
             let c1 = (c0 + COL_TILE).min(n);
+            let cb = ColBlock::new(x, d, c0, c1);
+            tile_kernel(x, d, r0, nr, &cb, op, &mut tile);
             for ri in 0..nr {
                 let r = r0 + ri;
-                let xr = &x[r * d..(r + 1) * d];
                 let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
-                for c in c0..c1 {
-                    let xc = &x[c * d..(c + 1) * d];
+                let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
+                for (cj, &v) in row.iter().enumerate() {
+                    let c = c0 + cj;
                     let dist = match metric {
-                        Distance::Euclidean => super::neighbors::sqdist(xr, xc).sqrt(),
-                        Distance::Cosine => {
-                            let xy = super::neighbors::dot(xr, xc);
-                            (1.0 - xy / (norms[r] * norms[c]).sqrt()).clamp(0.0, 2.0)
-                        }
+                        Distance::Euclidean => v.sqrt(),
+                        Distance::Cosine => (1.0 - v / (norms[r] * norms[c]).sqrt()).clamp(0.0, 2.0),
                     };
                     s[codes[c] as usize] += dist as f64;
                 }
