@@ -36,11 +36,27 @@ pub fn isolated_labels(
     rescale: bool,
     iso_threshold: Option<usize>,
 ) -> f64 {
+    let s = silhouette_samples(x, n, d, labels, 256, Distance::Euclidean, BetweenCluster::Nearest);
+    isolated_labels_from_silhouette(&s, labels, batches, rescale, iso_threshold)
+}
+
+/// Same score from precomputed label silhouettes (`silhouette_samples` with
+/// euclidean / nearest, as `silhouette_label` uses), so a pipeline can compute
+/// the O(n²) silhouette once for both metrics.
+pub fn isolated_labels_from_silhouette(
+    sil: &[f64],
+    labels: &[u32],
+    batches: &[u32],
+    rescale: bool,
+    iso_threshold: Option<usize>,
+) -> f64 {
+    let n = sil.len();
+    assert_eq!(labels.len(), n);
     let iso = get_isolated_labels(labels, batches, iso_threshold);
     if iso.is_empty() {
         return f64::NAN;
     }
-    let mut s = silhouette_samples(x, n, d, labels, 256, Distance::Euclidean, BetweenCluster::Nearest);
+    let mut s = sil.to_vec();
     if rescale {
         s.iter_mut().for_each(|v| *v = (*v + 1.0) / 2.0);
     }
@@ -63,6 +79,10 @@ mod tests {
             let f = load_case(case);
             let v = isolated_labels(&f.embedding, f.n, f.d, &f.labels, &f.batches, true, None);
             assert_close(case, "isolated_labels", v, f.metric("isolated_labels"), 1e-3);
+            let s = silhouette_samples(&f.embedding, f.n, f.d, &f.labels, 256, Distance::Euclidean, BetweenCluster::Nearest);
+            assert_eq!(isolated_labels_from_silhouette(&s, &f.labels, &f.batches, true, None), v);
+            let sl = super::super::silhouette::silhouette_label_from_samples(&s, true);
+            assert_close(case, "silhouette_label (shared samples)", sl, f.metric("silhouette_label"), 1e-3);
         }
     }
 }

@@ -28,14 +28,14 @@ pub mod umap_graph;
 pub use aggregate::{aggregate, AggregateScores, MetricKind};
 pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
 pub use graph_connectivity::graph_connectivity;
-pub use isolated_labels::isolated_labels;
+pub use isolated_labels::{isolated_labels, isolated_labels_from_silhouette};
 pub use kbet::{kbet, kbet_per_label};
 pub use leiden::{leiden, nmi_ari_cluster_labels_leiden};
 pub use lisi::{clisi_knn, ilisi_knn, lisi_knn};
 pub use neighbors::{exact_knn, NeighborsResults};
 pub use nmi_ari::{ari, nmi};
 pub use pcr_comparison::{pcr_comparison, principal_component_regression};
-pub use silhouette::{bras, silhouette_batch, silhouette_label, silhouette_samples};
+pub use silhouette::{bras, silhouette_batch, silhouette_label, silhouette_label_from_samples, silhouette_samples};
 
 /// Neighbour counts scib-metrics' Benchmarker derives from one 90-NN search.
 pub const BENCHMARK_K: [usize; 3] = [15, 50, 90];

@@ -49,41 +49,78 @@ pub fn silhouette_samples(
     for &c in &codes {
         freqs[c as usize] += 1;
     }
+    // Work in label-sorted order: each column tile then holds contiguous runs
+    // of one label, summed in f32 over the run (<= COL_TILE terms) then in f64.
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by_key(|&i| codes[i]);
+    let mut xs = Vec::with_capacity(n * d);
+    for &i in &perm {
+        xs.extend_from_slice(&x[i * d..(i + 1) * d]);
+    }
+    let cs: Vec<u32> = perm.iter().map(|&i| codes[i]).collect();
     let norms: Vec<f32> = match metric {
-        Distance::Cosine => (0..n).map(|i| super::neighbors::dot(&x[i * d..(i + 1) * d], &x[i * d..(i + 1) * d])).collect(),
+        Distance::Cosine => (0..n).map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d])).collect(),
         Distance::Euclidean => Vec::new(),
     };
     let chunk = chunk_size.max(1);
-    let mut out = vec![0f64; n];
+    let mut out_sorted = vec![0f64; n];
     const COL_TILE: usize = 512;
     let op = match metric {
         Distance::Euclidean => TileOp::SqDist,
         Distance::Cosine => TileOp::Dot,
     };
-    out.par_chunks_mut(chunk).enumerate().for_each(|(bi, out_chunk)| {
+    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_TILE))
+        .into_par_iter()
+        .map(|b| ColBlock::new(&xs, d, b * COL_TILE, ((b + 1) * COL_TILE).min(n)))
+        .collect();
+    // label runs inside each tile: (label, start, end) relative to the tile
+    let segments: Vec<Vec<(usize, usize, usize)>> = (0..blocks.len())
+        .map(|b| {
+            let c0 = b * COL_TILE;
+            let c1 = (c0 + COL_TILE).min(n);
+            let mut segs = Vec::new();
+            let mut a = c0;
+            while a < c1 {
+                let l = cs[a];
+                let mut e = a;
+                while e < c1 && cs[e] == l {
+                    e += 1;
+                }
+                segs.push((l as usize, a - c0, e - c0));
+                a = e;
+            }
+            segs
+        })
+        .collect();
+    let x = &xs;
+    let codes = &cs;
+    out_sorted.par_chunks_mut(chunk).enumerate().for_each(|(bi, out_chunk)| {
         let r0 = bi * chunk;
         let nr = out_chunk.len();
         let mut sums = vec![0f64; nr * n_clusters];
         let mut tile = vec![0f32; nr * (COL_TILE + 8)];
-        let mut c0 = 0;
-        while c0 < n {
-            let c1 = (c0 + COL_TILE).min(n);
-            let cb = ColBlock::new(x, d, c0, c1);
-            tile_kernel(x, d, r0, nr, &cb, op, &mut tile);
+        for (b, cb) in blocks.iter().enumerate() {
+            let c0 = b * COL_TILE;
+            tile_kernel(x, d, r0, nr, cb, op, &mut tile);
             for ri in 0..nr {
                 let r = r0 + ri;
                 let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
                 let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
-                for (cj, &v) in row.iter().enumerate() {
-                    let c = c0 + cj;
-                    let dist = match metric {
-                        Distance::Euclidean => v.sqrt(),
-                        Distance::Cosine => (1.0 - v / (norms[r] * norms[c]).sqrt()).clamp(0.0, 2.0),
+                for &(l, a, e) in &segments[b] {
+                    let part: f32 = match metric {
+                        Distance::Euclidean => row[a..e].iter().map(|v| v.sqrt()).sum(),
+                        Distance::Cosine => {
+                            let nrm = norms[r];
+                            row[a..e]
+                                .iter()
+                                .zip(&norms[c0 + a..c0 + e])
+                                .map(|(&v, &nc)| (1.0 - v / (nrm * nc).sqrt()).clamp(0.0, 2.0))
+                                .sum()
+                        }
                     };
-                    s[codes[c] as usize] += dist as f64;
+                    s[l] += part as f64;
                 }
             }
-            c0 = c1;
         }
         let total: usize = n;
         for ri in 0..nr {
@@ -119,6 +156,10 @@ pub fn silhouette_samples(
             out_chunk[ri] = nan_to_num(sil);
         }
     });
+    let mut out = vec![0f64; n];
+    for (t, &i) in perm.iter().enumerate() {
+        out[i] = out_sorted[t];
+    }
     out
 }
 
@@ -139,7 +180,12 @@ fn nan_to_num(v: f64) -> f64 {
 /// `rescale` maps to (asw + 1) / 2.
 pub fn silhouette_label(x: &[f32], n: usize, d: usize, labels: &[u32], rescale: bool, chunk_size: usize) -> f64 {
     let s = silhouette_samples(x, n, d, labels, chunk_size, Distance::Euclidean, BetweenCluster::Nearest);
-    let asw = s.iter().sum::<f64>() / n as f64;
+    silhouette_label_from_samples(&s, rescale)
+}
+
+/// `silhouette_label` from precomputed `silhouette_samples` (euclidean, nearest).
+pub fn silhouette_label_from_samples(sil: &[f64], rescale: bool) -> f64 {
+    let asw = sil.iter().sum::<f64>() / sil.len() as f64;
     if rescale {
         (asw + 1.0) / 2.0
     } else {
