@@ -76,6 +76,29 @@ def make_case(name):
         x_pre = centers[labels] + shifts[batches] + rng.normal(0, 1.0, (n, d_pre))
         proj = np.linalg.qr(rng.normal(size=(d_pre, d)))[0]
         emb = (centers[labels] + 0.05 * shifts[batches] + rng.normal(0, 1.0, (n, d_pre))) @ proj
+    elif name == "edge":
+        # kBET corner cases: a label split in two far components (both kept), a
+        # label of exactly 10 cells (k0 + 1 > n: pynndescent pads with -1), a label
+        # with a small far-away component (dropped, >= 75% kept), and a label whose
+        # components are all < 3*k0 (score 0).
+        rng = np.random.default_rng(3)
+        d, d_pre = 8, 10
+        sizes = [150, 10, 100, 40]
+        labels = np.repeat(np.arange(4), sizes)
+        n = labels.size
+        batches = rng.integers(0, 2, n)
+        centers = rng.normal(0, 8.0, (4, d_pre))
+        offs = np.zeros((n, d_pre))
+        i0 = np.flatnonzero(labels == 0)
+        offs[i0[75:]] += rng.normal(0, 15.0, d_pre)
+        i2 = np.flatnonzero(labels == 2)
+        offs[i2[85:]] += rng.normal(0, 15.0, d_pre)
+        i3 = np.flatnonzero(labels == 3)
+        offs[i3[25:]] += rng.normal(0, 15.0, d_pre)
+        shifts = rng.normal(0, 0.3, (2, d_pre))
+        x_pre = centers[labels] + offs + 5 * shifts[batches] + rng.normal(0, 1.0, (n, d_pre))
+        proj = np.linalg.qr(rng.normal(size=(d_pre, d)))[0]
+        emb = (centers[labels] + offs + shifts[batches] + rng.normal(0, 1.0, (n, d_pre))) @ proj
     else:
         raise ValueError(name)
     return (
@@ -277,7 +300,7 @@ def run_timing(n, out_dir):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "scib"))
-    ap.add_argument("--cases", default="easy,hard,mixed")
+    ap.add_argument("--cases", default="easy,hard,mixed,edge")
     ap.add_argument("--timing-n", type=int, default=0, help="only time scib-metrics on an n-cell set")
     ap.add_argument("--timing-dir", default="/tmp/scib-timing")
     args = ap.parse_args()

@@ -68,7 +68,7 @@ mod tests {
     /// so its means differ from ours at ~1e-8; 1e-6 is the tolerance.
     #[test]
     fn aggregate_matches_benchmarker() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             for (scaled, key) in [(false, "raw"), (true, "scaled")] {
                 let bm = &f.raw["benchmarker"][key];

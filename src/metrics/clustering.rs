@@ -164,7 +164,7 @@ mod tests {
     /// KMeans produces over seeds 0..12, widened by 0.02. On data with one clear optimum (`easy`) they agree exactly.
     #[test]
     fn kmeans_nmi_ari_close_to_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let mut rn = (f64::INFINITY, f64::NEG_INFINITY);
             let mut ra = (f64::INFINITY, f64::NEG_INFINITY);

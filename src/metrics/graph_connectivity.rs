@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn graph_connectivity_matches_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let g15 = graph_connectivity(&f.knn.subset_k(15), &f.labels);
             assert_close(case, "graph_connectivity", g15, f.metric("graph_connectivity"), 1e-3);

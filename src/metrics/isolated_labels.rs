@@ -75,7 +75,7 @@ mod tests {
 
     #[test]
     fn isolated_labels_match_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let v = isolated_labels(&f.embedding, f.n, f.d, &f.labels, &f.batches, true, None);
             assert_close(case, "isolated_labels", v, f.metric("isolated_labels"), 1e-3);

@@ -16,6 +16,9 @@
 //!    eigenvector scaled by e/(1-e), except e == 1 (in f32), kept as is);
 //! 5. (k0 + 1)-NN in the diffusion embedding (self included) and `kbet` on it;
 //! final score = nanmean over labels of the acceptance rates.
+//! (A label of exactly 10 cells with k0 = 10 asks pynndescent for 11 neighbours
+//! of 10 points; it pads with index -1, which numpy reads as the last cell. We
+//! reproduce that.)
 
 use rayon::prelude::*;
 
@@ -227,12 +230,28 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
 /// kBET acceptance rate of one connected subgraph (diffusion kNN with k0 + 1).
 fn kbet_on_subgraph(g: &CsrGraph, batches: &[u32], k0: usize, alpha: f64, diffusion_n_comps: usize, dense_max: usize) -> f64 {
     let m = g.n;
-    if m < k0 + 1 || m < 2 {
-        // pynndescent cannot return k0+1 neighbours: scib's ValueError path -> 0
+    if m < 2 {
         return 0.0;
     }
     let (emb, dim) = diffusion_embedding_with(g, diffusion_n_comps.min(m - 1), dense_max);
-    let nn = exact_knn(&emb, m, dim, k0 + 1);
+    let nn = if m >= k0 + 1 {
+        exact_knn(&emb, m, dim, k0 + 1)
+    } else {
+        // pynndescent pads missing neighbours with index -1, and scib's
+        // `batches[knn_idx]` then reads the *last* cell's batch: mimic that.
+        let full = exact_knn(&emb, m, dim, m);
+        let mut idx = Vec::with_capacity(m * (k0 + 1));
+        let mut dist = Vec::with_capacity(m * (k0 + 1));
+        for i in 0..m {
+            idx.extend_from_slice(full.row(i));
+            dist.extend_from_slice(full.row_dist(i));
+            for _ in m..k0 + 1 {
+                idx.push((m - 1) as u32);
+                dist.push(f32::INFINITY);
+            }
+        }
+        NeighborsResults::new(idx, dist, m, k0 + 1)
+    };
     kbet(&nn, batches, alpha).acceptance_rate
 }
 
@@ -332,7 +351,7 @@ mod tests {
 
     #[test]
     fn kbet_global_matches_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let r = kbet(&f.knn.subset_k(50), &f.batches, 0.05);
             assert_close(case, "kbet_global_k50", r.acceptance_rate, f.metric("kbet_global_k50"), 1e-9);
@@ -341,7 +360,7 @@ mod tests {
 
     #[test]
     fn kbet_per_label_matches_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let nn50 = f.knn.subset_k(50);
             let ours = kbet_per_label_scores(&nn50, &f.batches, &f.labels, 0.05, 100);
@@ -357,7 +376,7 @@ mod tests {
     /// give the same per-label scores as the dense path / scib on the fixtures.
     #[test]
     fn kbet_per_label_lanczos_path_matches_scib() {
-        for case in ["easy", "mixed"] {
+        for case in ["easy", "mixed", "edge"] {
             let f = load_case(case);
             let nn50 = f.knn.subset_k(50);
             let ours = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 100, 0);

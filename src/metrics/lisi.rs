@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn lisi_matches_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let nn90 = &f.knn;
             assert_close(case, "ilisi_knn", ilisi_knn(nn90, &f.batches, None, true), f.metric("ilisi_knn"), 1e-3);

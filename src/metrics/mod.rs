@@ -196,7 +196,7 @@ mod timing {
     #[test]
     #[ignore]
     fn timing_fixtures() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = fixtures::load_case(case);
             run_all(case, &f.embedding, &f.x_pre, f.n, f.d, f.d_pre, &f.labels, &f.batches, Some(&f.knn));
         }

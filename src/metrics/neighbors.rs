@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn exact_knn_matches_fixture_neighbours() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let nn = exact_knn(&f.embedding, f.n, f.d, f.knn.k);
             let mut set_mismatch = 0usize;

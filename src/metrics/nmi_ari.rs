@@ -83,7 +83,7 @@ mod tests {
 
     #[test]
     fn nmi_ari_match_sklearn() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let km = f.u32_list("kmeans_labels_scib");
             assert_close(case, "nmi_labels_vs_kmeans", nmi(&f.labels, &km), f.metric("nmi_labels_vs_kmeans"), 1e-9);

@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn pcr_matches_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let (n, d) = (f.n, f.d);
             assert_close(case, "pcr_pre", principal_component_regression(&f.x_pre, n, f.d_pre, &f.batches, None), f.metric("pcr_pre"), 1e-3);

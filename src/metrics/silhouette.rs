@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn silhouettes_match_scib() {
-        for case in ["easy", "hard", "mixed"] {
+        for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let (x, n, d) = (&f.embedding, f.n, f.d);
             let checks = [
