@@ -12,6 +12,7 @@
 //! 50 for kBET, 90 for iLISI/cLISI.
 
 pub mod aggregate;
+pub mod benchmark;
 pub mod clustering;
 pub mod graph_connectivity;
 pub mod isolated_labels;
@@ -26,6 +27,7 @@ pub mod silhouette;
 pub mod umap_graph;
 
 pub use aggregate::{aggregate, AggregateScores, MetricKind};
+pub use benchmark::{run_benchmark, BenchmarkConfig, MetricValue};
 pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
 pub use graph_connectivity::graph_connectivity;
 pub use isolated_labels::{isolated_labels, isolated_labels_from_silhouette};
