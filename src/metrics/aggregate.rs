@@ -26,8 +26,14 @@ pub fn min_max_scale(values: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let mut out = values.to_vec();
     for j in 0..m {
         let col = values.iter().map(|r| r[j]).filter(|v| !v.is_nan());
-        let (lo, hi) = col.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
-        let range = if hi - lo == 0.0 || !(hi - lo).is_finite() { 1.0 } else { hi - lo };
+        let (lo, hi) = col.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(v), b.max(v))
+        });
+        let range = if hi - lo == 0.0 || !(hi - lo).is_finite() {
+            1.0
+        } else {
+            hi - lo
+        };
         for r in out.iter_mut() {
             r[j] = (r[j] - lo) / range;
         }
@@ -36,7 +42,9 @@ pub fn min_max_scale(values: &[Vec<f64>]) -> Vec<Vec<f64>> {
 }
 
 fn nanmean(v: impl Iterator<Item = f64>) -> f64 {
-    let (s, c) = v.filter(|x| !x.is_nan()).fold((0.0, 0usize), |(s, c), x| (s + x, c + 1));
+    let (s, c) = v
+        .filter(|x| !x.is_nan())
+        .fold((0.0, 0usize), |(s, c), x| (s + x, c + 1));
     if c == 0 {
         f64::NAN
     } else {
@@ -49,12 +57,30 @@ pub fn aggregate(kinds: &[MetricKind], values: &[Vec<f64>], min_max: bool) -> Ve
     for r in values {
         assert_eq!(r.len(), kinds.len());
     }
-    let vals = if min_max { min_max_scale(values) } else { values.to_vec() };
+    let vals = if min_max {
+        min_max_scale(values)
+    } else {
+        values.to_vec()
+    };
     vals.iter()
         .map(|r| {
-            let batch = nanmean(r.iter().zip(kinds).filter(|(_, &k)| k == MetricKind::BatchCorrection).map(|(v, _)| *v));
-            let bio = nanmean(r.iter().zip(kinds).filter(|(_, &k)| k == MetricKind::BioConservation).map(|(v, _)| *v));
-            AggregateScores { batch_correction: batch, bio_conservation: bio, total: 0.4 * batch + 0.6 * bio }
+            let batch = nanmean(
+                r.iter()
+                    .zip(kinds)
+                    .filter(|(_, &k)| k == MetricKind::BatchCorrection)
+                    .map(|(v, _)| *v),
+            );
+            let bio = nanmean(
+                r.iter()
+                    .zip(kinds)
+                    .filter(|(_, &k)| k == MetricKind::BioConservation)
+                    .map(|(v, _)| *v),
+            );
+            AggregateScores {
+                batch_correction: batch,
+                bio_conservation: bio,
+                total: 0.4 * batch + 0.6 * bio,
+            }
         })
         .collect()
 }
@@ -88,15 +114,38 @@ mod tests {
                 let embs: Vec<&String> = rows.keys().collect();
                 let values: Vec<Vec<f64>> = embs
                     .iter()
-                    .map(|e| metric_cols.iter().map(|(c, _)| raw_rows[*e][*c].as_f64().unwrap_or(f64::NAN)).collect())
+                    .map(|e| {
+                        metric_cols
+                            .iter()
+                            .map(|(c, _)| raw_rows[*e][*c].as_f64().unwrap_or(f64::NAN))
+                            .collect()
+                    })
                     .collect();
                 let agg = aggregate(&kinds, &values, scaled);
                 for (e, a) in embs.iter().zip(&agg) {
                     let r = &rows[*e];
                     let tag = format!("{key}/{e}");
-                    assert_close(case, &format!("{tag} batch"), a.batch_correction, r["Batch correction"].as_f64().unwrap(), 1e-6);
-                    assert_close(case, &format!("{tag} bio"), a.bio_conservation, r["Bio conservation"].as_f64().unwrap(), 1e-6);
-                    assert_close(case, &format!("{tag} total"), a.total, r["Total"].as_f64().unwrap(), 1e-6);
+                    assert_close(
+                        case,
+                        &format!("{tag} batch"),
+                        a.batch_correction,
+                        r["Batch correction"].as_f64().unwrap(),
+                        1e-6,
+                    );
+                    assert_close(
+                        case,
+                        &format!("{tag} bio"),
+                        a.bio_conservation,
+                        r["Bio conservation"].as_f64().unwrap(),
+                        1e-6,
+                    );
+                    assert_close(
+                        case,
+                        &format!("{tag} total"),
+                        a.total,
+                        r["Total"].as_f64().unwrap(),
+                        1e-6,
+                    );
                 }
             }
         }

@@ -8,7 +8,9 @@
 
 use super::aggregate::MetricKind;
 use super::neighbors::NeighborsResults;
-use super::silhouette::{silhouette_label_from_samples, silhouette_samples, BetweenCluster, Distance};
+use super::silhouette::{
+    silhouette_label_from_samples, silhouette_samples, BetweenCluster, Distance,
+};
 use super::*;
 
 /// Which metrics to run (field names follow scib-metrics' dataclasses).
@@ -63,7 +65,12 @@ pub struct MetricValue {
 }
 
 fn mv(key: &str, name: &str, kind: MetricKind, value: f64) -> MetricValue {
-    MetricValue { key: key.into(), name: name.into(), kind, value }
+    MetricValue {
+        key: key.into(),
+        name: name.into(),
+        kind,
+        value,
+    }
 }
 
 /// Run the configured metrics on one embedding. `nn` must hold at least 90
@@ -89,47 +96,122 @@ pub fn run_benchmark(
     let mut out = Vec::new();
     // the label silhouette is shared by isolated labels and silhouette label
     let sil = if cfg.isolated_labels || cfg.silhouette_label {
-        Some(silhouette_samples(emb, n, d, labels, cfg.chunk_size, Distance::Euclidean, BetweenCluster::Nearest))
+        Some(silhouette_samples(
+            emb,
+            n,
+            d,
+            labels,
+            cfg.chunk_size,
+            Distance::Euclidean,
+            BetweenCluster::Nearest,
+        ))
     } else {
         None
     };
     if cfg.isolated_labels {
-        let v = isolated_labels::isolated_labels_from_silhouette(sil.as_ref().unwrap(), labels, batches, true, None);
+        let v = isolated_labels::isolated_labels_from_silhouette(
+            sil.as_ref().unwrap(),
+            labels,
+            batches,
+            true,
+            None,
+        );
         out.push(mv("isolated_labels", "Isolated labels", Bio, v));
     }
     if cfg.nmi_ari_cluster_labels_leiden {
-        let (a, b) = nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), cfg.seed);
-        out.push(mv("nmi_ari_cluster_labels_leiden_nmi", "Leiden NMI", Bio, a));
-        out.push(mv("nmi_ari_cluster_labels_leiden_ari", "Leiden ARI", Bio, b));
+        let (a, b) =
+            nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), cfg.seed);
+        out.push(mv(
+            "nmi_ari_cluster_labels_leiden_nmi",
+            "Leiden NMI",
+            Bio,
+            a,
+        ));
+        out.push(mv(
+            "nmi_ari_cluster_labels_leiden_ari",
+            "Leiden ARI",
+            Bio,
+            b,
+        ));
     }
     if cfg.nmi_ari_cluster_labels_kmeans {
         let (a, b) = nmi_ari_cluster_labels_kmeans(emb, n, d, labels, cfg.seed);
-        out.push(mv("nmi_ari_cluster_labels_kmeans_nmi", "KMeans NMI", Bio, a));
-        out.push(mv("nmi_ari_cluster_labels_kmeans_ari", "KMeans ARI", Bio, b));
+        out.push(mv(
+            "nmi_ari_cluster_labels_kmeans_nmi",
+            "KMeans NMI",
+            Bio,
+            a,
+        ));
+        out.push(mv(
+            "nmi_ari_cluster_labels_kmeans_ari",
+            "KMeans ARI",
+            Bio,
+            b,
+        ));
     }
     if cfg.silhouette_label {
-        out.push(mv("silhouette_label", "Silhouette label", Bio, silhouette_label_from_samples(sil.as_ref().unwrap(), true)));
+        out.push(mv(
+            "silhouette_label",
+            "Silhouette label",
+            Bio,
+            silhouette_label_from_samples(sil.as_ref().unwrap(), true),
+        ));
     }
     if cfg.clisi_knn {
-        out.push(mv("clisi_knn", "cLISI", Bio, clisi_knn(&nn90, labels, None, true)));
+        out.push(mv(
+            "clisi_knn",
+            "cLISI",
+            Bio,
+            clisi_knn(&nn90, labels, None, true),
+        ));
     }
     if cfg.silhouette_batch {
-        out.push(mv("silhouette_batch", "Silhouette batch", Batch, silhouette_batch(emb, n, d, labels, batches, true, cfg.chunk_size)));
+        out.push(mv(
+            "silhouette_batch",
+            "Silhouette batch",
+            Batch,
+            silhouette_batch(emb, n, d, labels, batches, true, cfg.chunk_size),
+        ));
     }
     if cfg.bras {
-        out.push(mv("bras", "BRAS", Batch, bras(emb, n, d, labels, batches, cfg.chunk_size)));
+        out.push(mv(
+            "bras",
+            "BRAS",
+            Batch,
+            bras(emb, n, d, labels, batches, cfg.chunk_size),
+        ));
     }
     if cfg.ilisi_knn {
-        out.push(mv("ilisi_knn", "iLISI", Batch, ilisi_knn(&nn90, batches, None, true)));
+        out.push(mv(
+            "ilisi_knn",
+            "iLISI",
+            Batch,
+            ilisi_knn(&nn90, batches, None, true),
+        ));
     }
     if cfg.kbet_per_label {
-        out.push(mv("kbet_per_label", "KBET", Batch, kbet_per_label(&nn50, batches, labels, 0.05, 100)));
+        out.push(mv(
+            "kbet_per_label",
+            "KBET",
+            Batch,
+            kbet_per_label(&nn50, batches, labels, 0.05, 100),
+        ));
     }
     if cfg.graph_connectivity {
-        out.push(mv("graph_connectivity", "Graph connectivity", Batch, graph_connectivity(&nn15, labels)));
+        out.push(mv(
+            "graph_connectivity",
+            "Graph connectivity",
+            Batch,
+            graph_connectivity(&nn15, labels),
+        ));
     }
     if cfg.pcr_comparison {
-        out.push(mv("pcr_comparison", "PCR comparison", Batch, pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true)));
+        out.push(mv(
+            "pcr_comparison",
+            "PCR comparison",
+            Batch,
+            pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true),
+        ));
     }
     out
 }
@@ -146,10 +228,25 @@ mod tests {
     fn benchmark_matches_benchmarker_rows() {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
-            let res = run_benchmark(&f.embedding, f.n, f.d, &f.x_pre, f.d_pre, &f.labels, &f.batches, &f.knn, &BenchmarkConfig::default());
+            let res = run_benchmark(
+                &f.embedding,
+                f.n,
+                f.d,
+                &f.x_pre,
+                f.d_pre,
+                &f.labels,
+                &f.batches,
+                &f.knn,
+                &BenchmarkConfig::default(),
+            );
             let rows = &f.raw["benchmarker"]["raw"]["rows"]["emb"];
             let types = &f.raw["benchmarker"]["raw"]["metric_types"];
-            let n_metric_rows = types.as_object().unwrap().values().filter(|t| t.as_str() != Some("Aggregate score")).count();
+            let n_metric_rows = types
+                .as_object()
+                .unwrap()
+                .values()
+                .filter(|t| t.as_str() != Some("Aggregate score"))
+                .count();
             assert_eq!(res.len(), n_metric_rows);
             for m in &res {
                 let kind = match m.kind {
@@ -160,7 +257,13 @@ mod tests {
                 if m.key.contains("kmeans") {
                     continue;
                 }
-                assert_close(case, &format!("benchmarker {}", m.key), m.value, rows[&m.key].as_f64().unwrap(), 1e-3);
+                assert_close(
+                    case,
+                    &format!("benchmarker {}", m.key),
+                    m.value,
+                    rows[&m.key].as_f64().unwrap(),
+                    1e-3,
+                );
             }
         }
     }

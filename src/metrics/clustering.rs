@@ -86,12 +86,17 @@ pub fn kmeans(x: &[f32], n: usize, d: usize, k: usize, max_iter: usize, seed: u6
         }
     }
     mean.iter_mut().for_each(|m| *m /= n as f64);
-    let xc: Vec<f32> = (0..n * d).map(|t| (x[t] as f64 - mean[t % d]) as f32).collect();
+    let xc: Vec<f32> = (0..n * d)
+        .map(|t| (x[t] as f64 - mean[t % d]) as f32)
+        .collect();
     // k-means++
     let mut cent = vec![0f32; k * d];
     let first = rng.gen_range(0..n);
     cent[..d].copy_from_slice(&xc[first * d..(first + 1) * d]);
-    let mut min_d: Vec<f64> = (0..n).into_par_iter().map(|i| sqdist(&xc[i * d..(i + 1) * d], &cent[..d]) as f64).collect();
+    let mut min_d: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|i| sqdist(&xc[i * d..(i + 1) * d], &cent[..d]) as f64)
+        .collect();
     let trials = 2 + (k as f64).ln() as usize;
     for c in 1..k {
         let cands = sample_without_replacement(&mut rng, &min_d, trials.min(n));
@@ -140,12 +145,25 @@ pub fn kmeans(x: &[f32], n: usize, d: usize, k: usize, max_iter: usize, seed: u6
     }
     let (labels, dists) = assign(&xc, n, d, &cent, k);
     let inertia = dists.iter().map(|&v| v as f64).sum();
-    let centroids = (0..k * d).map(|t| (cent[t] as f64 + mean[t % d]) as f32).collect();
-    KMeansResult { labels, centroids, inertia, n_iter }
+    let centroids = (0..k * d)
+        .map(|t| (cent[t] as f64 + mean[t % d]) as f32)
+        .collect();
+    KMeansResult {
+        labels,
+        centroids,
+        inertia,
+        n_iter,
+    }
 }
 
 /// NMI and ARI between KMeans clusters (k = number of labels) and the labels.
-pub fn nmi_ari_cluster_labels_kmeans(x: &[f32], n: usize, d: usize, labels: &[u32], seed: u64) -> (f64, f64) {
+pub fn nmi_ari_cluster_labels_kmeans(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    seed: u64,
+) -> (f64, f64) {
     let k = compact_codes(labels).1;
     let km = kmeans(x, n, d, k, 300, seed);
     (nmi(labels, &km.labels), ari(labels, &km.labels))
@@ -175,8 +193,14 @@ mod tests {
             }
             let (sn, sa) = (f.metric("kmeans_nmi"), f.metric("kmeans_ari"));
             eprintln!("{case} kmeans over seeds 0..12: NMI [{:.4}, {:.4}] (scib {sn:.4}), ARI [{:.4}, {:.4}] (scib {sa:.4})", rn.0, rn.1, ra.0, ra.1);
-            assert!(sn >= rn.0 - 0.02 && sn <= rn.1 + 0.02, "{case}: scib NMI outside our seed range");
-            assert!(sa >= ra.0 - 0.02 && sa <= ra.1 + 0.02, "{case}: scib ARI outside our seed range");
+            assert!(
+                sn >= rn.0 - 0.02 && sn <= rn.1 + 0.02,
+                "{case}: scib NMI outside our seed range"
+            );
+            assert!(
+                sa >= ra.0 - 0.02 && sa <= ra.1 + 0.02,
+                "{case}: scib ARI outside our seed range"
+            );
         }
     }
 

@@ -26,7 +26,13 @@ pub fn graph_connectivity(nn: &NeighborsResults, labels: &[u32]) -> f64 {
         let c = codes[m[0]];
         let adj: Vec<Vec<u32>> = m
             .iter()
-            .map(|&i| nn.row(i).iter().filter(|&&j| codes[j as usize] == c).map(|&j| local[j as usize]).collect())
+            .map(|&i| {
+                nn.row(i)
+                    .iter()
+                    .filter(|&&j| codes[j as usize] == c)
+                    .map(|&j| local[j as usize])
+                    .collect()
+            })
             .collect();
         let comp = strongly_connected_components(&adj);
         let mut sizes = vec![0usize; comp.iter().copied().max().map_or(0, |v| v as usize + 1)];
@@ -120,9 +126,21 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let g15 = graph_connectivity(&f.knn.subset_k(15), &f.labels);
-            assert_close(case, "graph_connectivity", g15, f.metric("graph_connectivity"), 1e-3);
+            assert_close(
+                case,
+                "graph_connectivity",
+                g15,
+                f.metric("graph_connectivity"),
+                1e-3,
+            );
             let g50 = graph_connectivity(&f.knn.subset_k(50), &f.labels);
-            assert_close(case, "graph_connectivity_k50", g50, f.metric("graph_connectivity_k50"), 1e-3);
+            assert_close(
+                case,
+                "graph_connectivity_k50",
+                g50,
+                f.metric("graph_connectivity_k50"),
+                1e-3,
+            );
         }
     }
 }

@@ -11,19 +11,29 @@ use super::silhouette::{silhouette_samples, BetweenCluster, Distance};
 
 /// Labels (original codes, sorted) present in at most `iso_threshold` batches
 /// (default: the minimum over labels).
-pub fn get_isolated_labels(labels: &[u32], batches: &[u32], iso_threshold: Option<usize>) -> Vec<u32> {
+pub fn get_isolated_labels(
+    labels: &[u32],
+    batches: &[u32],
+    iso_threshold: Option<usize>,
+) -> Vec<u32> {
     let (lc, nl) = compact_codes(labels);
     let (bc, nb) = compact_codes(batches);
     let mut seen = vec![false; nl * nb];
     for i in 0..labels.len() {
         seen[lc[i] as usize * nb + bc[i] as usize] = true;
     }
-    let counts: Vec<usize> = (0..nl).map(|l| seen[l * nb..(l + 1) * nb].iter().filter(|&&s| s).count()).collect();
+    let counts: Vec<usize> = (0..nl)
+        .map(|l| seen[l * nb..(l + 1) * nb].iter().filter(|&&s| s).count())
+        .collect();
     let thr = iso_threshold.unwrap_or_else(|| counts.iter().copied().min().unwrap_or(0));
     let mut uniq: Vec<u32> = labels.to_vec();
     uniq.sort_unstable();
     uniq.dedup();
-    uniq.into_iter().zip(counts).filter(|&(_, c)| c <= thr).map(|(u, _)| u).collect()
+    uniq.into_iter()
+        .zip(counts)
+        .filter(|&(_, c)| c <= thr)
+        .map(|(u, _)| u)
+        .collect()
 }
 
 /// Isolated-label ASW (scib `isolated_labels`, chunk size 256).
@@ -36,7 +46,15 @@ pub fn isolated_labels(
     rescale: bool,
     iso_threshold: Option<usize>,
 ) -> f64 {
-    let s = silhouette_samples(x, n, d, labels, 256, Distance::Euclidean, BetweenCluster::Nearest);
+    let s = silhouette_samples(
+        x,
+        n,
+        d,
+        labels,
+        256,
+        Distance::Euclidean,
+        BetweenCluster::Nearest,
+    );
     isolated_labels_from_silhouette(&s, labels, batches, rescale, iso_threshold)
 }
 
@@ -62,7 +80,9 @@ pub fn isolated_labels_from_silhouette(
     }
     let mut total = 0.0;
     for &l in &iso {
-        let (sum, cnt) = (0..n).filter(|&i| labels[i] == l).fold((0.0, 0usize), |(a, c), i| (a + s[i], c + 1));
+        let (sum, cnt) = (0..n)
+            .filter(|&i| labels[i] == l)
+            .fold((0.0, 0usize), |(a, c), i| (a + s[i], c + 1));
         total += sum / cnt as f64;
     }
     total / iso.len() as f64
@@ -78,11 +98,34 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let v = isolated_labels(&f.embedding, f.n, f.d, &f.labels, &f.batches, true, None);
-            assert_close(case, "isolated_labels", v, f.metric("isolated_labels"), 1e-3);
-            let s = silhouette_samples(&f.embedding, f.n, f.d, &f.labels, 256, Distance::Euclidean, BetweenCluster::Nearest);
-            assert_eq!(isolated_labels_from_silhouette(&s, &f.labels, &f.batches, true, None), v);
+            assert_close(
+                case,
+                "isolated_labels",
+                v,
+                f.metric("isolated_labels"),
+                1e-3,
+            );
+            let s = silhouette_samples(
+                &f.embedding,
+                f.n,
+                f.d,
+                &f.labels,
+                256,
+                Distance::Euclidean,
+                BetweenCluster::Nearest,
+            );
+            assert_eq!(
+                isolated_labels_from_silhouette(&s, &f.labels, &f.batches, true, None),
+                v
+            );
             let sl = super::super::silhouette::silhouette_label_from_samples(&s, true);
-            assert_close(case, "silhouette_label (shared samples)", sl, f.metric("silhouette_label"), 1e-3);
+            assert_close(
+                case,
+                "silhouette_label (shared samples)",
+                sl,
+                f.metric("silhouette_label"),
+                1e-3,
+            );
         }
     }
 }

@@ -15,7 +15,8 @@
 //!    matrix, the min(100, m-1) eigenpairs of largest magnitude, each
 //!    eigenvector scaled by e/(1-e), except e == 1 (in f32), kept as is);
 //! 5. (k0 + 1)-NN in the diffusion embedding (self included) and `kbet` on it;
-//! final score = nanmean over labels of the acceptance rates.
+//!
+//! Final score = nanmean over labels of the acceptance rates.
 //! (A label of exactly 10 cells with k0 = 10 asks pynndescent for 11 neighbours
 //! of 10 points; it pads with index -1, which numpy reads as the last cell. We
 //! reproduce that.)
@@ -140,7 +141,11 @@ pub fn kbet(nn: &NeighborsResults, batches: &[u32], alpha: f64) -> KbetResult {
         })
         .unzip();
     let acc = p_values.iter().filter(|&&p| p >= alpha).count() as f64 / nn.n as f64;
-    KbetResult { acceptance_rate: acc, stats, p_values }
+    KbetResult {
+        acceptance_rate: acc,
+        stats,
+        p_values,
+    }
 }
 
 /// Largest dense problem solved with the full symmetric eigen-decomposition;
@@ -158,11 +163,17 @@ pub fn diffusion_embedding(g: &CsrGraph, n_comps: usize) -> (Vec<f32>, usize) {
 fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (Vec<f32>, usize) {
     let m = g.n;
     // density normalisation K = Q W Q with q = degree; then T = Z K Z, z = sqrt(rowsum K)
-    let q: Vec<f64> = (0..m).map(|i| g.row(i).1.iter().map(|&v| v as f64).sum()).collect();
+    let q: Vec<f64> = (0..m)
+        .map(|i| g.row(i).1.iter().map(|&v| v as f64).sum())
+        .collect();
     let mut kdeg = vec![0f64; m];
     for i in 0..m {
         let (idx, val) = g.row(i);
-        kdeg[i] = idx.iter().zip(val).map(|(&j, &v)| v as f64 / (q[i] * q[j as usize])).sum();
+        kdeg[i] = idx
+            .iter()
+            .zip(val)
+            .map(|(&j, &v)| v as f64 / (q[i] * q[j as usize]))
+            .sum();
     }
     let z: Vec<f64> = kdeg.iter().map(|v| v.sqrt()).collect();
     let t_val = |i: usize, j: usize, w: f32| w as f64 / (q[i] * q[j]) / (z[i] * z[j]);
@@ -192,7 +203,13 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
         let rows: Vec<(Vec<u32>, Vec<f64>)> = (0..m)
             .map(|i| {
                 let (idx, val) = g.row(i);
-                (idx.to_vec(), idx.iter().zip(val).map(|(&j, &w)| t_val(i, j as usize, w)).collect())
+                (
+                    idx.to_vec(),
+                    idx.iter()
+                        .zip(val)
+                        .map(|(&j, &w)| t_val(i, j as usize, w))
+                        .collect(),
+                )
             })
             .collect();
         super::linalg::lanczos_largest_magnitude(
@@ -228,13 +245,20 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
 }
 
 /// kBET acceptance rate of one connected subgraph (diffusion kNN with k0 + 1).
-fn kbet_on_subgraph(g: &CsrGraph, batches: &[u32], k0: usize, alpha: f64, diffusion_n_comps: usize, dense_max: usize) -> f64 {
+fn kbet_on_subgraph(
+    g: &CsrGraph,
+    batches: &[u32],
+    k0: usize,
+    alpha: f64,
+    diffusion_n_comps: usize,
+    dense_max: usize,
+) -> f64 {
     let m = g.n;
     if m < 2 {
         return 0.0;
     }
     let (emb, dim) = diffusion_embedding_with(g, diffusion_n_comps.min(m - 1), dense_max);
-    let nn = if m >= k0 + 1 {
+    let nn = if m > k0 {
         exact_knn(&emb, m, dim, k0 + 1)
     } else {
         // pynndescent pads missing neighbours with index -1, and scib's
@@ -263,7 +287,14 @@ pub fn kbet_per_label_scores(
     alpha: f64,
     diffusion_n_comps: usize,
 ) -> Vec<(u32, f64)> {
-    kbet_per_label_scores_with(nn, batches, labels, alpha, diffusion_n_comps, DENSE_EIGEN_MAX)
+    kbet_per_label_scores_with(
+        nn,
+        batches,
+        labels,
+        alpha,
+        diffusion_n_comps,
+        DENSE_EIGEN_MAX,
+    )
 }
 
 fn kbet_per_label_scores_with(
@@ -308,7 +339,9 @@ fn kbet_per_label_scores_with(
                 for &c in &comp {
                     sizes[c as usize] += 1;
                 }
-                let keep: Vec<usize> = (0..n_obs).filter(|&i| sizes[comp[i] as usize] >= 3 * k0).collect();
+                let keep: Vec<usize> = (0..n_obs)
+                    .filter(|&i| sizes[comp[i] as usize] >= 3 * k0)
+                    .collect();
                 if keep.len() as f64 / n_obs as f64 >= 0.75 {
                     let subsub = sub.subgraph(&keep);
                     let bkeep: Vec<u32> = keep.iter().map(|&i| bsub[i]).collect();
@@ -324,7 +357,13 @@ fn kbet_per_label_scores_with(
 
 /// kBET per label (scib `kbet_per_label`, alpha 0.05, 100 diffusion components
 /// by default); NaN labels are skipped in the mean.
-pub fn kbet_per_label(nn: &NeighborsResults, batches: &[u32], labels: &[u32], alpha: f64, diffusion_n_comps: usize) -> f64 {
+pub fn kbet_per_label(
+    nn: &NeighborsResults,
+    batches: &[u32],
+    labels: &[u32],
+    alpha: f64,
+    diffusion_n_comps: usize,
+) -> f64 {
     let scores = kbet_per_label_scores(nn, batches, labels, alpha, diffusion_n_comps);
     let v: Vec<f64> = scores.iter().map(|s| s.1).filter(|s| !s.is_nan()).collect();
     if v.is_empty() {
@@ -342,10 +381,18 @@ mod tests {
     #[test]
     fn chi2_survival() {
         // scipy.stats.chi2.sf(x, df)
-        let cases = [(3.0, 1.0, 0.083_264_516_663_550_42), (7.5, 2.0, 0.023_517_745_856_009_114), (0.5, 4.0, 0.973_500_978_839_256_1), (40.0, 3.0, 1.065_509_033_425_585e-8)];
+        let cases = [
+            (3.0, 1.0, 0.083_264_516_663_550_42),
+            (7.5, 2.0, 0.023_517_745_856_009_114),
+            (0.5, 4.0, 0.973_500_978_839_256_1),
+            (40.0, 3.0, 1.065_509_033_425_585e-8),
+        ];
         for (x, df, sf) in cases {
             let q = gamma_q(df / 2.0, x / 2.0);
-            assert!((q - sf).abs() < 1e-12 * sf.max(1e-3), "chi2 sf({x},{df}) = {q} vs {sf}");
+            assert!(
+                (q - sf).abs() < 1e-12 * sf.max(1e-3),
+                "chi2 sf({x},{df}) = {q} vs {sf}"
+            );
         }
     }
 
@@ -354,7 +401,13 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let r = kbet(&f.knn.subset_k(50), &f.batches, 0.05);
-            assert_close(case, "kbet_global_k50", r.acceptance_rate, f.metric("kbet_global_k50"), 1e-9);
+            assert_close(
+                case,
+                "kbet_global_k50",
+                r.acceptance_rate,
+                f.metric("kbet_global_k50"),
+                1e-9,
+            );
         }
     }
 
@@ -368,7 +421,13 @@ mod tests {
             for ((lab, s), t) in ours.iter().zip(&theirs) {
                 eprintln!("{case} label {lab}: ours {s:.6} scib {t:.6}");
             }
-            assert_close(case, "kbet_per_label", kbet_per_label(&nn50, &f.batches, &f.labels, 0.05, 100), f.metric("kbet_per_label"), 1e-3);
+            assert_close(
+                case,
+                "kbet_per_label",
+                kbet_per_label(&nn50, &f.batches, &f.labels, 0.05, 100),
+                f.metric("kbet_per_label"),
+                1e-3,
+            );
         }
     }
 
@@ -382,14 +441,21 @@ mod tests {
             let ours = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 100, 0);
             let theirs = f.metric_list("kbet_per_label_scores");
             for ((lab, s), t) in ours.iter().zip(&theirs) {
-                assert!((s - t).abs() <= 1e-3 || (s.is_nan() && t.is_nan()), "{case} label {lab}: lanczos {s} vs scib {t}");
+                assert!(
+                    (s - t).abs() <= 1e-3 || (s.is_nan() && t.is_nan()),
+                    "{case} label {lab}: lanczos {s} vs scib {t}"
+                );
             }
             // a smaller diffusion dimension (ncv < m, real restarts)
-            let dense = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 20, usize::MAX);
+            let dense =
+                kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 20, usize::MAX);
             let lanczos = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 20, 0);
             for ((lab, a), (_, b)) in dense.iter().zip(&lanczos) {
                 eprintln!("{case} label {lab} (20 comps): dense {a:.6} lanczos {b:.6}");
-                assert!((a - b).abs() <= 1e-3, "{case} label {lab}: dense {a} vs lanczos {b}");
+                assert!(
+                    (a - b).abs() <= 1e-3,
+                    "{case} label {lab}: dense {a} vs lanczos {b}"
+                );
             }
         }
     }

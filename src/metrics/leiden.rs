@@ -42,7 +42,9 @@ impl Graph {
                 }
             }
         }
-        let k = (0..g.n).map(|i| adj[i].iter().map(|e| e.1).sum::<f64>() + 2.0 * self_w[i]).collect();
+        let k = (0..g.n)
+            .map(|i| adj[i].iter().map(|e| e.1).sum::<f64>() + 2.0 * self_w[i])
+            .collect();
         Graph { adj, self_w, k }
     }
     fn n(&self) -> usize {
@@ -146,7 +148,15 @@ fn refine(g: &Graph, memb: &[u32], gamma: f64, beta: f64, rng: &mut ChaCha8Rng) 
         ctot[memb[i] as usize] += g.k[i];
     }
     // external weight of each refined community to the rest of its community
-    let mut rext: Vec<f64> = (0..n).map(|v| g.adj[v].iter().filter(|e| memb[e.0 as usize] == memb[v]).map(|e| e.1).sum()).collect();
+    let mut rext: Vec<f64> = (0..n)
+        .map(|v| {
+            g.adj[v]
+                .iter()
+                .filter(|e| memb[e.0 as usize] == memb[v])
+                .map(|e| e.1)
+                .sum()
+        })
+        .collect();
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(rng);
     let mut nbw = vec![0f64; n];
@@ -197,7 +207,10 @@ fn refine(g: &Graph, memb: &[u32], gamma: f64, beta: f64, rng: &mut ChaCha8Rng) 
         }
         cands.sort_by_key(|e| e.0);
         // staying alone has gain 0
-        let weights: Vec<f64> = std::iter::once(0.0).chain(cands.iter().map(|e| e.1)).map(|gn| ((gn - max_gain) / beta).exp()).collect();
+        let weights: Vec<f64> = std::iter::once(0.0)
+            .chain(cands.iter().map(|e| e.1))
+            .map(|gn| ((gn - max_gain) / beta).exp())
+            .collect();
         let total: f64 = weights.iter().sum();
         let mut r = rng.gen::<f64>() * total;
         let mut pick = weights.len() - 1;
@@ -267,7 +280,13 @@ fn renumber(memb: &mut [u32]) -> usize {
 
 /// Leiden clustering maximising modularity with resolution `resolution`
 /// (igraph convention: gamma = resolution / (2m)); `n_iterations` full passes.
-pub fn leiden(conn: &CsrGraph, resolution: f64, n_iterations: usize, beta: f64, seed: u64) -> Vec<u32> {
+pub fn leiden(
+    conn: &CsrGraph,
+    resolution: f64,
+    n_iterations: usize,
+    beta: f64,
+    seed: u64,
+) -> Vec<u32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let base = Graph::from_csr(conn);
     let total: f64 = base.k.iter().sum();
@@ -332,7 +351,12 @@ pub fn modularity(conn: &CsrGraph, memb: &[u32], resolution: f64) -> f64 {
 /// scib `nmi_ari_cluster_labels_leiden` with `optimize_resolution=True`:
 /// Leiden on the UMAP connectivities of `nn` (the Benchmarker passes the 15-NN)
 /// at each resolution; returns (NMI, ARI) of the resolution with the best NMI.
-pub fn nmi_ari_cluster_labels_leiden(nn: &NeighborsResults, labels: &[u32], resolutions: &[f64], seed: u64) -> (f64, f64) {
+pub fn nmi_ari_cluster_labels_leiden(
+    nn: &NeighborsResults,
+    labels: &[u32],
+    resolutions: &[f64],
+    seed: u64,
+) -> (f64, f64) {
     use rayon::prelude::*;
     let conn = fuzzy_connectivities(nn);
     let scores: Vec<(f64, f64)> = resolutions
@@ -371,7 +395,8 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let nn15 = f.knn.subset_k(15);
-            let (v, a) = nmi_ari_cluster_labels_leiden(&nn15, &f.labels, &default_resolutions(), 42);
+            let (v, a) =
+                nmi_ari_cluster_labels_leiden(&nn15, &f.labels, &default_resolutions(), 42);
             assert_close(case, "leiden_nmi", v, f.metric("leiden_nmi"), 0.05);
             assert_close(case, "leiden_ari", a, f.metric("leiden_ari"), 0.1);
         }
@@ -386,7 +411,10 @@ mod tests {
         assert_eq!(a, b);
         let q = modularity(&conn, &a, 1.0);
         let singletons: Vec<u32> = (0..f.n as u32).collect();
-        assert!(q > modularity(&conn, &singletons, 1.0) + 0.3, "modularity {q}");
+        assert!(
+            q > modularity(&conn, &singletons, 1.0) + 0.3,
+            "modularity {q}"
+        );
         eprintln!("hard: leiden modularity at resolution 1: {q:.4}");
     }
 }

@@ -26,9 +26,7 @@ pub fn symmetric_eigen(a: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
 
 fn tred2(v: &mut [Vec<f64>], d: &mut [f64], e: &mut [f64]) {
     let n = d.len();
-    for j in 0..n {
-        d[j] = v[n - 1][j];
-    }
+    d.copy_from_slice(&v[n - 1]);
     for i in (1..n).rev() {
         let mut scale = 0.0;
         let mut h = 0.0;
@@ -250,7 +248,12 @@ mod tests {
 /// reorthogonalisation (the role ARPACK's `eigsh(which="LM")` plays in
 /// scib-metrics). Returns (eigenvalues, eigenvectors `m x k` row-major), in
 /// decreasing magnitude.
-pub fn lanczos_largest_magnitude<F>(m: usize, k: usize, matvec: F, seed: u64) -> (Vec<f64>, Vec<f64>)
+pub fn lanczos_largest_magnitude<F>(
+    m: usize,
+    k: usize,
+    matvec: F,
+    seed: u64,
+) -> (Vec<f64>, Vec<f64>)
 where
     F: Fn(&[f64], &mut [f64]),
 {
@@ -269,7 +272,9 @@ where
     let mut w = vec![0f64; m];
     let mut result: Option<(Vec<f64>, Vec<f64>)> = None;
     for restart in 0..500 {
-        if std::env::var("LANCZOS_DEBUG").is_ok() { eprintln!("lanczos m={m} k={k} restart {restart}"); }
+        if std::env::var("LANCZOS_DEBUG").is_ok() {
+            eprintln!("lanczos m={m} k={k} restart {restart}");
+        }
         let mut beta_last = 0.0;
         for j in j0..ncv {
             matvec(&v[j], &mut w);
@@ -318,7 +323,9 @@ where
         let mut order: Vec<usize> = (0..ncv).collect();
         order.sort_by(|&a, &b| theta[b].abs().total_cmp(&theta[a].abs()));
         let scale = theta.iter().fold(0f64, |a, t| a.max(t.abs())).max(1e-300);
-        let converged = order[..k].iter().all(|&c| (beta_last * s[(ncv - 1) * ncv + c]).abs() <= 1e-10 * scale);
+        let converged = order[..k]
+            .iter()
+            .all(|&c| (beta_last * s[(ncv - 1) * ncv + c]).abs() <= 1e-10 * scale);
         // Ritz vectors of the kept set
         let kept: Vec<usize> = order[..if converged { k } else { keep }].to_vec();
         let ritz: Vec<Vec<f64>> = kept
@@ -410,7 +417,12 @@ mod lanczos_tests {
             1,
         );
         for t in 0..k {
-            assert!((lw[t].abs() - w[order[t]].abs()).abs() < 1e-8, "eigenvalue {t}: {} vs {}", lw[t], w[order[t]]);
+            assert!(
+                (lw[t].abs() - w[order[t]].abs()).abs() < 1e-8,
+                "eigenvalue {t}: {} vs {}",
+                lw[t],
+                w[order[t]]
+            );
             // residual of the Ritz pair
             let mut r = 0f64;
             for i in 0..m {

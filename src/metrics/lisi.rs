@@ -18,7 +18,11 @@ const MAX_TRIES: usize = 50;
 fn hbeta(dist: &[f32], mask: &[bool], beta: f32, p: &mut [f32]) -> f32 {
     let mut sum_p = 0f32;
     for j in 0..dist.len() {
-        p[j] = if mask[j] { (-dist[j] * beta).exp() } else { 0.0 };
+        p[j] = if mask[j] {
+            (-dist[j] * beta).exp()
+        } else {
+            0.0
+        };
         sum_p += p[j];
     }
     if sum_p == 0.0 {
@@ -35,7 +39,13 @@ fn hbeta(dist: &[f32], mask: &[bool], beta: f32, p: &mut [f32]) -> f32 {
 }
 
 /// Simpson index of one cell (-1 where the kernel vanished, as scib does).
-fn simpson_row(dist: &[f32], nbr_labels: &[u32], mask: &[bool], n_labels: usize, perplexity: f32) -> f32 {
+fn simpson_row(
+    dist: &[f32],
+    nbr_labels: &[u32],
+    mask: &[bool],
+    n_labels: usize,
+    perplexity: f32,
+) -> f32 {
     let k = dist.len();
     let mut p = vec![0f32; k];
     let logu = perplexity.ln();
@@ -108,7 +118,12 @@ pub(crate) fn nanmedian(v: &[f64]) -> f64 {
 }
 
 /// iLISI: median per-cell LISI over batches; `scale` maps to (x - 1) / (B - 1).
-pub fn ilisi_knn(nn: &NeighborsResults, batches: &[u32], perplexity: Option<f64>, scale: bool) -> f64 {
+pub fn ilisi_knn(
+    nn: &NeighborsResults,
+    batches: &[u32],
+    perplexity: Option<f64>,
+    scale: bool,
+) -> f64 {
     let lisi = lisi_knn(nn, batches, perplexity);
     let med = nanmedian(&lisi);
     if scale {
@@ -120,7 +135,12 @@ pub fn ilisi_knn(nn: &NeighborsResults, batches: &[u32], perplexity: Option<f64>
 }
 
 /// cLISI: median per-cell LISI over labels; `scale` maps to (L - x) / (L - 1).
-pub fn clisi_knn(nn: &NeighborsResults, labels: &[u32], perplexity: Option<f64>, scale: bool) -> f64 {
+pub fn clisi_knn(
+    nn: &NeighborsResults,
+    labels: &[u32],
+    perplexity: Option<f64>,
+    scale: bool,
+) -> f64 {
     let lisi = lisi_knn(nn, labels, perplexity);
     let med = nanmedian(&lisi);
     if scale {
@@ -141,14 +161,42 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let nn90 = &f.knn;
-            assert_close(case, "ilisi_knn", ilisi_knn(nn90, &f.batches, None, true), f.metric("ilisi_knn"), 1e-3);
-            assert_close(case, "clisi_knn", clisi_knn(nn90, &f.labels, None, true), f.metric("clisi_knn"), 1e-3);
-            assert_close(case, "ilisi_knn_unscaled", ilisi_knn(nn90, &f.batches, None, false), f.metric("ilisi_knn_unscaled"), 1e-3);
+            assert_close(
+                case,
+                "ilisi_knn",
+                ilisi_knn(nn90, &f.batches, None, true),
+                f.metric("ilisi_knn"),
+                1e-3,
+            );
+            assert_close(
+                case,
+                "clisi_knn",
+                clisi_knn(nn90, &f.labels, None, true),
+                f.metric("clisi_knn"),
+                1e-3,
+            );
+            assert_close(
+                case,
+                "ilisi_knn_unscaled",
+                ilisi_knn(nn90, &f.batches, None, false),
+                f.metric("ilisi_knn_unscaled"),
+                1e-3,
+            );
             let nn15 = nn90.subset_k(15);
-            assert_close(case, "ilisi_knn_k15", ilisi_knn(&nn15, &f.batches, None, true), f.metric("ilisi_knn_k15"), 1e-3);
+            assert_close(
+                case,
+                "ilisi_knn_k15",
+                ilisi_knn(&nn15, &f.batches, None, true),
+                f.metric("ilisi_knn_k15"),
+                1e-3,
+            );
             let ours = lisi_knn(nn90, &f.batches, None);
             let theirs = f.metric_list("lisi_batches_per_cell");
-            let max = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let max = ours
+                .iter()
+                .zip(&theirs)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
             eprintln!("{case} per-cell LISI max |diff| {max:e}");
             assert!(max < 1e-3);
         }

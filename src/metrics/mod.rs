@@ -11,6 +11,8 @@
 //! (90-NN computed once, then `subset_k`): 15 for graph connectivity and Leiden,
 //! 50 for kBET, 90 for iLISI/cLISI.
 
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
 pub mod aggregate;
 pub mod benchmark;
 pub mod clustering;
@@ -37,7 +39,9 @@ pub use lisi::{clisi_knn, ilisi_knn, lisi_knn};
 pub use neighbors::{exact_knn, NeighborsResults};
 pub use nmi_ari::{ari, nmi};
 pub use pcr_comparison::{pcr_comparison, principal_component_regression};
-pub use silhouette::{bras, silhouette_batch, silhouette_label, silhouette_label_from_samples, silhouette_samples};
+pub use silhouette::{
+    bras, silhouette_batch, silhouette_label, silhouette_label_from_samples, silhouette_samples,
+};
 
 /// Neighbour counts scib-metrics' Benchmarker derives from one 90-NN search.
 pub const BENCHMARK_K: [usize; 3] = [15, 50, 90];
@@ -54,9 +58,15 @@ pub fn compact_codes(values: &[u32]) -> (Vec<u32>, usize) {
         for (i, &u) in uniq.iter().enumerate() {
             map[u as usize] = i as u32;
         }
-        (values.iter().map(|&v| map[v as usize]).collect(), uniq.len())
+        (
+            values.iter().map(|&v| map[v as usize]).collect(),
+            uniq.len(),
+        )
     } else {
-        let codes = values.iter().map(|v| uniq.binary_search(v).unwrap() as u32).collect();
+        let codes = values
+            .iter()
+            .map(|v| uniq.binary_search(v).unwrap() as u32)
+            .collect();
         (codes, uniq.len())
     }
 }
@@ -83,7 +93,10 @@ pub(crate) mod fixtures {
         /// A scalar metric stored by the reference script (NaN for null).
         pub fn metric(&self, name: &str) -> f64 {
             let v = &self.raw["metrics"][name];
-            assert!(!v.is_null() || self.raw["metrics"].get(name).is_some(), "metric {name} not in fixture");
+            assert!(
+                !v.is_null() || self.raw["metrics"].get(name).is_some(),
+                "metric {name} not in fixture"
+            );
             v.as_f64().unwrap_or(f64::NAN)
         }
         pub fn metric_list(&self, name: &str) -> Vec<f64> {
@@ -95,26 +108,44 @@ pub(crate) mod fixtures {
                 .collect()
         }
         pub fn u32_list(&self, name: &str) -> Vec<u32> {
-            self.raw[name].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+            self.raw[name]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
         }
     }
 
     fn f32s(v: &Value) -> Vec<f32> {
-        v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
     }
     fn u32s(v: &Value) -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
     }
 
     pub fn load_case(name: &str) -> Case {
-        let path = format!("{}/tests/fixtures/scib/{}.json", env!("CARGO_MANIFEST_DIR"), name);
+        let path = format!(
+            "{}/tests/fixtures/scib/{}.json",
+            env!("CARGO_MANIFEST_DIR"),
+            name
+        );
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
         let raw: Value = serde_json::from_str(&text).unwrap();
         let n = raw["n"].as_u64().unwrap() as usize;
         let d = raw["d"].as_u64().unwrap() as usize;
         let d_pre = raw["d_pre"].as_u64().unwrap() as usize;
         let k = raw["knn_k"].as_u64().unwrap() as usize;
-        let knn = NeighborsResults::new(u32s(&raw["knn_indices"]), f32s(&raw["knn_distances"]), n, k);
+        let knn =
+            NeighborsResults::new(u32s(&raw["knn_indices"]), f32s(&raw["knn_distances"]), n, k);
         Case {
             embedding: f32s(&raw["embedding"]),
             x_pre: f32s(&raw["x_pre"]),
@@ -135,7 +166,10 @@ pub(crate) mod fixtures {
         if reference.is_nan() {
             assert!(ours.is_nan(), "{case} {name}: scib gives NaN, ours {ours}");
         } else {
-            assert!(diff <= tol, "{case} {name}: ours {ours} vs scib {reference} (|diff| {diff:e} > {tol:e})");
+            assert!(
+                diff <= tol,
+                "{case} {name}: ours {ours} vs scib {reference} (|diff| {diff:e} > {tol:e})"
+            );
         }
     }
 }
@@ -158,7 +192,10 @@ mod timing {
         knn: Option<&NeighborsResults>,
     ) -> Vec<(&'static str, f64, f64)> {
         let only = std::env::var("TIMING_ONLY").ok();
-        let want = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|w| w == name));
+        let want = |name: &str| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|w| w == name))
+        };
         let mut out = Vec::new();
         let mut t = Instant::now();
         let nn90 = if want("exact_knn_90") || knn.is_none() {
@@ -178,17 +215,38 @@ mod timing {
                 }
             }};
         }
-        time!("silhouette_label", silhouette_label(emb, n, d, labels, true, 256));
-        time!("silhouette_batch", silhouette_batch(emb, n, d, labels, batches, true, 256));
+        time!(
+            "silhouette_label",
+            silhouette_label(emb, n, d, labels, true, 256)
+        );
+        time!(
+            "silhouette_batch",
+            silhouette_batch(emb, n, d, labels, batches, true, 256)
+        );
         time!("bras", bras(emb, n, d, labels, batches, 256));
-        time!("isolated_labels", isolated_labels(emb, n, d, labels, batches, true, None));
+        time!(
+            "isolated_labels",
+            isolated_labels(emb, n, d, labels, batches, true, None)
+        );
         time!("ilisi_knn", ilisi_knn(&nn90, batches, None, true));
         time!("clisi_knn", clisi_knn(&nn90, labels, None, true));
         time!("graph_connectivity", graph_connectivity(&nn15, labels));
-        time!("pcr_comparison", pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true));
-        time!("kbet_per_label", kbet_per_label(&nn50, batches, labels, 0.05, 100));
-        time!("nmi_ari_cluster_labels_kmeans", nmi_ari_cluster_labels_kmeans(emb, n, d, labels, 0).0);
-        time!("nmi_ari_cluster_labels_leiden", nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), 42).0);
+        time!(
+            "pcr_comparison",
+            pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true)
+        );
+        time!(
+            "kbet_per_label",
+            kbet_per_label(&nn50, batches, labels, 0.05, 100)
+        );
+        time!(
+            "nmi_ari_cluster_labels_kmeans",
+            nmi_ari_cluster_labels_kmeans(emb, n, d, labels, 0).0
+        );
+        time!(
+            "nmi_ari_cluster_labels_leiden",
+            nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), 42).0
+        );
         for (name, v, s) in &out {
             eprintln!("{tag:6} {name:32} {s:9.3}s  value {v:.6}");
         }
@@ -200,7 +258,17 @@ mod timing {
     fn timing_fixtures() {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = fixtures::load_case(case);
-            run_all(case, &f.embedding, &f.x_pre, f.n, f.d, f.d_pre, &f.labels, &f.batches, Some(&f.knn));
+            run_all(
+                case,
+                &f.embedding,
+                &f.x_pre,
+                f.n,
+                f.d,
+                f.d_pre,
+                &f.labels,
+                &f.batches,
+                Some(&f.knn),
+            );
         }
     }
 
@@ -210,10 +278,20 @@ mod timing {
     #[ignore]
     fn timing_vs_scib_large() {
         let dir = std::env::var("SCIB_TIMING_DIR").unwrap_or_else(|_| "/tmp/scib-timing".into());
-        let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/meta.json")).unwrap()).unwrap();
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/meta.json")).unwrap())
+                .unwrap();
         let rd = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
-        let f32s = |b: Vec<u8>| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>();
-        let u32s = |b: Vec<u8>| b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<u32>>();
+        let f32s = |b: Vec<u8>| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<f32>>()
+        };
+        let u32s = |b: Vec<u8>| {
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<u32>>()
+        };
         let n = meta["n"].as_u64().unwrap() as usize;
         let d = meta["d"].as_u64().unwrap() as usize;
         let d_pre = meta["d_pre"].as_u64().unwrap() as usize;
@@ -221,10 +299,27 @@ mod timing {
         let (emb, x_pre) = (f32s(rd("emb.f32")), f32s(rd("x_pre.f32")));
         let (labels, batches) = (u32s(rd("labels.u32")), u32s(rd("batches.u32")));
         let knn = NeighborsResults::new(u32s(rd("knn_idx.u32")), f32s(rd("knn_dist.f32")), n, k);
-        let res = run_all("large", &emb, &x_pre, n, d, d_pre, &labels, &batches, Some(&knn));
-        eprintln!("{:32} {:>10} {:>10} {:>12} {:>12}", "metric", "ours_s", "scib_s", "ours", "scib");
+        let res = run_all(
+            "large",
+            &emb,
+            &x_pre,
+            n,
+            d,
+            d_pre,
+            &labels,
+            &batches,
+            Some(&knn),
+        );
+        eprintln!(
+            "{:32} {:>10} {:>10} {:>12} {:>12}",
+            "metric", "ours_s", "scib_s", "ours", "scib"
+        );
         for (name, v, s) in res {
-            let key = if name == "exact_knn_90" { "pynndescent_90" } else { name };
+            let key = if name == "exact_knn_90" {
+                "pynndescent_90"
+            } else {
+                name
+            };
             let st = meta["timings_s"][key].as_f64().unwrap_or(f64::NAN);
             let sv = match &meta["metrics"][key] {
                 serde_json::Value::Object(o) => o["nmi"].as_f64().unwrap(),

@@ -25,7 +25,12 @@ impl NeighborsResults {
     pub fn new(indices: Vec<u32>, distances: Vec<f32>, n: usize, k: usize) -> Self {
         assert_eq!(indices.len(), n * k, "indices must be n*k");
         assert_eq!(distances.len(), n * k, "distances must be n*k");
-        NeighborsResults { indices, distances, n, k }
+        NeighborsResults {
+            indices,
+            distances,
+            n,
+            k,
+        }
     }
 
     /// Keep the first `k` neighbours of every row (scib-metrics' `subset_neighbors`).
@@ -37,7 +42,12 @@ impl NeighborsResults {
             indices.extend_from_slice(&self.indices[i * self.k..i * self.k + k]);
             distances.extend_from_slice(&self.distances[i * self.k..i * self.k + k]);
         }
-        NeighborsResults { indices, distances, n: self.n, k }
+        NeighborsResults {
+            indices,
+            distances,
+            n: self.n,
+            k,
+        }
     }
 
     /// Neighbour indices of row `i`.
@@ -103,11 +113,20 @@ pub(crate) enum TileOp {
 /// out[i * cb.ncp + c] = op(row r0 + i, column c of `cb`) for i in 0..nr.
 /// Register-blocked: 4 rows x 8 columns of accumulators, loop over d inside.
 /// Uses an AVX2+FMA build of the same code when the CPU has it.
-pub(crate) fn tile_kernel(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, op: TileOp, out: &mut [f32]) {
+pub(crate) fn tile_kernel(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    op: TileOp,
+    out: &mut [f32],
+) {
     debug_assert!(out.len() >= nr * cb.ncp);
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             // SAFETY: the features were detected at run time.
             unsafe {
                 match op {
@@ -126,12 +145,26 @@ pub(crate) fn tile_kernel(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlo
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const SQ: bool>(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, out: &mut [f32]) {
+unsafe fn tile_avx2<const SQ: bool>(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    out: &mut [f32],
+) {
     tile_generic::<SQ>(x, d, r0, nr, cb, out)
 }
 
 #[inline(always)]
-fn tile_generic<const SQ: bool>(x: &[f32], d: usize, r0: usize, nr: usize, cb: &ColBlock, out: &mut [f32]) {
+fn tile_generic<const SQ: bool>(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    out: &mut [f32],
+) {
     let ncp = cb.ncp;
     let mut i = 0;
     while i + 4 <= nr {
@@ -211,7 +244,8 @@ pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
             let r0 = bi * ROW_BLOCK;
             let r1 = (r0 + ROW_BLOCK).min(n);
             let nr = r1 - r0;
-            let mut heaps: Vec<BinaryHeap<Cand>> = (0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect();
+            let mut heaps: Vec<BinaryHeap<Cand>> =
+                (0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect();
             let mut tile = vec![0f32; nr * (COL_BLOCK + 8)];
             for (b, cb) in blocks.iter().enumerate() {
                 let c0 = b * COL_BLOCK;
@@ -220,7 +254,11 @@ pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
                     let r = r0 + ri;
                     let heap = &mut heaps[ri];
                     let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
-                    let mut worst = if heap.len() < k { f32::INFINITY } else { heap.peek().unwrap().0 };
+                    let mut worst = if heap.len() < k {
+                        f32::INFINITY
+                    } else {
+                        heap.peek().unwrap().0
+                    };
                     for (cj, &dd) in row.iter().enumerate() {
                         let c = c0 + cj;
                         let d2 = if c == r { 0.0 } else { dd };
@@ -249,7 +287,12 @@ pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
                 }
             }
         });
-    NeighborsResults { indices, distances, n, k }
+    NeighborsResults {
+        indices,
+        distances,
+        n,
+        k,
+    }
 }
 
 #[inline]
@@ -308,7 +351,10 @@ mod tests {
                     // allowed only for ties at the k-th distance
                     let kth_ours = nn.row_dist(i)[f.knn.k - 1];
                     let kth_ref = f.knn.row_dist(i)[f.knn.k - 1];
-                    assert!((kth_ours - kth_ref).abs() <= 1e-4 * kth_ref.max(1.0), "case {case} row {i}: sets differ");
+                    assert!(
+                        (kth_ours - kth_ref).abs() <= 1e-4 * kth_ref.max(1.0),
+                        "case {case} row {i}: sets differ"
+                    );
                     set_mismatch += 1;
                 }
                 for t in 0..f.knn.k {

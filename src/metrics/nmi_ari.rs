@@ -6,8 +6,10 @@ use std::collections::HashMap;
 
 use super::compact_codes;
 
+type Contingency = (HashMap<(u32, u32), u64>, Vec<u64>, Vec<u64>);
+
 /// Sparse contingency table: (row code, col code) -> count, plus margins.
-fn contingency(a: &[u32], b: &[u32]) -> (HashMap<(u32, u32), u64>, Vec<u64>, Vec<u64>) {
+fn contingency(a: &[u32], b: &[u32]) -> Contingency {
     assert_eq!(a.len(), b.len());
     let (ca, na) = compact_codes(a);
     let (cb, nb) = compact_codes(b);
@@ -46,7 +48,11 @@ pub fn nmi(labels_true: &[u32], labels_pred: &[u32]) -> f64 {
         let c = c as f64;
         mi += c / nf * ((c * nf) / (ra[i as usize] as f64 * rb[j as usize] as f64)).ln();
     }
-    let mi = if mi.abs() < f64::EPSILON { 0.0 } else { mi.max(0.0) };
+    let mi = if mi.abs() < f64::EPSILON {
+        0.0
+    } else {
+        mi.max(0.0)
+    };
     if mi == 0.0 {
         return 0.0;
     }
@@ -86,10 +92,34 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let km = f.u32_list("kmeans_labels_scib");
-            assert_close(case, "nmi_labels_vs_kmeans", nmi(&f.labels, &km), f.metric("nmi_labels_vs_kmeans"), 1e-9);
-            assert_close(case, "ari_labels_vs_kmeans", ari(&f.labels, &km), f.metric("ari_labels_vs_kmeans"), 1e-9);
-            assert_close(case, "nmi_labels_vs_batches", nmi(&f.labels, &f.batches), f.metric("nmi_labels_vs_batches"), 1e-9);
-            assert_close(case, "ari_labels_vs_batches", ari(&f.labels, &f.batches), f.metric("ari_labels_vs_batches"), 1e-9);
+            assert_close(
+                case,
+                "nmi_labels_vs_kmeans",
+                nmi(&f.labels, &km),
+                f.metric("nmi_labels_vs_kmeans"),
+                1e-9,
+            );
+            assert_close(
+                case,
+                "ari_labels_vs_kmeans",
+                ari(&f.labels, &km),
+                f.metric("ari_labels_vs_kmeans"),
+                1e-9,
+            );
+            assert_close(
+                case,
+                "nmi_labels_vs_batches",
+                nmi(&f.labels, &f.batches),
+                f.metric("nmi_labels_vs_batches"),
+                1e-9,
+            );
+            assert_close(
+                case,
+                "ari_labels_vs_batches",
+                ari(&f.labels, &f.batches),
+                f.metric("ari_labels_vs_batches"),
+                1e-9,
+            );
         }
     }
 

@@ -44,7 +44,13 @@ fn batch_stats(x: &[f32], n: usize, d: usize, batches: &[u32]) -> (Vec<f64>, Vec
 }
 
 /// PCR of `x` (n x d) on categorical `batches` (scib `principal_component_regression(..., categorical=True)`).
-pub fn principal_component_regression(x: &[f32], n: usize, d: usize, batches: &[u32], n_comps: Option<usize>) -> f64 {
+pub fn principal_component_regression(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    batches: &[u32],
+    n_comps: Option<usize>,
+) -> f64 {
     assert_eq!(x.len(), n * d);
     assert_eq!(batches.len(), n);
     let (mean, bm, cnt) = batch_stats(x, n, d, batches);
@@ -152,8 +158,20 @@ mod tests {
         for case in ["easy", "hard", "mixed", "edge"] {
             let f = load_case(case);
             let (n, d) = (f.n, f.d);
-            assert_close(case, "pcr_pre", principal_component_regression(&f.x_pre, n, f.d_pre, &f.batches, None), f.metric("pcr_pre"), 1e-3);
-            assert_close(case, "pcr_post", principal_component_regression(&f.embedding, n, d, &f.batches, None), f.metric("pcr_post"), 1e-3);
+            assert_close(
+                case,
+                "pcr_pre",
+                principal_component_regression(&f.x_pre, n, f.d_pre, &f.batches, None),
+                f.metric("pcr_pre"),
+                1e-3,
+            );
+            assert_close(
+                case,
+                "pcr_post",
+                principal_component_regression(&f.embedding, n, d, &f.batches, None),
+                f.metric("pcr_post"),
+                1e-3,
+            );
             assert_close(
                 case,
                 "pcr_post_5comps",
@@ -170,14 +188,32 @@ mod tests {
             assert_close(
                 case,
                 "pcr_comparison",
-                pcr_comparison(&f.x_pre, f.d_pre, &f.embedding, d, n, &f.batches, None, true),
+                pcr_comparison(
+                    &f.x_pre,
+                    f.d_pre,
+                    &f.embedding,
+                    d,
+                    n,
+                    &f.batches,
+                    None,
+                    true,
+                ),
                 f.metric("pcr_comparison"),
                 1e-3,
             );
             assert_close(
                 case,
                 "pcr_comparison_unscaled",
-                pcr_comparison(&f.x_pre, f.d_pre, &f.embedding, d, n, &f.batches, None, false),
+                pcr_comparison(
+                    &f.x_pre,
+                    f.d_pre,
+                    &f.embedding,
+                    d,
+                    n,
+                    &f.batches,
+                    None,
+                    false,
+                ),
                 f.metric("pcr_comparison_unscaled"),
                 1e-3,
             );

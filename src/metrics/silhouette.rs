@@ -59,7 +59,9 @@ pub fn silhouette_samples(
     }
     let cs: Vec<u32> = perm.iter().map(|&i| codes[i]).collect();
     let norms: Vec<f32> = match metric {
-        Distance::Cosine => (0..n).map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d])).collect(),
+        Distance::Cosine => (0..n)
+            .map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d]))
+            .collect(),
         Distance::Euclidean => Vec::new(),
     };
     let chunk = chunk_size.max(1);
@@ -94,68 +96,71 @@ pub fn silhouette_samples(
         .collect();
     let x = &xs;
     let codes = &cs;
-    out_sorted.par_chunks_mut(chunk).enumerate().for_each(|(bi, out_chunk)| {
-        let r0 = bi * chunk;
-        let nr = out_chunk.len();
-        let mut sums = vec![0f64; nr * n_clusters];
-        let mut tile = vec![0f32; nr * (COL_TILE + 8)];
-        for (b, cb) in blocks.iter().enumerate() {
-            let c0 = b * COL_TILE;
-            tile_kernel(x, d, r0, nr, cb, op, &mut tile);
-            for ri in 0..nr {
-                let r = r0 + ri;
-                let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
-                let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
-                for &(l, a, e) in &segments[b] {
-                    let part: f32 = match metric {
-                        Distance::Euclidean => row[a..e].iter().map(|v| v.sqrt()).sum(),
-                        Distance::Cosine => {
-                            let nrm = norms[r];
-                            row[a..e]
-                                .iter()
-                                .zip(&norms[c0 + a..c0 + e])
-                                .map(|(&v, &nc)| (1.0 - v / (nrm * nc).sqrt()).clamp(0.0, 2.0))
-                                .sum()
-                        }
-                    };
-                    s[l] += part as f64;
+    out_sorted
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(bi, out_chunk)| {
+            let r0 = bi * chunk;
+            let nr = out_chunk.len();
+            let mut sums = vec![0f64; nr * n_clusters];
+            let mut tile = vec![0f32; nr * (COL_TILE + 8)];
+            for (b, cb) in blocks.iter().enumerate() {
+                let c0 = b * COL_TILE;
+                tile_kernel(x, d, r0, nr, cb, op, &mut tile);
+                for ri in 0..nr {
+                    let r = r0 + ri;
+                    let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
+                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
+                    for &(l, a, e) in &segments[b] {
+                        let part: f32 = match metric {
+                            Distance::Euclidean => row[a..e].iter().map(|v| v.sqrt()).sum(),
+                            Distance::Cosine => {
+                                let nrm = norms[r];
+                                row[a..e]
+                                    .iter()
+                                    .zip(&norms[c0 + a..c0 + e])
+                                    .map(|(&v, &nc)| (1.0 - v / (nrm * nc).sqrt()).clamp(0.0, 2.0))
+                                    .sum()
+                            }
+                        };
+                        s[l] += part as f64;
+                    }
                 }
             }
-        }
-        let total: usize = n;
-        for ri in 0..nr {
-            let r = r0 + ri;
-            let own = codes[r] as usize;
-            let s = &sums[ri * n_clusters..(ri + 1) * n_clusters];
-            let a = s[own] / (freqs[own] as f64 - 1.0);
-            let b = match between {
-                BetweenCluster::Nearest => {
-                    let mut m = f64::INFINITY;
-                    for c in 0..n_clusters {
-                        if c != own {
-                            m = m.min(s[c] / freqs[c] as f64);
+            let total: usize = n;
+            for ri in 0..nr {
+                let r = r0 + ri;
+                let own = codes[r] as usize;
+                let s = &sums[ri * n_clusters..(ri + 1) * n_clusters];
+                let a = s[own] / (freqs[own] as f64 - 1.0);
+                let b = match between {
+                    BetweenCluster::Nearest => {
+                        let mut m = f64::INFINITY;
+                        for c in 0..n_clusters {
+                            if c != own {
+                                m = m.min(s[c] / freqs[c] as f64);
+                            }
                         }
+                        m
                     }
-                    m
-                }
-                BetweenCluster::Furthest => {
-                    let mut m = f64::NEG_INFINITY;
-                    for c in 0..n_clusters {
-                        if c != own {
-                            m = m.max(s[c] / freqs[c] as f64);
+                    BetweenCluster::Furthest => {
+                        let mut m = f64::NEG_INFINITY;
+                        for c in 0..n_clusters {
+                            if c != own {
+                                m = m.max(s[c] / freqs[c] as f64);
+                            }
                         }
+                        m
                     }
-                    m
-                }
-                BetweenCluster::MeanOther => {
-                    let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
-                    tot / (total - freqs[own]) as f64
-                }
-            };
-            let sil = (b - a) / a.max(b);
-            out_chunk[ri] = nan_to_num(sil);
-        }
-    });
+                    BetweenCluster::MeanOther => {
+                        let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
+                        tot / (total - freqs[own]) as f64
+                    }
+                };
+                let sil = (b - a) / a.max(b);
+                out_chunk[ri] = nan_to_num(sil);
+            }
+        });
     let mut out = vec![0f64; n];
     for (t, &i) in perm.iter().enumerate() {
         out[i] = out_sorted[t];
@@ -178,8 +183,23 @@ fn nan_to_num(v: f64) -> f64 {
 
 /// Average silhouette width of the labels (scib `silhouette_label`);
 /// `rescale` maps to (asw + 1) / 2.
-pub fn silhouette_label(x: &[f32], n: usize, d: usize, labels: &[u32], rescale: bool, chunk_size: usize) -> f64 {
-    let s = silhouette_samples(x, n, d, labels, chunk_size, Distance::Euclidean, BetweenCluster::Nearest);
+pub fn silhouette_label(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    rescale: bool,
+    chunk_size: usize,
+) -> f64 {
+    let s = silhouette_samples(
+        x,
+        n,
+        d,
+        labels,
+        chunk_size,
+        Distance::Euclidean,
+        BetweenCluster::Nearest,
+    );
     silhouette_label_from_samples(&s, rescale)
 }
 
@@ -203,13 +223,40 @@ pub fn silhouette_batch(
     rescale: bool,
     chunk_size: usize,
 ) -> f64 {
-    silhouette_batch_with(x, n, d, labels, batches, rescale, chunk_size, Distance::Euclidean, BetweenCluster::Nearest)
+    silhouette_batch_with(
+        x,
+        n,
+        d,
+        labels,
+        batches,
+        rescale,
+        chunk_size,
+        Distance::Euclidean,
+        BetweenCluster::Nearest,
+    )
 }
 
 /// BRAS (scib `bras`): batch silhouette with cosine distance and the
 /// mean-over-other-batches between term, rescaled (1 - |s|).
-pub fn bras(x: &[f32], n: usize, d: usize, labels: &[u32], batches: &[u32], chunk_size: usize) -> f64 {
-    silhouette_batch_with(x, n, d, labels, batches, true, chunk_size, Distance::Cosine, BetweenCluster::MeanOther)
+pub fn bras(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    batches: &[u32],
+    chunk_size: usize,
+) -> f64 {
+    silhouette_batch_with(
+        x,
+        n,
+        d,
+        labels,
+        batches,
+        true,
+        chunk_size,
+        Distance::Cosine,
+        BetweenCluster::MeanOther,
+    )
 }
 
 /// General batch silhouette: for every label with >1 batch and not one cell per
@@ -277,25 +324,74 @@ mod tests {
             let f = load_case(case);
             let (x, n, d) = (&f.embedding, f.n, f.d);
             let checks = [
-                ("silhouette_label", silhouette_label(x, n, d, &f.labels, true, 256)),
-                ("silhouette_label_raw", silhouette_label(x, n, d, &f.labels, false, 100)),
-                ("silhouette_batch", silhouette_batch(x, n, d, &f.labels, &f.batches, true, 256)),
+                (
+                    "silhouette_label",
+                    silhouette_label(x, n, d, &f.labels, true, 256),
+                ),
+                (
+                    "silhouette_label_raw",
+                    silhouette_label(x, n, d, &f.labels, false, 100),
+                ),
+                (
+                    "silhouette_batch",
+                    silhouette_batch(x, n, d, &f.labels, &f.batches, true, 256),
+                ),
                 (
                     "silhouette_batch_furthest",
-                    silhouette_batch_with(x, n, d, &f.labels, &f.batches, true, 64, Distance::Euclidean, BetweenCluster::Furthest),
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        64,
+                        Distance::Euclidean,
+                        BetweenCluster::Furthest,
+                    ),
                 ),
                 (
                     "silhouette_batch_cosine_mean_other",
-                    silhouette_batch_with(x, n, d, &f.labels, &f.batches, true, 256, Distance::Cosine, BetweenCluster::MeanOther),
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Cosine,
+                        BetweenCluster::MeanOther,
+                    ),
                 ),
                 ("bras", bras(x, n, d, &f.labels, &f.batches, 256)),
                 (
                     "bras_euclidean",
-                    silhouette_batch_with(x, n, d, &f.labels, &f.batches, true, 256, Distance::Euclidean, BetweenCluster::MeanOther),
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Euclidean,
+                        BetweenCluster::MeanOther,
+                    ),
                 ),
                 (
                     "bras_furthest",
-                    silhouette_batch_with(x, n, d, &f.labels, &f.batches, true, 256, Distance::Cosine, BetweenCluster::Furthest),
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Cosine,
+                        BetweenCluster::Furthest,
+                    ),
                 ),
             ];
             for (name, ours) in checks {

@@ -33,7 +33,11 @@ impl CsrGraph {
         let mut data = Vec::new();
         for &i in nodes {
             let (idx, val) = self.row(i);
-            let mut row: Vec<(u32, f32)> = idx.iter().zip(val).filter_map(|(j, &v)| local.get(j).map(|&lj| (lj, v))).collect();
+            let mut row: Vec<(u32, f32)> = idx
+                .iter()
+                .zip(val)
+                .filter_map(|(j, &v)| local.get(j).map(|&lj| (lj, v)))
+                .collect();
             row.sort_unstable_by_key(|e| e.0);
             for (j, v) in row {
                 indices.push(j);
@@ -41,7 +45,12 @@ impl CsrGraph {
             }
             indptr.push(indices.len());
         }
-        CsrGraph { n: nodes.len(), indptr, indices, data }
+        CsrGraph {
+            n: nodes.len(),
+            indptr,
+            indices,
+            data,
+        }
     }
 
     /// Connected components (the graph is symmetric, so weak = strong).
@@ -76,7 +85,8 @@ const MIN_K_DIST_SCALE: f64 = 1e-3;
 fn smooth_knn_dist(nn: &NeighborsResults) -> (Vec<f32>, Vec<f32>) {
     let k = nn.k;
     let target = (k as f64).log2();
-    let mean_all: f64 = nn.distances.iter().map(|&v| v as f64).sum::<f64>() / nn.distances.len() as f64;
+    let mean_all: f64 =
+        nn.distances.iter().map(|&v| v as f64).sum::<f64>() / nn.distances.len() as f64;
     (0..nn.n)
         .into_par_iter()
         .map(|i| {
@@ -87,7 +97,11 @@ fn smooth_knn_dist(nn: &NeighborsResults) -> (Vec<f32>, Vec<f32>) {
                 let mut psum = 0f64;
                 for &dj in &d[1..] {
                     let t = dj - rho;
-                    psum += if t > 0.0 { (-(t as f64 / mid)).exp() } else { 1.0 };
+                    psum += if t > 0.0 {
+                        (-(t as f64 / mid)).exp()
+                    } else {
+                        1.0
+                    };
                 }
                 if (psum - target).abs() < SMOOTH_K_TOLERANCE {
                     break;
@@ -166,5 +180,10 @@ pub fn fuzzy_connectivities(nn: &NeighborsResults) -> CsrGraph {
     for i in 0..n {
         indptr[i + 1] += indptr[i];
     }
-    CsrGraph { n, indptr, indices, data }
+    CsrGraph {
+        n,
+        indptr,
+        indices,
+        data,
+    }
 }
