@@ -329,3 +329,76 @@ mod timing {
         }
     }
 }
+
+#[cfg(test)]
+mod scale {
+    //! Scale smoke test (ignored): `SCALE_N=100000 cargo test --release -- --ignored --nocapture scale_smoke`.
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use std::time::Instant;
+
+    #[test]
+    #[ignore]
+    fn scale_smoke() {
+        let n: usize = std::env::var("SCALE_N").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let d = 50;
+        let (n_lab, n_bat) = (12usize, 4usize);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let centers: Vec<f32> = (0..n_lab * d).map(|_| rng.gen::<f32>() * 8.0 - 4.0).collect();
+        let shifts: Vec<f32> = (0..n_bat * d).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect();
+        let labels: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_lab as u32)).collect();
+        let batches: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_bat as u32)).collect();
+        let mut emb = vec![0f32; n * d];
+        let mut pre = vec![0f32; n * d];
+        for i in 0..n {
+            for j in 0..d {
+                let c = centers[labels[i] as usize * d + j];
+                let s = shifts[batches[i] as usize * d + j];
+                let noise: f32 = rng.gen::<f32>() + rng.gen::<f32>() + rng.gen::<f32>() - 1.5;
+                emb[i * d + j] = c + 0.2 * s + noise;
+                pre[i * d + j] = c + s + noise;
+            }
+        }
+        let t = Instant::now();
+        let nn = exact_knn(&emb, n, d, 90);
+        eprintln!("n={n} d={d}: exact_knn_90 {:.1}s", t.elapsed().as_secs_f64());
+        let cfg = BenchmarkConfig { nmi_ari_cluster_labels_leiden: true, silhouette_batch: true, ..Default::default() };
+        // time each metric separately
+        let names = [
+            "isolated_labels",
+            "nmi_ari_cluster_labels_leiden",
+            "nmi_ari_cluster_labels_kmeans",
+            "silhouette_label",
+            "clisi_knn",
+            "silhouette_batch",
+            "bras",
+            "ilisi_knn",
+            "kbet_per_label",
+            "graph_connectivity",
+            "pcr_comparison",
+        ];
+        for name in names {
+            let mut c = BenchmarkConfig {
+                isolated_labels: false,
+                nmi_ari_cluster_labels_leiden: false,
+                nmi_ari_cluster_labels_kmeans: false,
+                silhouette_label: false,
+                clisi_knn: false,
+                silhouette_batch: false,
+                bras: false,
+                ilisi_knn: false,
+                kbet_per_label: false,
+                graph_connectivity: false,
+                pcr_comparison: false,
+                ..cfg.clone()
+            };
+            let v = serde_json::to_value(&c).unwrap();
+            let mut v = v.as_object().unwrap().clone();
+            v.insert(name.into(), serde_json::Value::Bool(true));
+            c = serde_json::from_value(serde_json::Value::Object(v)).unwrap();
+            let t = Instant::now();
+            let r = run_benchmark(&emb, n, d, &pre, d, &labels, &batches, &nn, &c);
+            eprintln!("n={n}: {name:32} {:8.1}s  {:?}", t.elapsed().as_secs_f64(), r.iter().map(|m| m.value).collect::<Vec<_>>());
+        }
+    }
+}
