@@ -24,15 +24,35 @@ fn contingency(a: &[u32], b: &[u32]) -> Contingency {
     (table, ra, rb)
 }
 
+/// sklearn `entropy`: -sum (p_i) (ln c_i - ln n).
 fn entropy(counts: &[u64], n: f64) -> f64 {
-    counts
+    -counts
         .iter()
         .filter(|&&c| c > 0)
-        .map(|&c| {
-            let p = c as f64 / n;
-            -p * p.ln()
-        })
-        .sum()
+        .map(|&c| (c as f64 / n) * ((c as f64).ln() - n.ln()))
+        .sum::<f64>()
+}
+
+/// Mutual information as sklearn's `mutual_info_score` (entries in row-major
+/// order, per-entry |mi| < eps set to 0, result clipped at 0).
+fn mutual_info(table: &HashMap<(u32, u32), u64>, ra: &[u64], rb: &[u64]) -> f64 {
+    if ra.len() == 1 || rb.len() == 1 {
+        return 0.0;
+    }
+    let mut entries: Vec<(&(u32, u32), &u64)> = table.iter().collect();
+    entries.sort_unstable_by_key(|e| *e.0);
+    let total: f64 = ra.iter().sum::<u64>() as f64;
+    let (log_sa, log_sb) = ((ra.iter().sum::<u64>() as f64).ln(), (rb.iter().sum::<u64>() as f64).ln());
+    let mut mi = 0f64;
+    for (&(i, j), &c) in entries {
+        let c = c as f64;
+        let c_nm = c / total;
+        let outer = ra[i as usize] as f64 * rb[j as usize] as f64;
+        let log_outer = -outer.ln() + log_sa + log_sb;
+        let v = c_nm * (c.ln() - total.ln()) + c_nm * log_outer;
+        mi += if v.abs() < f64::EPSILON { 0.0 } else { v };
+    }
+    mi.max(0.0)
 }
 
 /// Normalised mutual information with arithmetic mean of the entropies.
@@ -42,20 +62,11 @@ pub fn nmi(labels_true: &[u32], labels_pred: &[u32]) -> f64 {
     if (ra.len() == 1 && rb.len() == 1) || n == 0 {
         return 1.0;
     }
-    let nf = n as f64;
-    let mut mi = 0.0;
-    for (&(i, j), &c) in &table {
-        let c = c as f64;
-        mi += c / nf * ((c * nf) / (ra[i as usize] as f64 * rb[j as usize] as f64)).ln();
-    }
-    let mi = if mi.abs() < f64::EPSILON {
-        0.0
-    } else {
-        mi.max(0.0)
-    };
+    let mi = mutual_info(&table, &ra, &rb);
     if mi == 0.0 {
         return 0.0;
     }
+    let nf = n as f64;
     let norm = (entropy(&ra, nf) + entropy(&rb, nf)) / 2.0;
     mi / norm
 }
