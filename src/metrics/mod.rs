@@ -340,12 +340,19 @@ mod scale {
     #[test]
     #[ignore]
     fn scale_smoke() {
-        let n: usize = std::env::var("SCALE_N").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let n: usize = std::env::var("SCALE_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
         let d = 50;
         let (n_lab, n_bat) = (12usize, 4usize);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let centers: Vec<f32> = (0..n_lab * d).map(|_| rng.gen::<f32>() * 8.0 - 4.0).collect();
-        let shifts: Vec<f32> = (0..n_bat * d).map(|_| rng.gen::<f32>() * 2.0 - 1.0).collect();
+        let centers: Vec<f32> = (0..n_lab * d)
+            .map(|_| rng.gen::<f32>() * 8.0 - 4.0)
+            .collect();
+        let shifts: Vec<f32> = (0..n_bat * d)
+            .map(|_| rng.gen::<f32>() * 2.0 - 1.0)
+            .collect();
         let labels: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_lab as u32)).collect();
         let batches: Vec<u32> = (0..n).map(|_| rng.gen_range(0..n_bat as u32)).collect();
         let mut emb = vec![0f32; n * d];
@@ -361,8 +368,15 @@ mod scale {
         }
         let t = Instant::now();
         let nn = exact_knn(&emb, n, d, 90);
-        eprintln!("n={n} d={d}: exact_knn_90 {:.1}s", t.elapsed().as_secs_f64());
-        let cfg = BenchmarkConfig { nmi_ari_cluster_labels_leiden: true, silhouette_batch: true, ..Default::default() };
+        eprintln!(
+            "n={n} d={d}: exact_knn_90 {:.1}s",
+            t.elapsed().as_secs_f64()
+        );
+        let cfg = BenchmarkConfig {
+            nmi_ari_cluster_labels_leiden: true,
+            silhouette_batch: true,
+            ..Default::default()
+        };
         // time each metric separately
         let names = [
             "isolated_labels",
@@ -398,7 +412,11 @@ mod scale {
             c = serde_json::from_value(serde_json::Value::Object(v)).unwrap();
             let t = Instant::now();
             let r = run_benchmark(&emb, n, d, &pre, d, &labels, &batches, &nn, &c);
-            eprintln!("n={n}: {name:32} {:8.1}s  {:?}", t.elapsed().as_secs_f64(), r.iter().map(|m| m.value).collect::<Vec<_>>());
+            eprintln!(
+                "n={n}: {name:32} {:8.1}s  {:?}",
+                t.elapsed().as_secs_f64(),
+                r.iter().map(|m| m.value).collect::<Vec<_>>()
+            );
         }
     }
 }

@@ -376,3 +376,47 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    /// Kernel throughput (ignored): `cargo test --release -- --ignored --nocapture kernel_throughput`.
+    #[test]
+    #[ignore]
+    fn kernel_throughput() {
+        let (n, d) = (4096usize, 50usize);
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
+        let cb = ColBlock::new(&x, d, 0, 512);
+        let mut tile = vec![0f32; 64 * cb.ncp];
+        let t = std::time::Instant::now();
+        let reps = 2000;
+        for r in 0..reps {
+            tile_kernel(
+                &x,
+                d,
+                (r * 64) % (n - 64),
+                64,
+                &cb,
+                TileOp::SqDist,
+                &mut tile,
+            );
+        }
+        let s = t.elapsed().as_secs_f64();
+        let flops = reps as f64 * 64.0 * 512.0 * d as f64 * 3.0;
+        eprintln!(
+            "tile kernel: {:.2} GFlop/s single thread ({s:.3}s)",
+            flops / s / 1e9
+        );
+        let t = std::time::Instant::now();
+        let nn = exact_knn(&x[..n * d], n, d, 90);
+        let s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "exact_knn n={n}: {s:.3}s, {:.2} GFlop/s equiv",
+            (n * n * d * 3) as f64 / s / 1e9
+        );
+        assert_eq!(nn.k, 90);
+    }
+}

@@ -42,7 +42,10 @@ fn mutual_info(table: &HashMap<(u32, u32), u64>, ra: &[u64], rb: &[u64]) -> f64 
     let mut entries: Vec<(&(u32, u32), &u64)> = table.iter().collect();
     entries.sort_unstable_by_key(|e| *e.0);
     let total: f64 = ra.iter().sum::<u64>() as f64;
-    let (log_sa, log_sb) = ((ra.iter().sum::<u64>() as f64).ln(), (rb.iter().sum::<u64>() as f64).ln());
+    let (log_sa, log_sb) = (
+        (ra.iter().sum::<u64>() as f64).ln(),
+        (rb.iter().sum::<u64>() as f64).ln(),
+    );
     let mut mi = 0f64;
     for (&(i, j), &c) in entries {
         let c = c as f64;
