@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Produce scib-metrics reference fixtures for scfoundry's Rust metrics.
 
-The oracle is scib-metrics itself (see ci/requirements-scib.txt for the pinned
+The oracle is scib-metrics itself (see ci/reference/scib-metrics.txt for the pinned
 versions). For each synthetic case this writes tests/fixtures/scib/<case>.json
 with the inputs (embedding, labels, batches, unintegrated X_pre, the 90-NN
 lists scib-metrics' Benchmarker would use) and every metric value, plus

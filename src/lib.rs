@@ -10,6 +10,7 @@ pub mod commands;
 pub mod error;
 pub mod linalg;
 pub mod methods;
+pub mod metrics;
 pub mod progress;
 pub mod registry;
 pub mod runner;
