@@ -357,15 +357,40 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
                     let off = &part.tile_off[r * (nt + 1)..(r + 1) * (nt + 1)];
                     let (a0, a1) = (off[ti] as usize, off[ti + 1] as usize);
                     let (b0, b1) = (off[tj] as usize, off[tj + 1] as usize);
-                    for pa in a0..a1 {
-                        // tiles are aligned to multiples of TILE = 256, so the low byte of an
-                        // HVG index is its place in the tile (and no bounds check is needed)
+                    // tiles are aligned to multiples of TILE = 256, so the low byte of an HVG
+                    // index is its place in the tile (and no bounds check is needed)
+                    let tile: &mut [[f64; TILE]] = tile.as_chunks_mut::<TILE>().0;
+                    let mut pa = a0;
+                    // two rows of the tile at a time share the loads of the other entries
+                    while pa + 1 < a1 {
+                        let (ha, hc) = (part.idx[pa] as u8 as usize, part.idx[pa + 1] as u8 as usize);
+                        let (va, vc) = (part.val[pa], part.val[pa + 1]);
+                        // on a diagonal tile row pa takes entries >= pa and row pa+1 entries
+                        // >= pa+1: run both from pa+1 and add pa's own diagonal term here
+                        let from = if ti == tj { pa + 1 } else { b0 };
+                        if ti == tj {
+                            tile[ha][ha] += va * va;
+                        }
+                        let (ra, rc) = if ha < hc {
+                            let (lo, hi) = tile.split_at_mut(hc);
+                            (&mut lo[ha], &mut hi[0])
+                        } else {
+                            let (lo, hi) = tile.split_at_mut(ha);
+                            (&mut hi[0], &mut lo[hc])
+                        };
+                        for (&hb, &vb) in part.idx[from..b1].iter().zip(&part.val[from..b1]) {
+                            let q = hb as u8 as usize;
+                            ra[q] += va * vb;
+                            rc[q] += vc * vb;
+                        }
+                        pa += 2;
+                    }
+                    if pa < a1 {
                         let ha = part.idx[pa] as u8 as usize;
                         let va = part.val[pa];
-                        let row: &mut [f64; TILE] = (&mut tile[ha * TILE..(ha + 1) * TILE]).try_into().unwrap();
                         let from = if ti == tj { pa } else { b0 };
                         for (&hb, &vb) in part.idx[from..b1].iter().zip(&part.val[from..b1]) {
-                            row[hb as u8 as usize] += va * vb;
+                            tile[ha][hb as u8 as usize] += va * vb;
                         }
                     }
                 }
