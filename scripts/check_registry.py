@@ -67,6 +67,7 @@ WEIGHT_KEYS = {
     "sha256": (False, (str,)),
     "licence": (True, (str,)),
     "archive": (False, (str,)),
+    "member": (False, (str,)),
     "note": (False, (str,)),
 }
 ARCHIVES = {"tar.gz", "zip"}

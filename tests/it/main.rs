@@ -7,7 +7,9 @@
 mod anndata_compat;
 mod bad_input;
 mod common;
+mod http_server;
 mod pca;
 mod registry;
 mod runner;
+mod weights_pull;
 mod workspace;
