@@ -186,6 +186,9 @@ pub struct KnobArgs {
     /// cellama, c2s: genes per cell sentence.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub top_genes: Option<u64>,
+    /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
+    #[arg(long, value_name = "COL[,COL]")]
+    pub obs_features: Option<String>,
 }
 
 impl KnobArgs {

@@ -87,6 +87,12 @@ pub enum Error {
     #[error("{id}: {detail}")]
     Download { id: String, detail: String, hint: Option<String> },
 
+    #[error("{path}: cannot be loaded: {detail}")]
+    BadWeights { path: PathBuf, detail: String },
+
+    #[error("model error while {context}: {detail}")]
+    Model { context: String, detail: String },
+
     #[error("{archive}: unsafe archive member {member:?}: {detail}")]
     UnsafeArchive { archive: PathBuf, member: String, detail: String },
 }
@@ -127,7 +133,7 @@ impl Error {
                 None => format!("known methods: {}", known.join(", ")),
             }),
             Error::NotImplemented { name, .. } => Some(format!(
-                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca)"
+                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca, cellama)"
             )),
             Error::BadOption { hint, .. } => hint.clone(),
             Error::Config { hint, .. } => hint.clone(),
@@ -142,13 +148,15 @@ impl Error {
             Error::Network { hint, .. } => Some(hint.clone()),
             Error::Checksum { hint, .. } => Some(hint.clone()),
             Error::Download { hint, .. } => hint.clone(),
+            Error::BadWeights { .. } => Some("`scfoundry weights verify` checks the files against their pins; pull again with `scfoundry weights pull --force`".into()),
+            Error::Model { .. } => None,
             Error::UnsafeArchive { .. } => Some("the archive tries to write outside its folder; nothing was extracted. Report it to the archive's publisher".into()),
         }
     }
 
     /// Whether the error is the user's to fix (exit 1) rather than ours (exit 2).
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, Error::Hdf5 { .. })
+        !matches!(self, Error::Hdf5 { .. } | Error::Model { .. })
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod anndata_compat;
 mod bad_input;
+mod cellama;
 mod common;
 mod http_server;
 mod pca;
