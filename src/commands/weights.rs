@@ -136,7 +136,7 @@ pub fn pull(s: &Settings, names: &[String], opts: &PullOptions) -> anyhow::Resul
     std::fs::create_dir_all(&s.weights_dir).map_err(|e| Error::Io { path: s.weights_dir.clone(), source: e })?;
     let mut failures: Vec<anyhow::Error> = Vec::new();
     for id in &plain {
-        if let Err(e) = puller.file(id) {
+        if let Err(e) = lock(&s.weights_dir, id).and_then(|_guard| puller.file(id)) {
             failures.push(e.into());
         }
     }
@@ -145,7 +145,7 @@ pub fn pull(s: &Settings, names: &[String], opts: &PullOptions) -> anyhow::Resul
         if members.is_empty() {
             members = manifest.members_of(aid).into_iter().map(String::from).collect();
         }
-        if let Err(e) = puller.archive(aid, &members) {
+        if let Err(e) = lock(&s.weights_dir, aid).and_then(|_guard| puller.archive(aid, &members)) {
             failures.push(e.into());
         }
     }
@@ -346,6 +346,30 @@ impl Puller<'_> {
         self.rep.note(&format!("{aid}: {} member(s) verified and in place under {}", members.len(), target.display()));
         Ok(())
     }
+}
+
+/// An exclusive lock on one entry (`<weights>/.locks/<id>.lock`, flock), held while it is
+/// pulled: two processes sharing a weights folder must not write the same `.part`. The lock
+/// files stay (removing them would race with a process that has just opened one).
+fn lock(dir: &Path, id: &str) -> crate::error::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let locks = dir.join(".locks");
+    std::fs::create_dir_all(&locks).map_err(|e| Error::Io { path: locks.clone(), source: e })?;
+    let path = locks.join(format!("{id}.lock"));
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    // SAFETY: flock on a descriptor we own; released when `f` is closed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(Error::Download {
+                id: id.into(),
+                detail: format!("another process is pulling it into {} (lock {})", dir.display(), path.display()),
+                hint: Some("wait for the other `scfoundry weights pull` to finish, then run again (it will find the file verified)".into()),
+            });
+        }
+        // file systems without flock (some NFS mounts): go on unlocked
+    }
+    Ok(f)
 }
 
 fn remove(p: &Path) -> crate::error::Result<()> {

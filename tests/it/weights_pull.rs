@@ -335,6 +335,24 @@ fn unknown_names_and_a_bad_manifest_are_clear() {
     p.run(&["weights", "pull", "x"]).failed().stderr_has("manifest.toml").stderr_has("SCFOUNDRY_MANIFEST");
 }
 
+#[test]
+fn a_second_pull_of_the_same_entry_waits_its_turn() {
+    use std::os::fd::AsRawFd;
+    let server = Server::start();
+    let body = payload(1000, 10);
+    server.serve("/w.bin", body.clone());
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), &body)]);
+    // hold the entry's lock as another `weights pull` would
+    std::fs::create_dir_all(p.weights(".locks")).unwrap();
+    let held = std::fs::File::create(p.weights(".locks/toy.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    p.run(&["weights", "pull", "toy"]).failed().stderr_has("another process is pulling it").has_hint();
+    assert!(server.requests().is_empty() && !p.weights("toy/w.bin.part").exists());
+    drop(held);
+    p.run(&["weights", "pull", "toy"]).success();
+    assert_eq!(sha256(&p.weights("toy/w.bin")), hex_sha(&body));
+}
+
 /// Loopback throughput (64 MiB), printed for the record: `cargo test --release -- --nocapture loopback_speed`.
 #[test]
 fn loopback_speed() {
