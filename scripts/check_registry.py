@@ -67,6 +67,7 @@ WEIGHT_KEYS = {
     "sha256": (False, (str,)),
     "licence": (True, (str,)),
     "archive": (False, (str,)),
+    "member": (False, (str,)),
     "note": (False, (str,)),
 }
 ARCHIVES = {"tar.gz", "zip"}
@@ -84,6 +85,9 @@ EXPECTED_COST_TIER = {
 }
 NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "novae", "pca", "harmony", "seurat"}
 FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64}
+# Methods with code in src/methods/ (keep in step with src/commands/task.rs).
+IMPLEMENTED = {"pca", "cellama"}
+
 EXPECTED_KNOBS = {
     ("scprint", "--max-len"): 4000,
     ("uce", "--nlayers"): 33,
@@ -135,8 +139,8 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
             problems.append(f"{where}: {key} must be >= 0")
     if m.get("parameters") == 0 and "parameters_note" not in m:
         problems.append(f"{where}: parameters = 0 needs a parameters_note saying why")
-    if m.get("implemented") is True and name != "pca":
-        problems.append(f"{where}: implemented = true is reserved for pca")
+    if m.get("implemented") is True and name not in IMPLEMENTED:
+        problems.append(f"{where}: implemented = true, but scfoundry has no code for {name} (IMPLEMENTED: {sorted(IMPLEMENTED)})")
     if name == "pca" and m.get("implemented") is not True:
         problems.append(f"{where}: pca must be implemented = true")
     for w in m.get("weights", []):

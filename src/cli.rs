@@ -109,6 +109,26 @@ pub enum WeightsCommand {
         /// Methods or entry ids; all when none.
         names: Vec<String>,
     },
+    /// Download entries into the weights folder: resumes partial downloads, verifies size and
+    /// sha256, extracts archives safely. A failed download never deletes an existing file.
+    Pull {
+        /// Methods or entry ids (e.g. `geneformer`, `cellama-minilm-model`).
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Download again even when a verified file is present (it is replaced only by a
+        /// verified download).
+        #[arg(long)]
+        force: bool,
+        /// Seconds to wait for a connection, or for more data, before giving up.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
+    },
+    /// Print where each entry's file lives in the weights folder (present or not).
+    Path {
+        /// Methods or entry ids.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +186,9 @@ pub struct KnobArgs {
     /// cellama, c2s: genes per cell sentence.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub top_genes: Option<u64>,
+    /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
+    #[arg(long, value_name = "COL[,COL]")]
+    pub obs_features: Option<String>,
 }
 
 impl KnobArgs {

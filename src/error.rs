@@ -71,6 +71,38 @@ pub enum Error {
 
     #[error("HDF5 error while {context}: {source}")]
     Hdf5 { context: String, source: hdf5::Error },
+
+    #[error("weights for {method} are not in {dir}{}", missing_list(missing))]
+    WeightsMissing { method: String, dir: PathBuf, missing: Vec<String> },
+
+    #[error("{url}: HTTP {status}{}", if reason.is_empty() { String::new() } else { format!(" {reason}") })]
+    HttpStatus { id: String, url: String, status: u16, reason: String },
+
+    #[error("downloading {id} from {url} failed: {detail}")]
+    Network { id: String, url: String, detail: String, hint: String },
+
+    #[error("{id}: the downloaded file's sha256 is {found}, but weights.toml pins {expected}")]
+    Checksum { id: String, url: String, expected: String, found: String, hint: String },
+
+    #[error("{id}: {detail}")]
+    Download { id: String, detail: String, hint: Option<String> },
+
+    #[error("{path}: cannot be loaded: {detail}")]
+    BadWeights { path: PathBuf, detail: String },
+
+    #[error("model error while {context}: {detail}")]
+    Model { context: String, detail: String },
+
+    #[error("{archive}: unsafe archive member {member:?}: {detail}")]
+    UnsafeArchive { archive: PathBuf, member: String, detail: String },
+}
+
+fn missing_list(missing: &[String]) -> String {
+    match missing.len() {
+        0 => String::new(),
+        1..=3 => format!(" (missing: {})", missing.join(", ")),
+        n => format!(" (missing: {}, and {} more)", missing[..3].join(", "), n - 3),
+    }
 }
 
 impl Error {
@@ -101,18 +133,30 @@ impl Error {
                 None => format!("known methods: {}", known.join(", ")),
             }),
             Error::NotImplemented { name, .. } => Some(format!(
-                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca)"
+                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca, cellama)"
             )),
             Error::BadOption { hint, .. } => hint.clone(),
             Error::Config { hint, .. } => hint.clone(),
             Error::Io { .. } => None,
             Error::Hdf5 { .. } => None,
+            Error::WeightsMissing { method, .. } => Some(format!("run `scfoundry weights pull {method}` (or pass --weights-dir to the folder that holds them)")),
+            Error::HttpStatus { id, status, .. } => Some(match status {
+                404 | 410 => format!("the file is gone from that address: check {id}'s url in weights.toml (or the manifest in $SCFOUNDRY_MANIFEST); nothing was deleted"),
+                401 | 403 => format!("the server refused access: the file may need a login; download it by hand and put it where `scfoundry weights path {id}` says"),
+                _ => "the server failed: try again later; nothing was deleted, and a partial download resumes".into(),
+            }),
+            Error::Network { hint, .. } => Some(hint.clone()),
+            Error::Checksum { hint, .. } => Some(hint.clone()),
+            Error::Download { hint, .. } => hint.clone(),
+            Error::BadWeights { .. } => Some("`scfoundry weights verify` checks the files against their pins; pull again with `scfoundry weights pull --force`".into()),
+            Error::Model { .. } => None,
+            Error::UnsafeArchive { .. } => Some("the archive tries to write outside its folder; nothing was extracted. Report it to the archive's publisher".into()),
         }
     }
 
     /// Whether the error is the user's to fix (exit 1) rather than ours (exit 2).
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, Error::Hdf5 { .. })
+        !matches!(self, Error::Hdf5 { .. } | Error::Model { .. })
     }
 }
 

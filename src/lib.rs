@@ -7,6 +7,7 @@
 pub mod anndata;
 pub mod cli;
 pub mod commands;
+pub mod download;
 pub mod error;
 pub mod linalg;
 pub mod methods;

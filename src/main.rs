@@ -58,6 +58,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Weights(a) => match &a.command {
             WeightsCommand::List { method, hash } => commands::weights::list(&s, method.as_deref(), *hash),
             WeightsCommand::Verify { names } => commands::weights::verify(&s, names),
+            WeightsCommand::Pull { names, force, timeout } => commands::weights::pull(
+                &s,
+                names,
+                &commands::weights::PullOptions { force: *force, timeout: std::time::Duration::from_secs(*timeout) },
+            ),
+            WeightsCommand::Path { names } => commands::weights::path(&s, names),
         },
         Commands::Embed(a) => commands::embed::run(&s, a),
         Commands::Transfer(_) => not_yet("transfer", "embed reference and query with `scfoundry embed` for now"),

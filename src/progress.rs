@@ -9,11 +9,17 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub trait Progress: Send + Sync {
     fn inc(&self, n: u64);
     fn finish(&self);
+    /// Jump to a position (a resumed download starts part-way).
+    fn set(&self, _pos: u64) {}
 }
 
 /// Creates progress for a named step.
 pub trait Reporter: Send + Sync {
     fn step(&self, label: &str, total: u64, unit: &str) -> Box<dyn Progress>;
+    /// A transfer of bytes (downloads, hashing); `total` may be unknown.
+    fn bytes(&self, label: &str, total: Option<u64>) -> Box<dyn Progress> {
+        self.step(label, total.unwrap_or(0), "bytes")
+    }
     /// A one-line note (warnings go through `warn`).
     fn note(&self, msg: &str);
 }
@@ -43,6 +49,9 @@ impl Progress for Bar {
     fn finish(&self) {
         self.0.finish_and_clear()
     }
+    fn set(&self, pos: u64) {
+        self.0.set_position(pos)
+    }
 }
 
 impl Reporter for Bars {
@@ -57,8 +66,39 @@ impl Reporter for Bars {
         pb.enable_steady_tick(Duration::from_millis(250));
         Box::new(Bar(pb))
     }
+    fn bytes(&self, label: &str, total: Option<u64>) -> Box<dyn Progress> {
+        let pb = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr_with_hz(8));
+        let template = match total {
+            Some(_) => format!("{{spinner}} {label:<24} [{{bar:30}}] {{binary_bytes}}/{{binary_total_bytes}} {{binary_bytes_per_sec}} ({{eta}})"),
+            None => format!("{{spinner}} {label:<24} {{binary_bytes}} {{binary_bytes_per_sec}}"),
+        };
+        pb.set_style(ProgressStyle::with_template(&template).unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+        pb.enable_steady_tick(Duration::from_millis(250));
+        Box::new(Bar(pb))
+    }
     fn note(&self, msg: &str) {
         eprintln!("{msg}");
+    }
+}
+
+/// Notes only, no bars: for `--quiet`-less runs whose stderr is not wanted to hold bars
+/// ($SCFOUNDRY_NO_PROGRESS).
+pub struct NotesOnly;
+impl Reporter for NotesOnly {
+    fn step(&self, _: &str, _: u64, _: &str) -> Box<dyn Progress> {
+        Box::new(NoProgress)
+    }
+    fn note(&self, msg: &str) {
+        eprintln!("{msg}");
+    }
+}
+
+/// The reporter for a command: bars and notes, notes only, or nothing (`--quiet`).
+pub fn for_settings(quiet: bool, progress: bool) -> Box<dyn Reporter> {
+    match (quiet, progress) {
+        (true, _) => Box::new(Silent),
+        (false, true) => Box::new(Bars),
+        (false, false) => Box::new(NotesOnly),
     }
 }
 

@@ -17,6 +17,9 @@ impl EnvVars {
     pub const WEIGHTS_DIR: &'static str = "SCFOUNDRY_WEIGHTS_DIR";
     /// Set to any value to turn progress bars off (as `--quiet` does for bars).
     pub const NO_PROGRESS: &'static str = "SCFOUNDRY_NO_PROGRESS";
+    /// A weights manifest file used instead of the compiled-in weights.toml: for tests (a
+    /// loopback server) and for mirrors (the same entries with other urls).
+    pub const MANIFEST: &'static str = "SCFOUNDRY_MANIFEST";
 }
 
 pub const CONFIG_FILE: &str = "scfoundry.toml";

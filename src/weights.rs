@@ -2,7 +2,11 @@
 //!
 //! Layout: `<weights dir>/<entry.file>`. A verified file gets a stamp in
 //! `<weights dir>/.verified/<id>.json` (size, mtime, sha256), so `weights list` need not
-//! hash multi-gigabyte files every time. Nothing here ever deletes a file.
+//! hash multi-gigabyte files every time. Nothing here ever deletes a file; downloads live in
+//! `download.rs`.
+//!
+//! `$SCFOUNDRY_MANIFEST` names a manifest file to use instead of the compiled-in one (tests
+//! point it at a loopback server; a mirror can list the same entries with its own urls).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -29,6 +33,9 @@ pub struct Entry {
     pub licence: String,
     #[serde(default)]
     pub archive: Option<String>,
+    /// For a member of another entry's archive (same `url`): its path inside the archive.
+    #[serde(default)]
+    pub member: Option<String>,
     #[serde(default)]
     pub note: Option<String>,
     #[serde(default)]
@@ -45,6 +52,38 @@ impl Manifest {
     pub fn builtin() -> Manifest {
         parse_manifest(MANIFEST_TEXT).unwrap_or_else(|e| panic!("weights.toml: {e}"))
     }
+
+    /// The manifest in effect: `$SCFOUNDRY_MANIFEST` if set (tests, mirrors), else the built-in.
+    pub fn load() -> Result<Manifest> {
+        let Some(p) = std::env::var_os(crate::settings::EnvVars::MANIFEST) else { return Ok(Manifest::builtin()) };
+        let path = PathBuf::from(p);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+        parse_manifest(&text).map_err(|detail| Error::Config {
+            path,
+            detail,
+            hint: Some(format!("${} names this manifest; unset it to use the built-in weights.toml", crate::settings::EnvVars::MANIFEST)),
+        })
+    }
+
+    /// The archive entry that `id` is a member of (same url, `archive` set), if any.
+    pub fn archive_of(&self, id: &str) -> Option<&str> {
+        let e = self.weights.get(id)?;
+        if e.archive.is_some() {
+            return None;
+        }
+        self.weights.iter().find(|(_, a)| a.archive.is_some() && a.url == e.url).map(|(aid, _)| aid.as_str())
+    }
+
+    /// The member entries of an archive entry.
+    pub fn members_of(&self, archive_id: &str) -> Vec<&str> {
+        let Some(a) = self.weights.get(archive_id) else { return vec![] };
+        self.weights.iter().filter(|(id, e)| *id != archive_id && e.archive.is_none() && e.url == a.url).map(|(id, _)| id.as_str()).collect()
+    }
+
+    /// Entry ids for a name: a method (all its entries) or an entry id.
+    pub fn resolve(&self, name: &str) -> Vec<&str> {
+        self.weights.iter().filter(|(id, e)| *id == name || e.method == name).map(|(id, _)| id.as_str()).collect()
+    }
 }
 
 pub fn parse_manifest(text: &str) -> std::result::Result<Manifest, String> {
@@ -57,6 +96,20 @@ pub fn parse_manifest(text: &str) -> std::result::Result<Manifest, String> {
         }
         if e.file.starts_with('/') || e.file.split('/').any(|c| c == "..") {
             return Err(format!("weights.{id}.file must be a relative path inside the weights folder"));
+        }
+        if let Some(a) = &e.archive {
+            if a != "tar.gz" && a != "zip" {
+                return Err(format!("weights.{id}.archive must be \"tar.gz\" or \"zip\""));
+            }
+        }
+    }
+    for (id, e) in &m.weights {
+        let is_member = e.archive.is_none() && m.weights.values().any(|a| a.archive.is_some() && a.url == e.url);
+        if is_member && e.member.is_none() {
+            return Err(format!("weights.{id} has an archive's url but no `member` (its path inside the archive)"));
+        }
+        if !is_member && e.member.is_some() {
+            return Err(format!("weights.{id}.member is set but no entry with `archive` has its url"));
         }
     }
     Ok(m)
@@ -88,6 +141,26 @@ impl std::fmt::Display for Status {
             Status::WrongHash { .. } => write!(f, "WRONG SHA256"),
         }
     }
+}
+
+/// Record that `path` (entry `id`) was hashed: later checks of the same size and mtime are cheap.
+/// Failing to write a stamp is not an error (read-only shared folders).
+pub fn write_stamp(dir: &Path, id: &str, path: &Path, sha256: &str) {
+    let Ok(meta) = std::fs::metadata(path) else { return };
+    let stamp = Stamp { size: meta.len(), mtime_ns: mtime_ns(&meta), sha256: sha256.to_string() };
+    let stamp_path = dir.join(".verified").join(format!("{id}.json"));
+    if std::fs::create_dir_all(stamp_path.parent().unwrap()).is_ok() {
+        let _ = std::fs::write(&stamp_path, serde_json::to_string(&stamp).unwrap());
+    }
+}
+
+/// The sha256 recorded in an entry's stamp, if the stamp matches the file's size and mtime
+/// (for unpinned entries, whose sha256 was computed at download).
+pub fn stamped_sha256(dir: &Path, id: &str, path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    let text = std::fs::read_to_string(dir.join(".verified").join(format!("{id}.json"))).ok()?;
+    let s: Stamp = serde_json::from_str(&text).ok()?;
+    (s.size == meta.len() && s.mtime_ns == mtime_ns(&meta)).then_some(s.sha256)
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -150,11 +223,7 @@ pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u
     if &found != pinned {
         return Ok(Status::WrongHash { expected: pinned.clone(), found });
     }
-    // Stamp it; failing to write a stamp is not an error (read-only shared folders).
-    let stamp = Stamp { size: meta.len(), mtime_ns: mtime_ns(&meta), sha256: found };
-    if std::fs::create_dir_all(stamp_path.parent().unwrap()).is_ok() {
-        let _ = std::fs::write(&stamp_path, serde_json::to_string(&stamp).unwrap());
-    }
+    write_stamp(dir, id, &path, &found);
     Ok(Status::Verified)
 }
 
@@ -181,6 +250,7 @@ mod tests {
             sha256: Some(hex::encode(Sha256::digest(content))),
             licence: "MIT".into(),
             archive: None,
+            member: None,
             note: None,
             description: None,
         }

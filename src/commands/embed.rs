@@ -34,6 +34,13 @@ pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String,
             params.insert("batch_size".into(), json!(b));
         }
     }
+    if let Some(f) = &args.knobs.obs_features {
+        if m.knob("--obs-features").is_none() {
+            warn(&format!("{} does not honour --obs-features; ignored", m.name));
+        } else {
+            params.insert("obs_features".into(), json!(f));
+        }
+    }
     let given = args.knobs.given();
     for (flag, v) in &given {
         if m.knob(flag).is_none() {
@@ -57,7 +64,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if !m.implemented {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
-    // Validate what is cheap before any run folder exists.
+    // Validate what is cheap before any run folder exists: weights first (the usual miss).
+    if m.name == "cellama" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     ad.matrix(args.layer.as_deref())?;
@@ -101,6 +111,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         progress: s.progress,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         run_id: run.id.clone(),
+        weights_dir: Some(std::path::absolute(&s.weights_dir)?),
     };
     let outcome = runner::run_task(&run, &spec)?;
     runner::write_reports(&run, &spec, &[&outcome])?;

@@ -11,7 +11,9 @@ use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::cellama::{self, Encoder};
 use crate::methods::pca::{self, Names, PcaOptions};
+use crate::weights::{self, Manifest, Status};
 use crate::progress::reporter;
 use crate::runner::stats::TaskStats;
 use crate::runner::{TaskResult, TaskSpec};
@@ -23,6 +25,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let dir = spec_path.parent().unwrap_or(Path::new("."));
     let outcome = match (spec.command.as_str(), spec.method.as_str()) {
         ("embed", "pca") => embed_pca(&spec),
+        ("embed", "cellama") => embed_cellama(&spec),
         (c, m) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
@@ -58,6 +61,162 @@ fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String,
         }
     }
     Ok(())
+}
+
+/// The sha256 of each weights entry a method needs, verified (hashing once, then stamped);
+/// `WeightsMissing` naming the folder when any is absent.
+pub fn verified_weights(method: &str, dir: &Path, ids: &[&str]) -> Result<serde_json::Map<String, Value>> {
+    let manifest = Manifest::load()?;
+    let mut missing = Vec::new();
+    let mut out = serde_json::Map::new();
+    for id in ids {
+        let Some(e) = manifest.weights.get(*id) else {
+            missing.push(id.to_string());
+            continue;
+        };
+        let path = dir.join(&e.file);
+        match weights::check(dir, id, e, true, |_| {})? {
+            Status::Missing => missing.push(id.to_string()),
+            Status::Verified => {
+                out.insert(id.to_string(), json!(e.sha256.clone().unwrap_or_default()));
+            }
+            Status::Unpinned | Status::Present => {
+                let sha = match weights::stamped_sha256(dir, id, &path) {
+                    Some(s) => s,
+                    None => weights::sha256_file(&path, |_| {})?,
+                };
+                out.insert(id.to_string(), json!(sha));
+            }
+            bad @ (Status::WrongHash { .. } | Status::WrongSize { .. }) => {
+                return Err(Error::BadWeights { path, detail: format!("{bad} for {id}; it does not match weights.toml") });
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(Error::WeightsMissing { method: method.into(), dir: dir.to_path_buf(), missing });
+    }
+    Ok(out)
+}
+
+/// Each requested obs column as upstream's `str(adata.obs[feature].iloc[i])`; absent columns
+/// are skipped with a note (upstream skips them silently).
+pub fn obs_strings(ad: &AnnData, names: &[String], notes: &mut Vec<String>) -> Result<Vec<(String, Vec<String>)>> {
+    use crate::anndata::dataframe::Column;
+    if names.is_empty() {
+        return Ok(vec![]);
+    }
+    let obs = ad.obs()?;
+    let mut out = Vec::new();
+    for n in names {
+        let Some(col) = obs.column(n) else {
+            notes.push(format!("obs has no column `{n}`: left out of the sentences (as upstream does); obs columns: {}", obs.names().join(", ")));
+            continue;
+        };
+        let b = |v: bool| if v { "True" } else { "False" }.to_string();
+        let vals: Vec<String> = match col {
+            Column::Numeric(v) => v.iter().map(|&x| cellama::py_float(x)).collect(),
+            Column::Bool(v) => v.iter().map(|&x| b(x)).collect(),
+            Column::NullableBool { values, mask } => values.iter().zip(mask).map(|(&x, &m)| if m { "<NA>".into() } else { b(x) }).collect(),
+            Column::NullableInt { values, mask } => values.iter().zip(mask).map(|(x, &m)| if m { "<NA>".into() } else { x.to_string() }).collect(),
+            Column::NullableString { values, mask } => values.iter().zip(mask).map(|(x, &m)| if m { "<NA>".into() } else { x.clone() }).collect(),
+            other => other.as_labels().unwrap_or_default().into_iter().map(|v| v.unwrap_or_else(|| "nan".into())).collect(),
+        };
+        out.push((n.clone(), vals));
+    }
+    Ok(out)
+}
+
+/// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
+pub fn cellama_sentences(block: &crate::anndata::CsrBlock, var_names: &[String], obs: &[(String, Vec<String>)], top: usize) -> Vec<String> {
+    (0..block.n_rows())
+        .map(|i| {
+            let (idx, vals) = block.row(i);
+            let genes: Vec<&str> = cellama::top_genes(idx, vals, var_names.len(), top).into_iter().map(|j| var_names[j].as_str()).collect();
+            let fields: Vec<(&str, &str)> = obs.iter().map(|(n, v)| (n.as_str(), v[block.start_row + i].as_str())).collect();
+            cellama::sentence(&genes, &fields)
+        })
+        .collect()
+}
+
+fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("cellama", &dir, cellama::REQUIRED_ENTRIES)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let top = param_u64(spec, "top_genes", cellama::DEFAULT_TOP_GENES as u64) as usize;
+    let features: Vec<String> = spec
+        .params
+        .get("obs_features")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let obs = obs_strings(&ad, &features, &mut notes)?;
+    let model_dir = cellama::model_dir(&dir, &Manifest::load()?);
+    let enc = Encoder::load(&model_dir)?;
+    let dim = enc.hidden;
+
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_cellama";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("cellama: encode", ad.n_obs as u64, "cells");
+    let mut truncated = 0usize;
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let sentences = cellama_sentences(&b, &ad.var_names, &obs, top);
+        let mut rows = Vec::with_capacity(sentences.len() * dim);
+        for chunk in sentences.chunks(cellama::BATCH_SIZE) {
+            for snt in chunk {
+                if enc.token_ids(snt)?.len() >= enc.max_seq_length {
+                    truncated += 1;
+                }
+            }
+            rows.extend(enc.encode(chunk)?);
+            p.inc(chunk.len() as u64);
+        }
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if truncated > 0 {
+        notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let meta = std::fs::metadata(&spec.data).ok();
+    let mut prov = serde_json::Map::new();
+    prov.insert("tool".into(), json!("scfoundry"));
+    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    prov.insert("method".into(), json!(spec.method));
+    prov.insert("command".into(), json!(spec.command));
+    prov.insert("command_line".into(), json!(spec.command_line));
+    prov.insert("obsm_key".into(), json!(key));
+    prov.insert("seed".into(), json!(spec.seed));
+    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
+    prov.insert("run_id".into(), json!(spec.run_id));
+    prov.insert("input".into(), json!(spec.data.display().to_string()));
+    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
+    prov.insert("matrix".into(), json!(x.field));
+    let mut params = spec.params.clone();
+    params.insert("batch_size_internal".into(), json!(cellama::BATCH_SIZE));
+    params.insert("max_seq_length".into(), json!(enc.max_seq_length));
+    params.insert("pooling".into(), json!("mean, L2-normalised"));
+    params.insert("tie_order".into(), json!("gene order (stable argsort)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes })
 }
 
 fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {

@@ -1,9 +1,15 @@
-//! `scfoundry weights list|verify`: the pinned manifest against the weights folder.
+//! `scfoundry weights list|verify|path|pull`: the pinned manifest against the weights folder,
+//! and downloads into it (see `download.rs` for the transfer and the archive extraction).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::commands::ExitStatus;
+use crate::download::Client;
 use crate::error::{suggest, Error};
+use crate::progress::{self, warn, Reporter};
 use crate::settings::Settings;
-use crate::weights::{check, Manifest, Status};
+use crate::weights::{check, sha256_file, write_stamp, Manifest, Status};
 
 fn size(n: Option<u64>) -> String {
     match n {
@@ -16,7 +22,7 @@ pub fn list(s: &Settings, method: Option<&str>, hash: bool) -> anyhow::Result<Ex
     if let Some(m) = method {
         s.registry.get(m)?;
     }
-    let manifest = Manifest::builtin();
+    let manifest = Manifest::load()?;
     println!("weights folder: {} (from {})", s.weights_dir.display(), s.weights_dir_source);
     let mut rows = vec![["ID", "METHOD", "SIZE", "LICENCE", "STATUS"].map(String::from).to_vec()];
     for (id, e) in &manifest.weights {
@@ -39,26 +45,10 @@ pub fn list(s: &Settings, method: Option<&str>, hash: bool) -> anyhow::Result<Ex
 }
 
 pub fn verify(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
-    let manifest = Manifest::builtin();
-    let mut ids: Vec<&String> = Vec::new();
-    for n in names {
-        let matched: Vec<&String> = manifest.weights.iter().filter(|(id, e)| *id == n || e.method == *n).map(|(id, _)| id).collect();
-        if matched.is_empty() {
-            let cands = manifest.weights.keys().map(String::as_str).chain(s.registry.methods.keys().map(String::as_str));
-            return Err(Error::BadOption {
-                option: "weights verify".into(),
-                detail: format!("`{n}` is neither a method with weights nor a weights entry"),
-                hint: suggest(n, cands).map(|x| format!("did you mean `{x}`?")).or(Some("`scfoundry weights list` shows the entries".into())),
-            }
-            .into());
-        }
-        ids.extend(matched);
-    }
-    if names.is_empty() {
-        ids = manifest.weights.keys().collect();
-    }
+    let manifest = Manifest::load()?;
+    let ids: Vec<String> = if names.is_empty() { manifest.weights.keys().cloned().collect() } else { resolve_ids(s, &manifest, names, "verify")? };
     let mut bad = 0;
-    for id in ids {
+    for id in &ids {
         let e = &manifest.weights[id];
         let st = check(&s.weights_dir, id, e, true, |_| {})?;
         if matches!(st, Status::WrongHash { .. } | Status::WrongSize { .. }) {
@@ -68,8 +58,320 @@ pub fn verify(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
     }
     if bad > 0 {
         eprintln!("error: {bad} file(s) do not match weights.toml");
-        eprintln!("hint: nothing was deleted; move the bad file(s) aside and fetch them again");
+        eprintln!("hint: nothing was deleted; move the bad file(s) aside and run `scfoundry weights pull` for them (or pull with --force)");
         return Ok(ExitStatus::Failure);
     }
     Ok(ExitStatus::Success)
+}
+
+/// Entry ids for the names given (methods or entry ids), in manifest order, or a clear error.
+fn resolve_ids(s: &Settings, manifest: &Manifest, names: &[String], what: &str) -> anyhow::Result<Vec<String>> {
+    let mut ids: Vec<String> = Vec::new();
+    for n in names {
+        let matched = manifest.resolve(n);
+        if matched.is_empty() {
+            let known_method = s.registry.methods.contains_key(n.as_str());
+            let cands = manifest.weights.keys().map(String::as_str).chain(s.registry.methods.keys().map(String::as_str));
+            return Err(Error::BadOption {
+                option: format!("weights {what}"),
+                detail: if known_method { format!("method `{n}` needs no weights") } else { format!("`{n}` is neither a method with weights nor a weights entry") },
+                hint: suggest(n, cands).filter(|_| !known_method).map(|x| format!("did you mean `{x}`?")).or(Some("`scfoundry weights list` shows the entries".into())),
+            }
+            .into());
+        }
+        for id in matched {
+            if !ids.iter().any(|x| x == id) {
+                ids.push(id.to_string());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// `scfoundry weights path NAME...`: where each entry lives (or will live) in the weights folder.
+pub fn path(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
+    let manifest = Manifest::load()?;
+    for id in resolve_ids(s, &manifest, names, "path")? {
+        println!("{}", s.weights_dir.join(&manifest.weights[&id].file).display());
+    }
+    Ok(ExitStatus::Success)
+}
+
+/// Options of `weights pull`.
+pub struct PullOptions {
+    pub force: bool,
+    pub timeout: Duration,
+}
+
+/// `scfoundry weights pull NAME...`: download, verify and place the entries (resuming partial
+/// downloads), extracting archives. Entries that fail are reported; the others still run.
+pub fn pull(s: &Settings, names: &[String], opts: &PullOptions) -> anyhow::Result<ExitStatus> {
+    let manifest = Manifest::load()?;
+    let ids = resolve_ids(s, &manifest, names, "pull")?;
+    // Members come from their archive: pull the archive once, then extract what is wanted.
+    let mut plain: Vec<String> = Vec::new();
+    let mut archives: Vec<(String, Vec<String>)> = Vec::new();
+    for id in &ids {
+        let (aid, member) = match manifest.archive_of(id) {
+            Some(a) => (a.to_string(), Some(id.clone())),
+            None if manifest.weights[id].archive.is_some() => (id.clone(), None),
+            None => {
+                plain.push(id.clone());
+                continue;
+            }
+        };
+        let slot = match archives.iter().position(|(a, _)| *a == aid) {
+            Some(i) => i,
+            None => {
+                archives.push((aid, Vec::new()));
+                archives.len() - 1
+            }
+        };
+        if let Some(m) = member {
+            archives[slot].1.push(m);
+        }
+    }
+    let rep = progress::for_settings(s.quiet, s.progress);
+    let puller = Puller { s, manifest: &manifest, client: Client::new(opts.timeout), force: opts.force, rep: rep.as_ref() };
+    std::fs::create_dir_all(&s.weights_dir).map_err(|e| Error::Io { path: s.weights_dir.clone(), source: e })?;
+    let mut failures: Vec<anyhow::Error> = Vec::new();
+    for id in &plain {
+        if let Err(e) = lock(&s.weights_dir, id).and_then(|_guard| puller.file(id)) {
+            failures.push(e.into());
+        }
+    }
+    for (aid, members) in &archives {
+        let mut members = members.clone();
+        if members.is_empty() {
+            members = manifest.members_of(aid).into_iter().map(String::from).collect();
+        }
+        if let Err(e) = lock(&s.weights_dir, aid).and_then(|_guard| puller.archive(aid, &members)) {
+            failures.push(e.into());
+        }
+    }
+    match failures.len() {
+        0 => Ok(ExitStatus::Success),
+        1 => Err(failures.pop().unwrap()),
+        n => {
+            for e in &failures {
+                eprintln!("error: {e}");
+                if let Some(h) = e.downcast_ref::<Error>().and_then(Error::hint) {
+                    eprintln!("hint: {h}");
+                }
+            }
+            eprintln!("error: {n} of the requested entries failed (see above); the others are in place");
+            Ok(ExitStatus::Failure)
+        }
+    }
+}
+
+struct Puller<'a> {
+    s: &'a Settings,
+    manifest: &'a Manifest,
+    client: Client,
+    force: bool,
+    rep: &'a dyn Reporter,
+}
+
+fn mib_per_s(bytes: u64, secs: f64) -> String {
+    if secs <= 0.0 {
+        return "-".into();
+    }
+    format!("{:.1} MiB/s", bytes as f64 / (1024.0 * 1024.0) / secs)
+}
+
+impl Puller<'_> {
+    fn dest(&self, id: &str) -> PathBuf {
+        self.s.weights_dir.join(&self.manifest.weights[id].file)
+    }
+
+    /// Whether an existing file can be kept as it is (and say so); an error for a bad one.
+    fn already_there(&self, id: &str) -> crate::error::Result<bool> {
+        let e = &self.manifest.weights[id];
+        let dest = self.dest(id);
+        let hashing = self.rep.bytes(&format!("check {id}"), e.size);
+        let st = check(&self.s.weights_dir, id, e, true, |n| hashing.inc(n))?;
+        hashing.finish();
+        match st {
+            Status::Missing => Ok(false),
+            _ if self.force => Ok(false),
+            Status::Verified => {
+                self.rep.note(&format!("{id}: already verified in {}", dest.display()));
+                Ok(true)
+            }
+            Status::Unpinned | Status::Present => {
+                self.rep.note(&format!("{id}: present in {} (weights.toml pins no sha256; pass --force to download again)", dest.display()));
+                Ok(true)
+            }
+            bad @ (Status::WrongHash { .. } | Status::WrongSize { .. }) => Err(Error::Download {
+                id: id.into(),
+                detail: format!("{} is present but {bad}", dest.display()),
+                hint: Some("nothing was deleted: move the file aside and pull again, or pass --force (the file is replaced only by a verified download)".into()),
+            }),
+        }
+    }
+
+    /// Download one entry's file to its place (an archive stays an archive here).
+    fn file(&self, id: &str) -> crate::error::Result<()> {
+        if self.already_there(id)? {
+            return Ok(());
+        }
+        let e = &self.manifest.weights[id];
+        let dest = self.dest(id);
+        let dir = dest.parent().unwrap_or(&self.s.weights_dir);
+        std::fs::create_dir_all(dir).map_err(|err| Error::Io { path: dir.to_path_buf(), source: err })?;
+        let part = PathBuf::from(format!("{}.part", dest.display()));
+        if let (Some(size), Ok(m)) = (e.size, std::fs::metadata(&part)) {
+            if m.len() > size {
+                remove(&part)?;
+                warn(&format!("{id}: {} held {} bytes, more than the {size} pinned: it cannot be a prefix of the file and was deleted", part.display(), m.len()));
+            }
+        }
+        let t = self.client.fetch(id, &e.url, &part, e.size, self.rep)?;
+        let speed = mib_per_s(t.received, t.seconds);
+        if t.resumed_from > 0 {
+            self.rep.note(&format!("{id}: resumed at byte {}; received {} bytes in {:.2} s ({speed})", t.resumed_from, t.received, t.seconds));
+        } else {
+            self.rep.note(&format!("{id}: received {} bytes in {:.2} s ({speed})", t.received, t.seconds));
+        }
+        let got = std::fs::metadata(&part).map_err(|err| Error::Io { path: part.clone(), source: err })?.len();
+        if let Some(size) = e.size {
+            if got != size {
+                remove(&part)?;
+                return Err(Error::Download {
+                    id: id.into(),
+                    detail: format!("the server's file has {got} bytes, weights.toml pins {size}; the download was deleted"),
+                    hint: Some(format!("the file at {} changed upstream (or the pin is wrong); {} was left as it was", e.url, dest.display())),
+                });
+            }
+        }
+        let hashing = self.rep.bytes(&format!("verify {id}"), Some(got));
+        let found = sha256_file(&part, |n| hashing.inc(n))?;
+        hashing.finish();
+        if let Some(pinned) = &e.sha256 {
+            if &found != pinned {
+                remove(&part)?;
+                let kept = if dest.exists() { format!("the existing {} was left as it was", dest.display()) } else { "nothing else was touched".into() };
+                return Err(Error::Checksum {
+                    id: id.into(),
+                    url: e.url.clone(),
+                    expected: pinned.clone(),
+                    found,
+                    hint: format!("the bytes from {} are not the pinned file (changed upstream, a proxy or a captive portal?): the download was deleted, {kept}", e.url),
+                });
+            }
+        }
+        std::fs::rename(&part, &dest).map_err(|err| Error::Io { path: dest.clone(), source: err })?;
+        write_stamp(&self.s.weights_dir, id, &dest, &found);
+        if e.sha256.is_none() {
+            warn(&format!(
+                "{id}: cannot be verified: weights.toml pins no sha256 (revision {}); the downloaded file's sha256 {found} is recorded in {}",
+                e.revision,
+                self.s.weights_dir.join(".verified").join(format!("{id}.json")).display()
+            ));
+        } else {
+            self.rep.note(&format!("{id}: verified, {}", dest.display()));
+        }
+        Ok(())
+    }
+
+    /// Pull an archive entry, then extract it: the wanted member entries to their files, or,
+    /// without member entries, the whole archive beside its file.
+    fn archive(&self, aid: &str, members: &[String]) -> crate::error::Result<()> {
+        let a = &self.manifest.weights[aid];
+        let kind = a.archive.as_deref().unwrap_or("zip");
+        let mut todo: Vec<&String> = Vec::new();
+        for m in members {
+            if !self.already_there(m)? {
+                todo.push(m);
+            }
+        }
+        if !members.is_empty() && todo.is_empty() && !self.force {
+            return Ok(());
+        }
+        self.file(aid)?;
+        let archive = self.dest(aid);
+        let target = archive.parent().unwrap_or(&self.s.weights_dir).to_path_buf();
+        let tmp = tempfile::Builder::new()
+            .prefix(".extract-")
+            .tempdir_in(&target)
+            .map_err(|err| Error::Io { path: target.clone(), source: err })?;
+        let n = crate::download::extract(kind, &archive, tmp.path())?;
+        self.rep.note(&format!("{aid}: extracted {n} members"));
+        if members.is_empty() {
+            for item in std::fs::read_dir(tmp.path()).map_err(|err| Error::Io { path: tmp.path().into(), source: err })? {
+                let item = item.map_err(|err| Error::Io { path: tmp.path().into(), source: err })?;
+                let fin = target.join(item.file_name());
+                if fin.exists() {
+                    self.rep.note(&format!("{aid}: kept the existing {}", fin.display()));
+                    continue;
+                }
+                std::fs::rename(item.path(), &fin).map_err(|err| Error::Io { path: fin.clone(), source: err })?;
+                self.rep.note(&format!("{aid}: extracted to {}", fin.display()));
+            }
+            return Ok(());
+        }
+        for id in todo {
+            let e = &self.manifest.weights[id];
+            let member = e.member.as_deref().unwrap_or_default();
+            let src = tmp.path().join(member);
+            if !src.is_file() {
+                return Err(Error::Download {
+                    id: id.into(),
+                    detail: format!("{member} is not in {}", archive.display()),
+                    hint: Some("weights.toml's `member` does not match the archive; fix the entry".into()),
+                });
+            }
+            let found = sha256_file(&src, |_| {})?;
+            let size = std::fs::metadata(&src).map(|m| m.len()).unwrap_or(0);
+            if e.size.is_some_and(|s| s != size) || e.sha256.as_ref().is_some_and(|p| *p != found) {
+                return Err(Error::Checksum {
+                    id: id.into(),
+                    url: e.url.clone(),
+                    expected: e.sha256.clone().unwrap_or_else(|| "(none)".into()),
+                    found,
+                    hint: format!("member {member} of {aid} ({size} bytes) is not the pinned file; nothing was placed"),
+                });
+            }
+            let dest = self.dest(id);
+            if let Some(d) = dest.parent() {
+                std::fs::create_dir_all(d).map_err(|err| Error::Io { path: d.into(), source: err })?;
+            }
+            std::fs::rename(&src, &dest).map_err(|err| Error::Io { path: dest.clone(), source: err })?;
+            write_stamp(&self.s.weights_dir, id, &dest, &found);
+            if e.sha256.is_none() {
+                warn(&format!("{id}: cannot be verified: weights.toml pins no sha256; its sha256 {found} is recorded"));
+            }
+        }
+        self.rep.note(&format!("{aid}: {} member(s) verified and in place under {}", members.len(), target.display()));
+        Ok(())
+    }
+}
+
+/// An exclusive lock on one entry (`<weights>/.locks/<id>.lock`, flock), held while it is
+/// pulled: two processes sharing a weights folder must not write the same `.part`. The lock
+/// files stay (removing them would race with a process that has just opened one).
+fn lock(dir: &Path, id: &str) -> crate::error::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let locks = dir.join(".locks");
+    std::fs::create_dir_all(&locks).map_err(|e| Error::Io { path: locks.clone(), source: e })?;
+    let path = locks.join(format!("{id}.lock"));
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    // SAFETY: flock on a descriptor we own; released when `f` is closed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(Error::Download {
+                id: id.into(),
+                detail: format!("another process is pulling it into {} (lock {})", dir.display(), path.display()),
+                hint: Some("wait for the other `scfoundry weights pull` to finish, then run again (it will find the file verified)".into()),
+            });
+        }
+        // file systems without flock (some NFS mounts): go on unlocked
+    }
+    Ok(f)
+}
+
+fn remove(p: &Path) -> crate::error::Result<()> {
+    std::fs::remove_file(p).map_err(|e| Error::Io { path: p.to_path_buf(), source: e })
 }

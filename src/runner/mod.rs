@@ -36,6 +36,9 @@ pub struct TaskSpec {
     pub progress: bool,
     /// The command line the user typed, for provenance.
     pub command_line: String,
+    /// The weights folder in effect (methods with weights read it).
+    #[serde(default)]
+    pub weights_dir: Option<PathBuf>,
     pub run_id: String,
 }
 

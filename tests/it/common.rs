@@ -37,15 +37,21 @@ impl TestContext {
     }
     /// Run scfoundry in the temp folder with an isolated environment.
     pub fn run(&self, args: &[&str]) -> Run {
-        let out = Command::new(BIN)
-            .args(args)
+        self.run_env(args, &[])
+    }
+    /// As `run`, with extra environment variables (e.g. SCFOUNDRY_MANIFEST).
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &Path)]) -> Run {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
             .current_dir(self.dir.path())
             .env_remove("SCFOUNDRY_WORKSPACE")
+            .env_remove("SCFOUNDRY_MANIFEST")
             .env("SCFOUNDRY_WEIGHTS_DIR", self.dir.path().join("weights-cache"))
-            .env("SCFOUNDRY_NO_PROGRESS", "1")
-            .output()
-            .unwrap();
-        Run::from(out)
+            .env("SCFOUNDRY_NO_PROGRESS", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Run::from(cmd.output().unwrap())
     }
     /// A copy of a demo dataset in the temp folder.
     pub fn demo(&self, name: &str) -> PathBuf {
@@ -81,6 +87,13 @@ impl Run {
     pub fn user_error(&self) -> &Run {
         assert_eq!(self.code, 1, "expected exit 1\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
         assert!(self.stderr.starts_with("error: "), "stderr should start with `error: `:\n{}", self.stderr);
+        self
+    }
+    /// Exit 1 with an `error:` line (notes may come before it, as in `weights pull`).
+    #[track_caller]
+    pub fn failed(&self) -> &Run {
+        assert_eq!(self.code, 1, "expected exit 1\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert!(self.stderr.starts_with("error: ") || self.stderr.contains("\nerror: "), "no `error: ` line:\n{}", self.stderr);
         self
     }
     #[track_caller]

