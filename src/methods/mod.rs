@@ -1,4 +1,5 @@
 //! Method implementations, one file per method. The registry (`methods/*.toml`) declares
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
+pub mod harmony;
 pub mod pca;

@@ -7,6 +7,7 @@
 mod anndata_compat;
 mod bad_input;
 mod common;
+mod harmony;
 mod pca;
 mod registry;
 mod runner;
