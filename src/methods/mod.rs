@@ -2,4 +2,5 @@
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
 pub mod harmony;
+pub mod knn_transfer;
 pub mod pca;

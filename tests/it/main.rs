@@ -8,6 +8,7 @@ mod anndata_compat;
 mod bad_input;
 mod common;
 mod harmony;
+mod knn_transfer;
 mod pca;
 mod registry;
 mod runner;
