@@ -220,6 +220,61 @@ fn softmax(x: &mut [f32]) -> bool {
     true
 }
 
+/// Maximum, in 8 lanes (exact: the order of a max does not matter).
+fn max_of(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    let mut m = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    for &v in chunks.remainder() {
+        if v > m {
+            m = v;
+        }
+    }
+    m
+}
+
+/// sum a_i b_i in f64, in 4 partial sums (f64 sums of f32 products: the order changes the
+/// result by ~1e-16 relative, far below the f32 objective it feeds).
+fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        for l in 0..4 {
+            acc[l] += a[i + l] as f64 * b[i + l] as f64;
+        }
+        i += 4;
+    }
+    while i < n {
+        acc[0] += a[i] as f64 * b[i] as f64;
+        i += 1;
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
+}
+
+/// sum a_i b_i c_i in f64, in 4 partial sums.
+fn dot3_f64(a: &[f32], b: &[f32], c: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let n = a.len().min(b.len()).min(c.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        for l in 0..4 {
+            acc[l] += (a[i + l] as f64 * b[i + l] as f64) * c[i + l] as f64;
+        }
+        i += 4;
+    }
+    while i < n {
+        acc[0] += (a[i] as f64 * b[i] as f64) * c[i] as f64;
+        i += 1;
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
+}
+
 fn objective_converged(old: f32, new: f32, eps: f32) -> bool {
     if !old.is_finite() || !new.is_finite() || !eps.is_finite() {
         return false;
@@ -930,6 +985,7 @@ impl<'a> Harmony<'a> {
                 .map(|run| {
                     let lead = &log_div[run.batch * k..(run.batch + 1) * k];
                     let mut out = vec![0.0f32; (run.end - run.begin) * k];
+                    let mut shifted = vec![0.0f32; k];
                     let (mut error, mut entropy) = (0.0f64, 0.0f64);
                     let (mut bad_norm, mut bad_col) = (false, false);
                     for (ci, &j) in cells[run.begin..run.end].iter().enumerate() {
@@ -946,27 +1002,23 @@ impl<'a> Harmony<'a> {
                                 logits[g] += div[g];
                             }
                         }
-                        let mx = logits.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-                        let (mut weighted, mut weighted_shifted) = (0.0f64, 0.0f64);
+                        let mx = max_of(logits);
+                        // exp(shifted) in place; shifted kept for the entropy term
                         for g in 0..k {
-                            let shifted = logits[g] - mx;
-                            let e = shifted.exp();
-                            logits[g] = e;
-                            let w = this.sigma[g] as f64 * e as f64;
-                            weighted += w;
-                            weighted_shifted += w * shifted as f64;
+                            shifted[g] = logits[g] - mx;
+                            logits[g] = shifted[g].exp();
                         }
+                        let weighted = dot_f64(&this.sigma, logits);
+                        let weighted_shifted = dot3_f64(&this.sigma, logits, &shifted);
                         let total = accumulate(logits);
                         if !(total.is_finite() && total > 0.0) {
                             bad_norm = true;
                             continue;
                         }
-                        let mut cell_error = 0.0f64;
-                        for g in 0..k {
-                            let p = logits[g] / total;
-                            logits[g] = p;
-                            cell_error += p as f64 * dist[g] as f64;
+                        for v in logits.iter_mut() {
+                            *v /= total;
                         }
+                        let cell_error = dot_f64(logits, dist);
                         let col = accumulate(logits);
                         if !col.is_finite() || (col - 1.0).abs() > 1e-4 {
                             bad_col = true;
