@@ -53,6 +53,9 @@
 //! with harmonypy in aggregate, not cell by cell); [`HarmonyInit`] injects the k-means start and
 //! the update orders, which `scripts/harmony_reference.py` rebuilds from harmonypy's generator.
 
+// Index loops over small dense arrays read closer to harmonypy's C++ than iterator chains.
+#![allow(clippy::needless_range_loop)]
+
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -241,7 +244,7 @@ fn exp_neg(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     let bits = (t.to_bits() as i32 - 0x4B40_0000 + 127) << 23;
     y * f32::from_bits(bits as u32)
@@ -325,7 +328,20 @@ fn round_half_even(x: f64) -> f64 {
 
 /// C (m x n) = alpha A (m x k) B (k x n) + beta C, row-major C, A and B given by strides.
 #[allow(clippy::too_many_arguments)]
-fn sgemm(m: usize, k: usize, n: usize, alpha: f32, a: &[f32], rsa: usize, csa: usize, b: &[f32], rsb: usize, csb: usize, beta: f32, c: &mut [f32]) {
+fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    rsa: usize,
+    csa: usize,
+    b: &[f32],
+    rsb: usize,
+    csb: usize,
+    beta: f32,
+    c: &mut [f32],
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -333,7 +349,22 @@ fn sgemm(m: usize, k: usize, n: usize, alpha: f32, a: &[f32], rsa: usize, csa: u
     assert!(c.len() >= m * n);
     // SAFETY: the asserts above keep every index inside the slices.
     unsafe {
-        matrixmultiply::sgemm(m, k, n, alpha, a.as_ptr(), rsa as isize, csa as isize, b.as_ptr(), rsb as isize, csb as isize, beta, c.as_mut_ptr(), n as isize, 1);
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
     }
 }
 
@@ -346,7 +377,22 @@ fn dgemm(m: usize, k: usize, n: usize, a: &[f64], rsa: usize, csa: usize, b: &[f
     assert!(c.len() >= m * n);
     // SAFETY: as in sgemm.
     unsafe {
-        matrixmultiply::dgemm(m, k, n, 1.0, a.as_ptr(), rsa as isize, csa as isize, b.as_ptr(), rsb as isize, csb as isize, 1.0, c.as_mut_ptr(), n as isize, 1);
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            1.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
     }
 }
 
@@ -357,7 +403,7 @@ fn per_batch(values: &[f32], levels: &[usize], name: &str) -> Result<Vec<f32>> {
     if values.len() == 1 {
         Ok(vec![values[0]; b])
     } else if values.len() == levels.len() {
-        Ok(levels.iter().zip(values).flat_map(|(&l, &v)| std::iter::repeat(v).take(l)).collect())
+        Ok(levels.iter().zip(values).flat_map(|(&l, &v)| std::iter::repeat_n(v, l)).collect())
     } else if values.len() == b {
         Ok(values.to_vec())
     } else {
@@ -373,8 +419,11 @@ fn per_batch(values: &[f32], levels: &[usize], name: &str) -> Result<Vec<f32>> {
 // the model
 // ------------------------------------------------------------------------------------------
 
+/// The (batch of key a, batch of key b) combinations present, and each cell's combination.
+type KeyPair = (Vec<(u32, u32)>, Vec<u32>);
+
 enum Randomness<'a> {
-    Own(ChaCha8Rng),
+    Own(Box<ChaCha8Rng>),
     Injected { orders: &'a [Vec<u32>], next: usize },
 }
 
@@ -411,7 +460,7 @@ struct Harmony<'a> {
     /// Cells of each batch, in cell order.
     batch_cells: Vec<Vec<u32>>,
     /// For each pair of keys (a < b): the (batch_a, batch_b) pairs and the pair of each cell.
-    pairs: Vec<(Vec<(u32, u32)>, Vec<u32>)>,
+    pairs: Vec<KeyPair>,
     opts: &'a HarmonyOptions,
     objective_harmony: Vec<f32>,
     objective_kmeans: Vec<f32>,
@@ -451,6 +500,9 @@ pub fn harmonize(
     if k < 1 {
         return input(format!("nclust must be at least 1 (with {n} cells, min(round(N / 30), 100) is 0): pass the number of clusters"));
     }
+    if k > n {
+        return input(format!("nclust ({k}) must not exceed the number of cells ({n})"));
+    }
     if !(opts.block_size > 0.0 && opts.block_size <= 1.0) {
         return input(format!("block_size must be in (0, 1], not {}", opts.block_size));
     }
@@ -477,7 +529,7 @@ pub fn harmonize(
     let nb = offset;
     let mut batch_cov = Vec::with_capacity(nb);
     for (c, &l) in levels.iter().enumerate() {
-        batch_cov.extend(std::iter::repeat(c).take(l));
+        batch_cov.extend(std::iter::repeat_n(c, l));
     }
     let mut batch_cells = vec![Vec::new(); nb];
     for j in 0..n {
@@ -550,7 +602,7 @@ pub fn harmonize(
             }
             Randomness::Injected { orders, next: 0 }
         }
-        None => Randomness::Own(ChaCha8Rng::seed_from_u64(opts.seed)),
+        None => Randomness::Own(Box::new(ChaCha8Rng::seed_from_u64(opts.seed))),
     };
 
     let mut zn = z.to_vec();
@@ -665,7 +717,8 @@ fn kmeans_init(x: &[f32], n: usize, d: usize, k: usize, rng: &mut ChaCha8Rng) ->
         for &c in &chosen {
             prob[c] = pmax;
         }
-        let argmin = |p: &[f32]| p.iter().enumerate().fold((0, f32::INFINITY), |(bi, bv), (j, &v)| if v < bv { (j, v) } else { (bi, bv) }).0;
+        let argmin =
+            |p: &[f32]| p.iter().enumerate().fold((0, f32::INFINITY), |(bi, bv), (j, &v)| if v < bv { (j, v) } else { (bi, bv) }).0;
         let mut best = argmin(&prob);
         while chosen.contains(&best) {
             prob[best] = prob.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -868,7 +921,7 @@ impl<'a> Harmony<'a> {
             let order = self.next_order(rand)?;
             self.update_r(&order)?;
             self.record_objective(self.update_error, self.update_entropy);
-            if self.objective_kmeans.last().map_or(true, |v| !v.is_finite()) {
+            if self.objective_kmeans.last().is_none_or(|v| !v.is_finite()) {
                 return Err(HarmonyError::Numerical { stage: "assignment update", what: "objectives must be finite".into() });
             }
             rounds = i + 1;
@@ -1074,7 +1127,10 @@ impl<'a> Harmony<'a> {
             let mut sums = Vec::with_capacity(runs.len());
             for (run, (out, run_sum, error, entropy, bad_norm, bad_col)) in runs[..n_lead].iter().zip(results) {
                 if bad_norm {
-                    return Err(HarmonyError::Numerical { stage: "assignment update", what: "assignment normalizers must be finite and positive".into() });
+                    return Err(HarmonyError::Numerical {
+                        stage: "assignment update",
+                        what: "assignment normalizers must be finite and positive".into(),
+                    });
                 }
                 bad_sum |= bad_col;
                 for (ci, &j) in cells[run.begin..run.end].iter().enumerate() {
@@ -1286,7 +1342,8 @@ impl<'a> Harmony<'a> {
         let (n, d, k, ncov) = (self.n, self.d, self.k, self.ncov);
         let mut by_combination: Vec<u32> = (0..n as u32).collect();
         let cb = &self.cell_batches;
-        by_combination.sort_by(|&a, &b| cb[a as usize * ncov..(a as usize + 1) * ncov].cmp(&cb[b as usize * ncov..(b as usize + 1) * ncov]));
+        by_combination
+            .sort_by(|&a, &b| cb[a as usize * ncov..(a as usize + 1) * ncov].cmp(&cb[b as usize * ncov..(b as usize + 1) * ncov]));
         let mut groups: Vec<&[u32]> = Vec::new();
         let mut start = 0;
         for i in 1..=n {
@@ -1342,7 +1399,8 @@ impl<'a> Harmony<'a> {
 }
 
 /// Solve A W = B in place (A m x m symmetric positive definite, row-major; B m x d, row-major)
-/// by Cholesky in f64. Pivots below 1e-10 of the largest diagonal entry are singular.
+/// by Cholesky in f64. Pivots below 1e-10 of the largest diagonal entry (or NaN) are singular.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 fn cholesky_solve(a: &mut [f64], m: usize, b: &mut [f64], d: usize) -> Result<()> {
     let largest = (0..m).map(|i| a[i * m + i]).fold(0.0f64, f64::max);
     let min_pivot = 1e-10 * largest;

@@ -132,10 +132,8 @@ fn injected_matches_harmonypy_two_keys_fixed_lambda() {
 fn knn_lists(x: &[f32], n: usize, d: usize, k: usize) -> Vec<Vec<usize>> {
     (0..n)
         .map(|i| {
-            let mut dists: Vec<(f32, usize)> = (0..n)
-                .filter(|&j| j != i)
-                .map(|j| ((0..d).map(|t| (x[i * d + t] - x[j * d + t]).powi(2)).sum::<f32>(), j))
-                .collect();
+            let mut dists: Vec<(f32, usize)> =
+                (0..n).filter(|&j| j != i).map(|j| ((0..d).map(|t| (x[i * d + t] - x[j * d + t]).powi(2)).sum::<f32>(), j)).collect();
             dists.sort_by(|p, q| p.partial_cmp(q).unwrap());
             dists[..k].iter().map(|p| p.1).collect()
         })
@@ -243,4 +241,3 @@ fn rejects_bad_input() {
     let o = HarmonyOptions { theta: vec![1.0, 2.0, 3.0], ..Default::default() };
     assert!(harmonize(&z, 60, 2, &[(0..60).map(|i| i % 2).collect()], &o, None).is_err(), "theta length");
 }
-

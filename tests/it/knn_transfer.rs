@@ -77,9 +77,8 @@ fn blocked_knn_equals_brute_force_on_many_rows() {
     let q: Vec<f32> = (0..nq * d).map(|_| next()).collect();
     let (idx, _) = knn(&r, nr, &q, nq, d, k);
     for i in (0..nq).step_by(37) {
-        let mut all: Vec<(f64, u32)> = (0..nr)
-            .map(|j| ((0..d).map(|t| ((q[i * d + t] - r[j * d + t]) as f64).powi(2)).sum(), j as u32))
-            .collect();
+        let mut all: Vec<(f64, u32)> =
+            (0..nr).map(|j| ((0..d).map(|t| ((q[i * d + t] - r[j * d + t]) as f64).powi(2)).sum(), j as u32)).collect();
         all.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let want: Vec<u32> = all[..k].iter().map(|p| p.1).collect();
         assert_eq!(&idx[i * k..(i + 1) * k], &want[..], "query {i}");
