@@ -2,4 +2,6 @@
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
 pub mod cellama;
+pub mod harmony;
+pub mod knn_transfer;
 pub mod pca;
