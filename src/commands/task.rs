@@ -216,7 +216,7 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
 }
 
 fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
