@@ -17,6 +17,10 @@ impl EnvVars {
     pub const WEIGHTS_DIR: &'static str = "SCFOUNDRY_WEIGHTS_DIR";
     /// Set to any value to turn progress bars off (as `--quiet` does for bars).
     pub const NO_PROGRESS: &'static str = "SCFOUNDRY_NO_PROGRESS";
+    /// The folder with scfoundry's Nextflow pipeline (main.nf), for `--executor nextflow`.
+    pub const PIPELINE: &'static str = "SCFOUNDRY_PIPELINE";
+    /// Fault injection for tests of failure handling: the project step of this shard exits 1.
+    pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
 }
 
 pub const CONFIG_FILE: &str = "scfoundry.toml";
