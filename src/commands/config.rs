@@ -26,7 +26,7 @@ pub fn build(s: &Settings, args: &ConfigArgs) -> anyhow::Result<NfConfig> {
         outdir: root.join("results"),
         scfoundry: "scfoundry".into(),
         params: vec![],
-        made_by: format!("scfoundry {}", env!("CARGO_PKG_VERSION")),
+        made_by: format!("Written by scfoundry {}.", env!("CARGO_PKG_VERSION")),
     })
 }
 

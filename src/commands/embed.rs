@@ -62,7 +62,11 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     // The executor's tools before any work.
     let nextflow = match exec.executor {
         ExecutorKind::Nextflow => Some((executor::nextflow::find_nextflow()?, executor::nextflow::pipeline()?)),
-        _ => None,
+        ExecutorKind::Slurm => {
+            executor::slurm::check_tools()?;
+            None
+        }
+        ExecutorKind::Local => None,
     };
     if exec.executor == ExecutorKind::Local && !args.passthrough.is_empty() {
         warn(&format!("arguments after `--` are for --executor nextflow or slurm; ignored: {}", args.passthrough.join(" ")));
@@ -99,6 +103,8 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         (None, Some(ws)) => ws.runs_dir(),
         (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
     };
+    // absolute, so that jobs on other nodes and their logs name the same folder
+    let runs_base = std::path::absolute(&runs_base)?;
     let mut run = Run::create(&runs_base, &m.name)?;
     if let Some(ws) = &s.workspace {
         run.locks = ws.root.join(".locks");
@@ -192,7 +198,7 @@ fn run_nextflow(s: &Settings, args: &EmbedArgs, spec: &TaskSpec, run: &Run, nf: 
         outdir: outdir.clone(),
         scfoundry: std::env::current_exe()?.display().to_string(),
         params: vec![],
-        made_by: format!("scfoundry {} for run {}", env!("CARGO_PKG_VERSION"), run.id),
+        made_by: format!("Written by scfoundry {} for run {}.", env!("CARGO_PKG_VERSION"), run.id),
     };
     let cfg_path = run.dir.join("nextflow.config");
     std::fs::write(&cfg_path, cfg.render()).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;

@@ -68,7 +68,17 @@ pub fn render(records: &[ReadRecord], gpu_memory: Option<u64>) -> String {
         let tasks: Vec<&ReadRecord> = records.iter().filter(|r| process_of(&r.name) == p).collect();
         let points: Vec<(u64, u64)> = tasks.iter().filter_map(|r| Some((r.batch_size?, r.peak_gpu_mem?))).collect();
         let host = tasks.iter().filter_map(|r| r.peak_rss).max();
-        let text = match (gpu_memory, points.is_empty()) {
+        let longest = tasks.iter().filter_map(|r| r.realtime_ms).max();
+        let mut text = format!(
+            "peak memory {}, longest {}",
+            host.map(fmt_memory).unwrap_or_else(|| "-".into()),
+            longest.map(fmt_duration).unwrap_or_else(|| "-".into())
+        );
+        if let Some(h) = host {
+            text.push_str(&format!("; ask for {} (25% headroom)", fmt_memory(h + h / 4)));
+        }
+        text.push_str(". ");
+        text.push_str(&match (gpu_memory, points.is_empty()) {
             (_, true) => {
                 let missing = match (tasks.iter().any(|r| r.batch_size.is_some()), tasks.iter().any(|r| r.peak_gpu_mem.is_some())) {
                     (false, false) => "no batch size and no peak GPU memory",
@@ -76,18 +86,14 @@ pub fn render(records: &[ReadRecord], gpu_memory: Option<u64>) -> String {
                     (false, true) => "no batch size",
                     (true, true) => "no task with both batch size and peak GPU memory",
                 };
-                format!(
-                    "sizing: {missing} recorded (columns `batch_size`, `peak_gpu_mem`), so no batch size can be suggested; host peak memory {} (ask for about {} with 25% headroom)",
-                    host.map(fmt_memory).unwrap_or_else(|| "-".into()),
-                    host.map(|h| fmt_memory(h + h / 4)).unwrap_or_else(|| "-".into())
-                )
+                format!("No batch-size hint: {missing} recorded (`batch_size`, `peak_gpu_mem` columns).")
             }
-            (None, false) => format!("sizing: pass --gpu-memory (e.g. 80GB) for the batch size that fits a GPU; measured {}", describe(&points)),
+            (None, false) => format!("Measured {}; pass --gpu-memory (e.g. 80GB) for the batch size that fits a GPU.", describe(&points)),
             (Some(budget), false) => match batch_that_fits(&points, budget) {
-                Some(b) => format!("sizing: --batch-size {b} fits {} (10% headroom), from {}", fmt_memory(budget), describe(&points)),
-                None => format!("sizing: even a batch of 1 may not fit {}, from {}", fmt_memory(budget), describe(&points)),
+                Some(b) => format!("--batch-size {b} fits {} with 10% headroom (measured {}).", fmt_memory(budget), describe(&points)),
+                None => format!("Even a batch of 1 may not fit {} (measured {}).", fmt_memory(budget), describe(&points)),
             },
-        };
+        });
         out.push_str(&format!("{p}: {text}\n"));
     }
     out

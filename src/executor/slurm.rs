@@ -42,6 +42,17 @@ pub struct JobState {
     pub exit: Option<i32>,
     pub reason: String,
     pub log: Option<PathBuf>,
+    /// Submit, start and end as Slurm reports them (local time, whole seconds), in epoch ms.
+    pub submit_ms: Option<i64>,
+    pub start_ms: Option<i64>,
+    pub end_ms: Option<i64>,
+}
+
+/// `2026-11-30T09:25:49` (local time) -> epoch milliseconds; `Unknown`/`None` -> None.
+pub fn parse_slurm_time(s: &str) -> Option<i64> {
+    use chrono::TimeZone;
+    let t = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S").ok()?;
+    chrono::Local.from_local_datetime(&t).single().map(|t| t.timestamp_millis())
 }
 
 /// The `#SBATCH` lines for one job from the user's options.
@@ -165,6 +176,8 @@ pub fn job_states(job: &Job, records: &[BTreeMap<String, String>]) -> BTreeMap<u
         let exit = r.get("ExitCode").and_then(|e| e.split(':').next()).and_then(|e| e.parse().ok());
         let reason = r.get("Reason").cloned().unwrap_or_default();
         let log = r.get("StdOut").map(PathBuf::from);
+        let time = |k: &str| r.get(k).and_then(|v| parse_slurm_time(v));
+        let (submit_ms, start_ms, end_ms) = (time("SubmitTime"), time("StartTime"), time("EndTime"));
         match r.get("ArrayTaskId") {
             Some(a) if job.tasks.len() > 1 || job.label == "project" => {
                 // an element `4`, or a range of elements that never ran (`0-2`, `1,3`)
@@ -184,13 +197,13 @@ pub fn job_states(job: &Job, records: &[BTreeMap<String, String>]) -> BTreeMap<u
                     if let Some(&t) = job.tasks.get(i) {
                         let native_id = format!("{}_{i}", job.id);
                         let log = log.clone().filter(|_| a.parse::<usize>().is_ok());
-                        out.insert(t, JobState { native_id, state: state.clone(), exit, reason: reason.clone(), log });
+                        out.insert(t, JobState { native_id, state: state.clone(), exit, reason: reason.clone(), log, submit_ms, start_ms, end_ms });
                     }
                 }
             }
             _ => {
                 if let Some(&t) = job.tasks.first() {
-                    out.insert(t, JobState { native_id: job.id.clone(), state, exit, reason, log });
+                    out.insert(t, JobState { native_id: job.id.clone(), state, exit, reason, log, submit_ms, start_ms, end_ms });
                 }
             }
         }
@@ -256,12 +269,18 @@ fn scancel(ids: &[String]) {
 
 /// Submit the plan's tasks and wait for them. Outcomes in task order; a task that never ran
 /// (cancelled because what it depends on failed) is `ABORTED`.
-pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[String], quiet: bool) -> Result<Vec<Outcome>> {
+/// Slurm's clients on PATH, or a clear error.
+pub fn check_tools() -> Result<()> {
     for tool in ["sbatch", "squeue", "scontrol", "scancel"] {
         if !on_path(tool) {
             return Err(tool_missing(tool));
         }
     }
+    Ok(())
+}
+
+pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[String], quiet: bool) -> Result<Vec<Outcome>> {
+    check_tools()?;
     let exe = std::env::current_exe().map_err(|e| Error::Io { path: "current executable".into(), source: e })?;
     for t in tasks {
         runner::write_spec(run, t)?;
@@ -340,7 +359,6 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[Strin
         std::thread::sleep(Duration::from_millis(500));
     }
     drop(guard);
-    let wall_ms = started.elapsed().as_millis() as u64;
 
     // Final states from scontrol; a purged job is UNKNOWN.
     let mut states: BTreeMap<u64, JobState> = BTreeMap::new();
@@ -379,9 +397,15 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[Strin
             name: t.name.clone(),
             status: status.into(),
             exit: if ran { Some(exit) } else { None },
-            submit_ms,
-            duration_ms: Some(wall_ms),
-            realtime_ms: stats.as_ref().map(|s| s.realtime_ms),
+            submit_ms: st.submit_ms.unwrap_or(submit_ms),
+            duration_ms: match (st.submit_ms, st.end_ms) {
+                (Some(a), Some(b)) if ran && b >= a => Some((b - a) as u64),
+                _ => None,
+            },
+            realtime_ms: stats.as_ref().map(|s| s.realtime_ms).or(match (st.start_ms, st.end_ms) {
+                (Some(a), Some(b)) if ran && b >= a => Some((b - a) as u64),
+                _ => None,
+            }),
             cpu_percent: stats.as_ref().map(|s| s.cpu_percent()),
             peak_rss: stats.as_ref().map(|s| s.peak_rss),
             peak_vmem: stats.as_ref().map(|s| s.peak_vmem),
@@ -403,6 +427,13 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[Strin
             eprintln!("{line}{}", if st.reason.is_empty() || st.reason == "None" { String::new() } else { format!(" ({})", st.reason) });
         } else {
             eprintln!("{line}");
+            // the end of the failed task's log says why
+            if let Some(text) = log.as_ref().and_then(|l| std::fs::read_to_string(l).ok()) {
+                let lines: Vec<&str> = text.lines().collect();
+                for l in &lines[lines.len().saturating_sub(6)..] {
+                    eprintln!("    | {l}");
+                }
+            }
         }
         outcomes.push(Outcome { exit: if status == "COMPLETED" { 0 } else { exit }, record, stats, result });
     }
@@ -436,6 +467,11 @@ mod tests {
         assert_eq!(st.len(), 3);
         assert!(st.values().all(|s| s.state == "CANCELLED" && s.log.is_none()));
         assert_eq!(log_path(&job, "40_2"), PathBuf::from("/r/logs/project-2.out"));
+        let one = Job { id: "7".into(), label: "merge".into(), log: "/r/logs/merge.out".into(), tasks: vec![5] };
+        let t = "JobId=7 JobName=m JobState=COMPLETED Reason=None ExitCode=0:0 SubmitTime=2026-11-30T09:25:49 StartTime=2026-11-30T09:25:50 EndTime=2026-11-30T09:25:53";
+        let st = job_states(&one, &parse_scontrol(t));
+        assert_eq!(st[&5].end_ms.unwrap() - st[&5].submit_ms.unwrap(), 4000);
+        assert_eq!(parse_slurm_time("Unknown"), None);
     }
 
     #[test]

@@ -404,6 +404,7 @@ mod tests {
         assert_eq!(batch_that_fits(&[(8, 10 << 30)], 80 << 30), Some(57));
         // 4 GB fixed + 1 GB per 8 cells
         assert_eq!(batch_that_fits(&[(8, 5 << 30), (16, 6 << 30)], 80 << 30), Some(544));
-        assert_eq!(batch_that_fits(&[(8, 100 << 30)], 80 << 30), None);
+        assert_eq!(batch_that_fits(&[(8, 100 << 30)], 80 << 30), Some(5), "smaller than measured");
+        assert_eq!(batch_that_fits(&[(1, 100 << 30)], 80 << 30), None);
     }
 }

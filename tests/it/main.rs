@@ -8,6 +8,7 @@ mod anndata_compat;
 mod bad_input;
 mod common;
 mod pca;
+mod orchestration;
 mod registry;
 mod runner;
 mod workspace;
