@@ -133,7 +133,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     }
     let tasks = executor::plan_embed(&spec, &run, n_obs, exec.shards);
     let outcomes = match exec.executor {
-        ExecutorKind::Slurm => executor::slurm::run(&run, &tasks, &exec.slurm, &args.passthrough, s.quiet)?,
+        ExecutorKind::Slurm => executor::slurm::run(&run, &tasks, &exec.slurm, exec.max_forks, &args.passthrough, s.quiet)?,
         _ => executor::run_local(&run, &tasks, exec.max_forks.unwrap_or(1) as usize)?,
     };
     let refs: Vec<&runner::Outcome> = outcomes.iter().collect();

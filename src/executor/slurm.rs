@@ -56,10 +56,13 @@ pub fn parse_slurm_time(s: &str) -> Option<i64> {
 }
 
 /// The `#SBATCH` lines for one job from the user's options.
-pub fn directives(job_name: &str, log: &Path, opts: &SlurmArgs, array: Option<usize>, wants_gpu: bool) -> Vec<String> {
+/// `array`: (elements, at most this many running at once).
+pub fn directives(job_name: &str, log: &Path, opts: &SlurmArgs, array: Option<(usize, Option<u64>)>, wants_gpu: bool) -> Vec<String> {
     let mut d = vec![format!("--job-name={job_name}"), format!("--output={}", log.display())];
-    if let Some(n) = array {
-        d.push(format!("--array=0-{}", n - 1));
+    match array {
+        Some((n, Some(k))) if (k as usize) < n => d.push(format!("--array=0-{}%{k}", n - 1)),
+        Some((n, _)) => d.push(format!("--array=0-{}", n - 1)),
+        None => {}
     }
     if let Some(p) = &opts.partition {
         d.push(format!("--partition={p}"));
@@ -279,7 +282,8 @@ pub fn check_tools() -> Result<()> {
     Ok(())
 }
 
-pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[String], quiet: bool) -> Result<Vec<Outcome>> {
+/// `max_forks` throttles the shard array (`--array=0-N%K`).
+pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u64>, passthrough: &[String], quiet: bool) -> Result<Vec<Outcome>> {
     check_tools()?;
     let exe = std::env::current_exe().map_err(|e| Error::Io { path: "current executable".into(), source: e })?;
     for t in tasks {
@@ -293,7 +297,7 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[Strin
     let short = run.id.rsplit('-').next().unwrap_or(&run.id).to_string();
     let mut jobs: Vec<Job> = Vec::new();
     let submit_ms = chrono::Utc::now().timestamp_millis();
-    let submit = |label: &str, log: PathBuf, array: Option<usize>, task: TaskRef, ids: Vec<u64>, after: Option<&str>, gpu: bool| -> Result<Job> {
+    let submit = |label: &str, log: PathBuf, array: Option<(usize, Option<u64>)>, task: TaskRef, ids: Vec<u64>, after: Option<&str>, gpu: bool| -> Result<Job> {
         let name = format!("scf-{}-{label}-{short}", tasks[0].method);
         let text = script(&directives(&name, &log, opts, array, gpu), &exe, &run.dir, task);
         let path = sdir.join(format!("{label}.sh"));
@@ -318,7 +322,7 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, passthrough: &[Strin
         jobs.push(j);
         let first = projects[0].task_id;
         let ids = projects.iter().map(|t| t.task_id).collect();
-        let j = submit("project", logs.join("project-%a.out"), Some(projects.len()), TaskRef::Array { first }, ids, Some(&fit_id), true)?;
+        let j = submit("project", logs.join("project-%a.out"), Some((projects.len(), max_forks)), TaskRef::Array { first }, ids, Some(&fit_id), true)?;
         let array_id = j.id.clone();
         jobs.push(j);
         jobs.push(submit("merge", logs.join("merge.out"), None, TaskRef::One(merge.task_id), vec![merge.task_id], Some(&array_id), false)?);
@@ -477,7 +481,9 @@ mod tests {
     #[test]
     fn directives_follow_the_options() {
         let opts = SlurmArgs { partition: Some("gpu".into()), account: Some("lab".into()), time: Some("1:00:00".into()), mem: Some("16G".into()), gpus: Some("1".into()), gres: None, cpus: Some(4) };
-        let d = directives("scf-pca-project-ab12", Path::new("/r/logs/project-%a.out"), &opts, Some(3), true);
+        let d = directives("scf-pca-project-ab12", Path::new("/r/logs/project-%a.out"), &opts, Some((3, None)), true);
+        let throttled = directives("x", Path::new("/r/x"), &opts, Some((8, Some(2))), true);
+        assert!(throttled.contains(&"--array=0-7%2".to_string()));
         assert_eq!(
             d,
             [

@@ -513,3 +513,48 @@ fn every_pipeline_parameter_is_declared_and_documented() {
         assert!(documented.contains(p), "{p} is not in the schema");
     }
 }
+
+#[test]
+fn slurm_ctrl_c_cancels_the_jobs() {
+    let Some(conf) = slurm_conf() else { return };
+    let ctx = TestContext::new();
+    ctx.demo("pbmc68k_counts.h5ad");
+    // `--begin` after `--` (passed to sbatch) keeps the jobs pending until we interrupt
+    let mut child = Command::new(BIN)
+        .args(["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--executor", "slurm", "--shards", "2", "--max-forks", "1", "--", "--begin=now+600"])
+        .current_dir(ctx.dir.path())
+        .env("SLURM_CONF", &conf)
+        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // wait until the jobs are submitted (the scripts are written before sbatch runs)
+    let merge = |dir: &Path| dir.join("slurm/merge.sh");
+    let started = Instant::now();
+    let dir = loop {
+        if let Ok(rd) = std::fs::read_dir(ctx.path("runs")) {
+            if let Some(d) = rd.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| merge(p).exists()) {
+                break d;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no jobs submitted");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let array = std::fs::read_to_string(dir.join("slurm/project.sh")).unwrap();
+    assert!(array.contains("#SBATCH --array=0-1%1\n"), "--max-forks throttles the array: {array}");
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted: cancelled Slurm jobs"), "{err}");
+    let ids: Vec<String> = err.lines().find(|l| l.contains("cancelled Slurm jobs")).unwrap().rsplit("jobs ").next().unwrap().split_whitespace().map(String::from).collect();
+    assert_eq!(ids.len(), 3, "fit, array, merge: {err}");
+    for id in ids {
+        let o = Command::new("scontrol").args(["-o", "show", "job", &id]).env("SLURM_CONF", &conf).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.lines().all(|l| l.contains("JobState=CANCELLED")), "job {id} not cancelled: {text}");
+    }
+}
