@@ -233,7 +233,7 @@ pub enum ConfigProfile {
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// A trace.txt (tab-separated, Nextflow's formatted or raw units).
+    /// A trace.txt (tab-separated, Nextflow's formatted or raw units), or a run folder.
     pub file: PathBuf,
     /// GPU memory to size batches for (e.g. 80GB, 24GB, 40 GB).
     #[arg(long, value_name = "SIZE")]

@@ -71,6 +71,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if exec.executor == ExecutorKind::Local && !args.passthrough.is_empty() {
         warn(&format!("arguments after `--` are for --executor nextflow or slurm; ignored: {}", args.passthrough.join(" ")));
     }
+    if exec.executor == ExecutorKind::Slurm && exec.gpu.is_some() {
+        warn("--gpu pins a device on this machine; with --executor slurm ask for GPUs with --gpus or --gres and Slurm chooses them");
+    }
     if exec.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }

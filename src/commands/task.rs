@@ -191,7 +191,12 @@ fn merge_pca(spec: &TaskSpec, shards: &[(usize, usize)]) -> Result<TaskResult> {
         write_rows(&ds, start, &rows, nc)?;
     }
     drop(ds);
-    finish_output(spec, out, &l, &fit)
+    let result = finish_output(spec, out, &l, &fit)?;
+    // the blocks are in the output now; the fit stays as a record of the run
+    for i in 0..shards.len() {
+        let _ = std::fs::remove_file(shard_path(&work, i));
+    }
+    Ok(result)
 }
 
 /// A fit made for other data is refused.

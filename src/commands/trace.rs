@@ -104,12 +104,14 @@ fn describe(points: &[(u64, u64)]) -> String {
 }
 
 pub fn run(args: &TraceArgs) -> anyhow::Result<ExitStatus> {
-    let text = std::fs::read_to_string(&args.file).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingFile { path: args.file.clone() },
-        _ => Error::Io { path: args.file.clone(), source: e },
+    // a run folder stands for its trace.txt
+    let file = if args.file.is_dir() { args.file.join("trace.txt") } else { args.file.clone() };
+    let text = std::fs::read_to_string(&file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::MissingFile { path: file.clone() },
+        _ => Error::Io { path: file.clone(), source: e },
     })?;
     let table = TraceTable::parse(&text).map_err(|(line, detail)| Error::Parse {
-        path: args.file.clone(),
+        path: file.clone(),
         line,
         detail,
         hint: Some("pass a trace.txt as Nextflow writes it (`-with-trace`) or a run folder's trace.txt".into()),

@@ -39,6 +39,13 @@ fn sharded_local_run_equals_unsharded() {
     assert_eq!(names[0], "EMBED_PCA_FIT (pbmc68k_counts)");
     assert_eq!(names[5], "EMBED_PCA_MERGE (pbmc68k_counts)");
     assert_eq!(names.iter().filter(|n| n.starts_with("EMBED_PCA_PROJECT")).count(), 4);
+    // the shard blocks are removed once merged; the fit stays
+    let work: Vec<String> = std::fs::read_dir(dir.join("work")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    assert_eq!(work, ["pca_fit.json"]);
+    // a run folder stands for its trace.txt
+    let r = ctx.run(&["trace", dir.to_str().unwrap()]);
+    r.success();
+    assert!(r.stdout.contains("6 tasks"), "{}", r.stdout);
 }
 
 #[test]
