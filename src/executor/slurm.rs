@@ -259,6 +259,11 @@ fn squeue(ids: &[String]) -> Option<Vec<(String, String)>> {
     )
 }
 
+/// Whether a job in this state will not change any more.
+pub fn is_terminal(state: &str) -> bool {
+    !matches!(state, "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "REQUEUED" | "RESIZING" | "SIGNALING" | "STAGE_OUT" | "STOPPED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD")
+}
+
 fn scontrol(id: &str) -> Vec<BTreeMap<String, String>> {
     match Command::new("scontrol").args(["-o", "show", "job", id]).output() {
         Ok(o) if o.status.success() => parse_scontrol(&String::from_utf8_lossy(&o.stdout)),
@@ -294,6 +299,8 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
     for d in [&logs, &sdir] {
         std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.clone(), source: e })?;
     }
+    // Ctrl-C from here on cancels whatever was submitted
+    let guard = CatchInterrupt::install();
     let short = run.id.rsplit('-').next().unwrap_or(&run.id).to_string();
     let mut jobs: Vec<Job> = Vec::new();
     let submit_ms = chrono::Utc::now().timestamp_millis();
@@ -340,7 +347,6 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
     ));
 
     // Follow the jobs until none is left in the queue.
-    let guard = CatchInterrupt::install();
     let started = Instant::now();
     let mut last: Vec<(String, String)> = Vec::new();
     let mut interrupted = false;
@@ -353,7 +359,12 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
         }
         let live = squeue(&ids).unwrap_or_default();
         if live.is_empty() {
-            break;
+            // gone from the queue: done, unless scontrol still knows one as live (squeue can
+            // fail while the controller restarts)
+            let unfinished = jobs.iter().flat_map(|j| scontrol(&j.id)).any(|r| r.get("JobState").is_some_and(|s| !is_terminal(s)));
+            if !unfinished {
+                break;
+            }
         }
         if live != last {
             let summary: Vec<String> = live.iter().map(|(i, s)| format!("{i} {s}")).collect();

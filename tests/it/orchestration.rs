@@ -94,16 +94,36 @@ fn gpu_slot_makes_a_second_task_wait() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // read stderr as it comes; the runner says when it starts waiting
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let waiting = loop {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) if l.contains("waiting for GPU 1") => break true,
+            Ok(_) => continue,
+            Err(_) => break false,
+        }
+    };
+    assert!(waiting, "the runner never said it waits for GPU 1");
+    std::thread::sleep(Duration::from_millis(500));
     assert!(child.try_wait().unwrap().is_none(), "the task must wait while GPU 1 is held");
     assert!(!ctx.path("pbmc68k_counts.pca.h5ad").exists());
     // another GPU is free meanwhile
     assert!(scfoundry::runner::slots::try_acquire(&ctx.path("ws/.locks"), 0).unwrap().is_some());
     drop(held);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(err.contains("waiting for GPU 1"), "{err}");
+    let status = child.wait().unwrap();
+    let err = reader.join().unwrap();
+    assert!(status.success(), "{err}");
     assert!(ctx.path("pbmc68k_counts.pca.h5ad").exists());
     assert!(ctx.path("ws/.locks/gpu1.lock").exists());
 }
@@ -389,7 +409,7 @@ fn slurm_failing_shard_cancels_the_merge_and_names_the_log() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     let dir = only_run_dir(&ctx.path("runs"));
     let log = dir.join("logs/project-1.out");
-    assert!(err.contains(&format!("shard 1) job ")) && err.contains(&format!("FAILED exit 1, log {}", log.display())), "{err}");
+    assert!(err.contains("shard 1) job ") && err.contains(&format!("FAILED exit 1, log {}", log.display())), "{err}");
     assert!(err.contains("shard 1 fails on purpose"), "the log's end is shown:\n{err}");
     assert!(err.contains("EMBED_PCA_MERGE (pbmc68k_counts) job ") && err.contains("CANCELLED (DependencyNeverSatisfied)"), "{err}");
     assert!(std::fs::read_to_string(&log).unwrap().contains("shard 1 fails on purpose"));
@@ -527,7 +547,7 @@ fn slurm_ctrl_c_cancels_the_jobs() {
     let ctx = TestContext::new();
     ctx.demo("pbmc68k_counts.h5ad");
     // `--begin` after `--` (passed to sbatch) keeps the jobs pending until we interrupt
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--executor", "slurm", "--shards", "2", "--max-forks", "1", "--", "--begin=now+600"])
         .current_dir(ctx.dir.path())
         .env("SLURM_CONF", &conf)
