@@ -53,7 +53,7 @@ pub fn pinning(profile: ConfigProfile, gpu: u32) -> Vec<(&'static str, String)> 
             ("beforeScript", q(&format!("export CUDA_VISIBLE_DEVICES={gpu} SINGULARITYENV_CUDA_VISIBLE_DEVICES={gpu}"))),
             ("containerOptions", q("--nv")),
         ],
-        ConfigProfile::Slurm => vec![("beforeScript", q("true")), ("clusterOptions", q("--gpus=1"))],
+        ConfigProfile::Slurm => vec![("beforeScript", q("true")), ("clusterOptions", SLURM_GPU.into())],
     }
 }
 
@@ -66,6 +66,10 @@ pub fn q(s: &str) -> String {
 pub fn qp(p: &std::path::Path) -> String {
     q(&p.display().to_string())
 }
+
+/// One GPU from Slurm for GPU tasks, none for methods that run on CPUs (`ext.cpu_only`, set in
+/// the pipeline's conf/modules.config from `params.cpu_methods`).
+pub const SLURM_GPU: &str = "{ task.ext.cpu_only ? '' : '--gpus=1' }";
 
 pub const TRACE_FIELDS: &str = "task_id,hash,native_id,name,status,exit,submit,duration,realtime,%cpu,peak_rss,peak_vmem,rchar,wchar";
 
@@ -161,7 +165,7 @@ impl NfConfig {
                 if let Some(g) = self.gpu_id {
                     gpu_block(&mut s, "        ", &pinning(*p, g), None);
                 } else if *p == ConfigProfile::Slurm {
-                    gpu_block(&mut s, "        ", &[("clusterOptions", q("--gpus=1"))], None);
+                    gpu_block(&mut s, "        ", &[("clusterOptions", SLURM_GPU.into())], None);
                 } else if matches!(p, ConfigProfile::Docker) {
                     gpu_block(&mut s, "        ", &[("containerOptions", q("--gpus all"))], None);
                 } else {
@@ -194,7 +198,7 @@ mod tests {
         assert_eq!(get(ConfigProfile::Apptainer, "containerOptions").unwrap(), "'--nv'");
         assert_eq!(get(ConfigProfile::Apptainer, "beforeScript").unwrap(), "'export CUDA_VISIBLE_DEVICES=1 APPTAINERENV_CUDA_VISIBLE_DEVICES=1'");
         assert_eq!(get(ConfigProfile::Singularity, "beforeScript").unwrap(), "'export CUDA_VISIBLE_DEVICES=1 SINGULARITYENV_CUDA_VISIBLE_DEVICES=1'");
-        assert_eq!(get(ConfigProfile::Slurm, "clusterOptions").unwrap(), "'--gpus=1'");
+        assert_eq!(get(ConfigProfile::Slurm, "clusterOptions").unwrap(), "{ task.ext.cpu_only ? '' : '--gpus=1' }");
         assert!(!get(ConfigProfile::Slurm, "beforeScript").unwrap().contains("CUDA_VISIBLE_DEVICES"));
     }
 

@@ -178,7 +178,7 @@ fn config_pins_gpu_1_per_profile() {
         assert!(b.contains(&format!("{p}.envWhitelist = 'CUDA_VISIBLE_DEVICES'")), "{b}");
     }
     let slurm = block("slurm");
-    assert!(slurm.contains("clusterOptions = '--gpus=1'") && !slurm.contains("CUDA_VISIBLE_DEVICES=1"), "{slurm}");
+    assert!(slurm.contains("clusterOptions = { task.ext.cpu_only ? '' : '--gpus=1' }") && !slurm.contains("CUDA_VISIBLE_DEVICES=1"), "{slurm}");
     assert!(text.contains("cleanup = true"));
     assert!(text.contains("trace {\n    enabled   = true"));
     assert!(text.contains("report {\n    enabled   = true"));
