@@ -22,10 +22,14 @@ for tool in slurmctld slurmd sbatch squeue scontrol munged mungekey munge unmung
 done
 [ "$(id -u)" = 0 ] || { echo "slurm-up: run as root (slurmd and munged need it)" >&2; exit 1; }
 
-if [ -f "$DIR/run/slurmctld.pid" ] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null; then
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid"; then
     echo "slurm-up: already running in $DIR (scripts/slurm-down.sh $DIR stops it)" >&2
+    echo "export SLURM_CONF=$DIR/etc/slurm.conf SCFOUNDRY_TEST_SLURM_CONF=$DIR/etc/slurm.conf"
     exit 0
 fi
+# a half-started cluster is stopped first
+"$(dirname "$0")/slurm-down.sh" "$DIR" 2>/dev/null || true
 
 mkdir -p "$DIR"/{etc,log,run,spool/ctld,spool/d,munge/key,munge/sock,munge/log,dev}
 # munge: the key folder private to munge, the socket folder world-readable (munge clients
