@@ -466,7 +466,14 @@ fn nextflow_files_pass_the_parsers() {
     };
     std::fs::write(ctx.path("run.config"), cfg.render()).unwrap();
     generated.push(ctx.path("run.config"));
-    let out = Command::new(repo().join("scripts/validate-nextflow.sh")).args(&generated).output().unwrap();
+    // reftrace lives in $REFTRACE_PYTHON, else in the test venv ($SCFOUNDRY_TEST_PYTHON)
+    let mut cmd = Command::new(repo().join("scripts/validate-nextflow.sh"));
+    if std::env::var_os("REFTRACE_PYTHON").is_none() {
+        if let Some(py) = std::env::var_os("SCFOUNDRY_TEST_PYTHON") {
+            cmd.env("REFTRACE_PYTHON", py);
+        }
+    }
+    let out = cmd.args(&generated).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if out.status.code() == Some(3) {
         if std::env::var_os("CI").is_some() {
