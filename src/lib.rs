@@ -11,6 +11,7 @@ pub mod error;
 pub mod executor;
 pub mod linalg;
 pub mod methods;
+pub mod metrics;
 pub mod nfconfig;
 pub mod progress;
 pub mod registry;

@@ -217,16 +217,10 @@ impl Matrix {
             }
             Storage::Csr { data, indices, indptr } => {
                 let (a, b) = (indptr[start] as usize, indptr[end] as usize);
-                let vals: Vec<f32> = data
-                    .read_slice_1d(a..b)
-                    .map_err(|e| bad(&self.path, &format!("{field}/data"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?
-                    .into_raw_vec_and_offset()
-                    .0;
-                let idx: Vec<i64> = indices
-                    .read_slice_1d(a..b)
-                    .map_err(|e| bad(&self.path, &format!("{field}/indices"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?
-                    .into_raw_vec_and_offset()
-                    .0;
+                let vals = read_values(data, a..b)
+                    .map_err(|e| bad(&self.path, &format!("{field}/data"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+                let idx = read_indices(indices, a..b)
+                    .map_err(|e| bad(&self.path, &format!("{field}/indices"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
                 let mut out_idx = Vec::with_capacity(idx.len());
                 for &j in &idx {
                     if j < 0 || j as usize >= self.n_cols {
@@ -244,6 +238,38 @@ impl Matrix {
             }
         }
     }
+}
+
+/// Read a slice in the stored type (HDF5's own type conversion is slow) and convert here.
+fn read_native<T: hdf5::H5Type + Copy>(ds: &Dataset, r: std::ops::Range<usize>) -> hdf5::Result<Vec<T>> {
+    Ok(ds.read_slice_1d::<T, _>(r)?.into_raw_vec_and_offset().0)
+}
+
+/// Values of a sparse `data` slice as f32, whatever the stored numeric type.
+fn read_values(ds: &Dataset, r: std::ops::Range<usize>) -> hdf5::Result<Vec<f32>> {
+    use hdf5::types::{FloatSize, IntSize, TypeDescriptor as T};
+    Ok(match ds.dtype()?.to_descriptor()? {
+        T::Float(FloatSize::U4) => read_native::<f32>(ds, r)?,
+        T::Float(FloatSize::U8) => read_native::<f64>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        T::Integer(IntSize::U4) => read_native::<i32>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        T::Integer(IntSize::U8) => read_native::<i64>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        T::Unsigned(IntSize::U4) => read_native::<u32>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        T::Unsigned(IntSize::U2) => read_native::<u16>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        T::Integer(IntSize::U2) => read_native::<i16>(ds, r)?.into_iter().map(|v| v as f32).collect(),
+        _ => read_native::<f32>(ds, r)?,
+    })
+}
+
+/// Column indices as i64 (int32 or int64 on disk, signed or not).
+fn read_indices(ds: &Dataset, r: std::ops::Range<usize>) -> hdf5::Result<Vec<i64>> {
+    use hdf5::types::{IntSize, TypeDescriptor as T};
+    Ok(match ds.dtype()?.to_descriptor()? {
+        T::Integer(IntSize::U4) => read_native::<i32>(ds, r)?.into_iter().map(i64::from).collect(),
+        T::Unsigned(IntSize::U4) => read_native::<u32>(ds, r)?.into_iter().map(i64::from).collect(),
+        T::Integer(IntSize::U8) => read_native::<i64>(ds, r)?,
+        T::Unsigned(IntSize::U8) => read_native::<u64>(ds, r)?.into_iter().map(|v| v as i64).collect(),
+        _ => read_native::<i64>(ds, r)?,
+    })
 }
 
 fn check_indptr(path: &Path, field: &str, indptr: &[u64], n: usize, nnz: u64) -> Result<()> {

@@ -118,11 +118,30 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     let names = Names { obs: &l.ad.obs_names, var: &l.ad.var_names };
     let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
     let nc = fit.variance.len();
+    let clock = std::time::Instant::now();
     let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let copy_s = clock.elapsed().as_secs_f64();
     let ds = out.create_obsm(OBSM_KEY, l.ad.n_obs, nc)?;
     pca::transform(&l.x, &fit, &l.opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
     drop(ds);
-    finish_output(spec, out, &l, &fit)
+    let project_s = clock.elapsed().as_secs_f64() - copy_s;
+    let mut result = finish_output(spec, out, &l, &fit)?;
+    let mut phases: Vec<(String, f64)> = fit.timings.clone();
+    phases.push(("copy input".into(), copy_s));
+    phases.push(("projection".into(), project_s));
+    phases.push(("write rest".into(), clock.elapsed().as_secs_f64() - copy_s - project_s));
+    report_phases(&phases);
+    result.phases = phases;
+    Ok(result)
+}
+
+/// With $SCFOUNDRY_PROFILE set, print each phase's seconds.
+fn report_phases(phases: &[(String, f64)]) {
+    if std::env::var_os("SCFOUNDRY_PROFILE").is_some() {
+        for (k, v) in phases {
+            eprintln!("profile: {k:<16} {v:.3}s");
+        }
+    }
 }
 
 /// Step 1 of a sharded run: passes 1-2 and the eigenvectors on the whole data; save the fit.
@@ -133,7 +152,8 @@ fn fit_pca(spec: &TaskSpec) -> Result<TaskResult> {
     let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
     let work = work_dir(spec)?;
     fit.save(&fit_path(&work))?;
-    Ok(TaskResult { output: Some(fit_path(&work)), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes })
+    report_phases(&fit.timings);
+    Ok(TaskResult { output: Some(fit_path(&work)), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings })
 }
 
 /// Step 2, one per shard: pass 3 over rows `start..end`, written as raw f32.
@@ -160,7 +180,7 @@ fn project_pca(spec: &TaskSpec, shard: usize, start: usize, end: usize) -> Resul
     })?;
     std::fs::write(&tmp, &buf).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
-    Ok(TaskResult { output: Some(path), obsm_key: None, n_obs: end - start, dim: nc, notes: vec![] })
+    Ok(TaskResult { output: Some(path), obsm_key: None, n_obs: end - start, dim: nc, notes: vec![], phases: vec![] })
 }
 
 /// Step 3: the output from the fit and the shard files, exactly as `embed_pca` writes it.
@@ -275,5 +295,5 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     drop(uns);
     drop(varm);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone() })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![] })
 }

@@ -142,6 +142,55 @@ pub struct PcaFit {
     /// Per cell: total counts / target_sum (the divisor), float32 as scanpy.
     pub size_factors: Vec<f32>,
     pub target_sum: f32,
+    /// Seconds spent in each phase, for the cost report.
+    pub timings: Vec<(String, f64)>,
+}
+
+/// Genes per side of a Gram-matrix tile (256 x 256 f64 = 512 KiB, cache-sized).
+const TILE: usize = 256;
+
+/// log1p-normalised values of the HVGs for a range of rows, with each row's offsets at the
+/// tile boundaries (entries are sorted by HVG index).
+struct HvgRows {
+    n_rows: usize,
+    idx: Vec<u32>,
+    val: Vec<f64>,
+    /// n_rows x (n_tiles + 1) offsets into idx/val
+    tile_off: Vec<u32>,
+}
+
+impl HvgRows {
+    fn build(b: &CsrBlock, ra: usize, rb: usize, sf: &[f32], hvg_index: &[u32], nt: usize) -> HvgRows {
+        let mut out = HvgRows { n_rows: rb - ra, idx: Vec::new(), val: Vec::new(), tile_off: Vec::with_capacity((rb - ra) * (nt + 1)) };
+        let mut row: Vec<(u32, f64)> = Vec::new();
+        for i in ra..rb {
+            let (idx, vals) = b.row(i);
+            row.clear();
+            for (&j, &v) in idx.iter().zip(vals) {
+                let h = hvg_index[j as usize];
+                if h != u32::MAX {
+                    row.push((h, normalise(v, sf[i]).ln_1p() as f64));
+                }
+            }
+            row.sort_unstable_by_key(|p| p.0);
+            let base = out.idx.len();
+            let mut t = 0;
+            out.tile_off.push(base as u32);
+            for (k, &(h, v)) in row.iter().enumerate() {
+                while (h as usize) >= (t + 1) * TILE {
+                    t += 1;
+                    out.tile_off.push((base + k) as u32);
+                }
+                out.idx.push(h);
+                out.val.push(v);
+            }
+            while t < nt {
+                t += 1;
+                out.tile_off.push(out.idx.len() as u32);
+            }
+        }
+        out
+    }
 }
 
 fn row_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
@@ -211,13 +260,18 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
     }
     let blocks = x.blocks(opts.block_nnz);
     let t = threads();
+    let mut timings = Vec::new();
+    let mut read_s = 0.0;
+    let clock = std::time::Instant::now();
 
     // Pass 1: size factors and per-gene moments of normalised values.
     let p = rep.step("pass 1/3: gene statistics", n as u64, "cells");
     let mut size_factors = vec![0f32; n];
     let mut accs: Vec<(Vec<f64>, Vec<f64>)> = (0..t).map(|_| (vec![0.0; g], vec![0.0; g])).collect();
     for &(s, e) in &blocks {
+        let rc = std::time::Instant::now();
         let b = x.read_rows(s, e)?;
+        read_s += rc.elapsed().as_secs_f64();
         check_block(&b, x, names, opts.check_counts)?;
         let sf = &mut size_factors[s..e];
         sf.par_iter_mut().enumerate().for_each(|(i, out)| {
@@ -233,9 +287,9 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
                 let (idx, vals) = b.row(i);
                 let size = sf[i];
                 for (&j, &v) in idx.iter().zip(vals) {
-                    let nv = normalise(v, size);
-                    // scanpy's seurat flavour works on expm1(log1p(x)) in float32
-                    let ev = nv.ln_1p().exp_m1() as f64;
+                    // scanpy's seurat flavour works on expm1(log1p(x)) in float32, which is x
+                    // within one float32 rounding; identical genes still get identical values
+                    let ev = normalise(v, size) as f64;
                     sum[j as usize] += ev;
                     sq[j as usize] += ev * ev;
                 }
@@ -244,6 +298,7 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
         p.inc((e - s) as u64);
     }
     p.finish();
+    timings.push(("gene statistics".to_string(), clock.elapsed().as_secs_f64()));
     let (mut sum, mut sq) = accs.pop().unwrap();
     for (s2, q2) in accs {
         sum.iter_mut().zip(&s2).for_each(|(a, b)| *a += b);
@@ -276,30 +331,42 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
         hvg_index[j] = h as u32;
     }
 
-    // Pass 2: Gram matrix of log1p values on HVGs (upper triangle) and their sums.
+    // Pass 2: Gram matrix of log1p values on HVGs and their sums. The Gram matrix is kept as
+    // tiles of TILE x TILE genes (upper triangle only); threads own whole tiles, so updates
+    // stay in cache and need no per-thread copies or merging.
     let p = rep.step("pass 2/3: covariance", n as u64, "cells");
-    let mut accs: Vec<(Vec<f64>, Vec<f64>)> = (0..t).map(|_| (vec![0.0; m * m], vec![0.0; m])).collect();
+    let nt = m.div_ceil(TILE);
+    let pairs: Vec<(usize, usize)> = (0..nt).flat_map(|i| (i..nt).map(move |j| (i, j))).collect();
+    let mut tiles: Vec<Vec<f64>> = pairs.iter().map(|_| vec![0.0; TILE * TILE]).collect();
+    let mut hsum = vec![0.0f64; m];
     for &(s, e) in &blocks {
+        let rc = std::time::Instant::now();
         let b = x.read_rows(s, e)?;
+        read_s += rc.elapsed().as_secs_f64();
         let sf = &size_factors[s..e];
         let ranges = row_ranges(b.n_rows(), t);
-        accs.par_iter_mut().zip(ranges).for_each(|((gram, hs), (ra, rb))| {
-            let mut hv: Vec<(u32, f64)> = Vec::new();
-            for i in ra..rb {
-                let (idx, vals) = b.row(i);
-                hv.clear();
-                for (&j, &v) in idx.iter().zip(vals) {
-                    let h = hvg_index[j as usize];
-                    if h != u32::MAX {
-                        hv.push((h, normalise(v, sf[i]).ln_1p() as f64));
-                    }
-                }
-                hv.sort_unstable_by_key(|p| p.0);
-                for (a, &(ha, va)) in hv.iter().enumerate() {
-                    hs[ha as usize] += va;
-                    let row = &mut gram[ha as usize * m..(ha as usize + 1) * m];
-                    for &(hb, vb) in &hv[a..] {
-                        row[hb as usize] += va * vb;
+        let hv: Vec<HvgRows> = ranges.par_iter().map(|&(ra, rb)| HvgRows::build(&b, ra, rb, sf, &hvg_index, nt)).collect();
+        for part in &hv {
+            for (&h, &v) in part.idx.iter().zip(&part.val) {
+                hsum[h as usize] += v;
+            }
+        }
+        tiles.par_iter_mut().zip(pairs.par_iter()).for_each(|(tile, &(ti, tj))| {
+            for part in &hv {
+                for r in 0..part.n_rows {
+                    let off = &part.tile_off[r * (nt + 1)..(r + 1) * (nt + 1)];
+                    let (a0, a1) = (off[ti] as usize, off[ti + 1] as usize);
+                    let (b0, b1) = (off[tj] as usize, off[tj + 1] as usize);
+                    for pa in a0..a1 {
+                        // tiles are aligned to multiples of TILE = 256, so the low byte of an
+                        // HVG index is its place in the tile (and no bounds check is needed)
+                        let ha = part.idx[pa] as u8 as usize;
+                        let va = part.val[pa];
+                        let row: &mut [f64; TILE] = (&mut tile[ha * TILE..(ha + 1) * TILE]).try_into().unwrap();
+                        let from = if ti == tj { pa } else { b0 };
+                        for (&hb, &vb) in part.idx[from..b1].iter().zip(&part.val[from..b1]) {
+                            row[hb as u8 as usize] += va * vb;
+                        }
                     }
                 }
             }
@@ -307,11 +374,18 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
         p.inc((e - s) as u64);
     }
     p.finish();
-    let (mut gram, mut hsum) = accs.pop().unwrap();
-    for (g2, h2) in accs {
-        gram.iter_mut().zip(&g2).for_each(|(a, b)| *a += b);
-        hsum.iter_mut().zip(&h2).for_each(|(a, b)| *a += b);
+    let mut gram = vec![0.0f64; m * m];
+    for (tile, &(ti, tj)) in tiles.iter().zip(&pairs) {
+        for a in 0..TILE.min(m - ti * TILE) {
+            for b in 0..TILE.min(m - tj * TILE) {
+                let (ga, gb) = (ti * TILE + a, tj * TILE + b);
+                if gb >= ga {
+                    gram[ga * m + gb] = tile[a * TILE + b];
+                }
+            }
+        }
     }
+    drop(tiles);
     let mu: Vec<f64> = hsum.iter().map(|s| s / nf).collect();
     // covariance, ddof = 1, full symmetric
     let mut cov = vec![0.0; m * m];
@@ -324,12 +398,16 @@ pub fn fit(x: &Matrix, names: &Names, opts: &PcaOptions, rep: &dyn Reporter) -> 
     }
     drop(gram);
     let total_var: f64 = (0..m).map(|a| cov[a * m + a].max(0.0)).sum();
+    timings.push(("covariance".to_string(), clock.elapsed().as_secs_f64()));
+    let clock = std::time::Instant::now();
     let p = rep.step("eigenvectors", 1, "");
     let (variance, components) = top_eigh(&cov, m, opts.n_comps, opts.seed);
     p.inc(1);
     p.finish();
     let variance_ratio = variance.iter().map(|v| v / total_var).collect();
-    Ok(PcaFit { n_obs: n, hvg_genes, hvg, mean: mu, components, variance, variance_ratio, size_factors, target_sum: opts.target_sum })
+    timings.push(("eigenvectors".to_string(), clock.elapsed().as_secs_f64()));
+    timings.push(("(reading, passes 1-2)".to_string(), read_s));
+    Ok(PcaFit { n_obs: n, hvg_genes, hvg, mean: mu, components, variance, variance_ratio, size_factors, target_sum: opts.target_sum, timings })
 }
 
 /// Pass 3: project every cell; `sink(start_row, rows)` receives blocks of n_comps-wide rows.
@@ -361,14 +439,14 @@ pub fn transform_rows(
     for (h, &j) in fit.hvg_genes.iter().enumerate() {
         hvg_index[j] = h as u32;
     }
-    // V transposed: m x nc, so a gene's loadings are contiguous
-    let mut vt = vec![0.0f64; m * nc];
+    // V transposed: m x nc, so a gene's loadings are contiguous (float32: the output is float32)
+    let mut vt = vec![0.0f32; m * nc];
     for c in 0..nc {
         for h in 0..m {
-            vt[h * nc + c] = fit.components[c * m + h];
+            vt[h * nc + c] = fit.components[c * m + h] as f32;
         }
     }
-    let offset: Vec<f64> = (0..nc).map(|c| (0..m).map(|h| fit.mean[h] * vt[h * nc + c]).sum()).collect();
+    let offset: Vec<f64> = (0..nc).map(|c| (0..m).map(|h| fit.mean[h] * fit.components[c * m + h]).sum()).collect();
     let end = end.min(x.n_rows);
     let p = rep.step("pass 3/3: projection", end.saturating_sub(start) as u64, "cells");
     let blocks = x.blocks(opts.block_nnz).into_iter().filter_map(|(s, e)| {
@@ -380,17 +458,16 @@ pub fn transform_rows(
         let sf = &fit.size_factors[s..e];
         let mut out = vec![0f32; (e - s) * nc];
         out.par_chunks_mut(nc).enumerate().for_each(|(i, row)| {
-            let mut acc = vec![0.0f64; nc];
+            row.iter_mut().for_each(|a| *a = 0.0);
             let (idx, vals) = b.row(i);
             for (&j, &v) in idx.iter().zip(vals) {
                 let h = hvg_index[j as usize];
                 if h != u32::MAX {
-                    let lv = normalise(v, sf[i]).ln_1p() as f64;
-                    let load = &vt[h as usize * nc..(h as usize + 1) * nc];
-                    acc.iter_mut().zip(load).for_each(|(a, l)| *a += lv * l);
+                    let lv = normalise(v, sf[i]).ln_1p();
+                    crate::linalg::axpy_f32(row, lv, &vt[h as usize * nc..(h as usize + 1) * nc]);
                 }
             }
-            row.iter_mut().zip(acc.iter().zip(&offset)).for_each(|(o, (a, off))| *o = (a - off) as f32);
+            row.iter_mut().zip(&offset).for_each(|(o, off)| *o = (*o as f64 - off) as f32);
         });
         sink(s, &out)?;
         p.inc((e - s) as u64);
@@ -416,6 +493,9 @@ struct FitFile {
     variance_ratio: Vec<u64>,
     size_factors: Vec<u32>,
     target_sum: u32,
+    /// Seconds per phase of the fit (for the cost report; not needed to project).
+    #[serde(default)]
+    timings: Vec<(String, f64)>,
 }
 
 const FIT_FORMAT: &str = "scfoundry-pca-fit-v1";
@@ -437,6 +517,7 @@ impl PcaFit {
             variance_ratio: b(&self.variance_ratio),
             size_factors: self.size_factors.iter().map(|x| x.to_bits()).collect(),
             target_sum: self.target_sum.to_bits(),
+            timings: self.timings.clone(),
         };
         let text = serde_json::to_vec(&f).expect("fit serialises");
         let tmp = path.with_extension("tmp");
@@ -465,6 +546,7 @@ impl PcaFit {
             variance_ratio: d(f.variance_ratio),
             size_factors: f.size_factors.into_iter().map(f32::from_bits).collect(),
             target_sum: f32::from_bits(f.target_sum),
+            timings: f.timings,
         })
     }
 }
@@ -506,6 +588,7 @@ mod tests {
             variance_ratio: vec![1e-300],
             size_factors: vec![0.1, 1.0 / 3.0, 7.0],
             target_sum: 1e4,
+            timings: vec![("gene statistics".into(), 0.5)],
         };
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("fit.json");

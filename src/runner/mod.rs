@@ -94,6 +94,9 @@ pub struct TaskResult {
     pub dim: usize,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Seconds per phase of the task.
+    #[serde(default)]
+    pub phases: Vec<(String, f64)>,
 }
 
 /// A run folder.

@@ -1,0 +1,422 @@
+//! k-nearest-neighbour results and an exact, blocked brute-force kNN.
+//!
+//! Matches the layout scib-metrics uses (`NeighborsResults`): row `i` lists the
+//! `k` nearest cells of cell `i` in increasing distance, **including the cell
+//! itself** (pynndescent returns the query point first, at distance 0), with
+//! Euclidean (not squared) distances.
+
+use rayon::prelude::*;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// k-nearest-neighbour lists, row-major `n x k`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NeighborsResults {
+    /// Neighbour indices, `n * k`, row-major, nearest first.
+    pub indices: Vec<u32>,
+    /// Euclidean distances matching `indices`.
+    pub distances: Vec<f32>,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl NeighborsResults {
+    /// Build from row-major arrays; panics if the lengths disagree.
+    pub fn new(indices: Vec<u32>, distances: Vec<f32>, n: usize, k: usize) -> Self {
+        assert_eq!(indices.len(), n * k, "indices must be n*k");
+        assert_eq!(distances.len(), n * k, "distances must be n*k");
+        NeighborsResults {
+            indices,
+            distances,
+            n,
+            k,
+        }
+    }
+
+    /// Keep the first `k` neighbours of every row (scib-metrics' `subset_neighbors`).
+    pub fn subset_k(&self, k: usize) -> NeighborsResults {
+        assert!(k <= self.k, "k must be <= the number of stored neighbours");
+        let mut indices = Vec::with_capacity(self.n * k);
+        let mut distances = Vec::with_capacity(self.n * k);
+        for i in 0..self.n {
+            indices.extend_from_slice(&self.indices[i * self.k..i * self.k + k]);
+            distances.extend_from_slice(&self.distances[i * self.k..i * self.k + k]);
+        }
+        NeighborsResults {
+            indices,
+            distances,
+            n: self.n,
+            k,
+        }
+    }
+
+    /// Neighbour indices of row `i`.
+    pub fn row(&self, i: usize) -> &[u32] {
+        &self.indices[i * self.k..(i + 1) * self.k]
+    }
+
+    /// Neighbour distances of row `i`.
+    pub fn row_dist(&self, i: usize) -> &[f32] {
+        &self.distances[i * self.k..(i + 1) * self.k]
+    }
+}
+
+#[derive(PartialEq)]
+struct Cand(f32, u32);
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0).then(self.1.cmp(&other.1))
+    }
+}
+
+const ROW_BLOCK: usize = 64;
+const COL_BLOCK: usize = 512;
+
+/// A block of columns (cells) transposed to `d x ncp` (ncp = nc rounded up to
+/// a multiple of 8, zero padded) so that distance kernels vectorise over cells.
+pub(crate) struct ColBlock {
+    pub data: Vec<f32>,
+    pub nc: usize,
+    pub ncp: usize,
+}
+
+impl ColBlock {
+    pub fn new(x: &[f32], d: usize, c0: usize, c1: usize) -> ColBlock {
+        let nc = c1 - c0;
+        let ncp = nc.div_ceil(8) * 8;
+        let mut data = vec![0f32; d * ncp];
+        for c in 0..nc {
+            let row = &x[(c0 + c) * d..(c0 + c + 1) * d];
+            for t in 0..d {
+                data[t * ncp + c] = row[t];
+            }
+        }
+        ColBlock { data, nc, ncp }
+    }
+}
+
+/// Kind of pairwise quantity a tile kernel computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileOp {
+    /// sum_t (a_t - b_t)^2, by direct differences (no cancellation)
+    SqDist,
+    /// sum_t a_t * b_t
+    Dot,
+}
+
+/// out[i * cb.ncp + c] = op(row r0 + i, column c of `cb`) for i in 0..nr.
+/// Register-blocked: 4 rows x 8 columns of accumulators, loop over d inside.
+/// Uses an AVX2+FMA build of the same code when the CPU has it.
+pub(crate) fn tile_kernel(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    op: TileOp,
+    out: &mut [f32],
+) {
+    debug_assert!(out.len() >= nr * cb.ncp);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected at run time.
+            unsafe {
+                match op {
+                    TileOp::SqDist => tile_avx2::<true>(x, d, r0, nr, cb, out),
+                    TileOp::Dot => tile_avx2::<false>(x, d, r0, nr, cb, out),
+                }
+            }
+            return;
+        }
+    }
+    match op {
+        TileOp::SqDist => tile_generic::<true>(x, d, r0, nr, cb, out),
+        TileOp::Dot => tile_generic::<false>(x, d, r0, nr, cb, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const SQ: bool>(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    out: &mut [f32],
+) {
+    tile_generic::<SQ>(x, d, r0, nr, cb, out)
+}
+
+#[inline(always)]
+fn tile_generic<const SQ: bool>(
+    x: &[f32],
+    d: usize,
+    r0: usize,
+    nr: usize,
+    cb: &ColBlock,
+    out: &mut [f32],
+) {
+    let ncp = cb.ncp;
+    let mut i = 0;
+    while i + 4 <= nr {
+        let a0 = &x[(r0 + i) * d..(r0 + i + 1) * d];
+        let a1 = &x[(r0 + i + 1) * d..(r0 + i + 2) * d];
+        let a2 = &x[(r0 + i + 2) * d..(r0 + i + 3) * d];
+        let a3 = &x[(r0 + i + 3) * d..(r0 + i + 4) * d];
+        let mut c = 0;
+        while c < ncp {
+            let mut acc = [[0f32; 8]; 4];
+            for t in 0..d {
+                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
+                let av = [a0[t], a1[t], a2[t], a3[t]];
+                for q in 0..4 {
+                    let aq = av[q];
+                    for l in 0..8 {
+                        if SQ {
+                            let e = aq - col[l];
+                            acc[q][l] += e * e;
+                        } else {
+                            acc[q][l] += aq * col[l];
+                        }
+                    }
+                }
+            }
+            for (q, accq) in acc.iter().enumerate() {
+                out[(i + q) * ncp + c..(i + q) * ncp + c + 8].copy_from_slice(accq);
+            }
+            c += 8;
+        }
+        i += 4;
+    }
+    while i < nr {
+        let a = &x[(r0 + i) * d..(r0 + i + 1) * d];
+        let mut c = 0;
+        while c < ncp {
+            let mut acc = [0f32; 8];
+            for t in 0..d {
+                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
+                for l in 0..8 {
+                    if SQ {
+                        let e = a[t] - col[l];
+                        acc[l] += e * e;
+                    } else {
+                        acc[l] += a[t] * col[l];
+                    }
+                }
+            }
+            out[i * ncp + c..i * ncp + c + 8].copy_from_slice(&acc);
+            c += 8;
+        }
+        i += 1;
+    }
+}
+
+/// Exact Euclidean kNN by blocked brute force (row blocks in parallel, column
+/// blocks through a register-blocked distance kernel, per-row bounded max-heap).
+///
+/// Self is included (normally first, distance 0), like pynndescent and
+/// scib-metrics' `NeighborsResults`. Ties are broken by the smaller index.
+/// Memory: O(n*k + ROW_BLOCK*COL_BLOCK) per thread.
+pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
+    assert_eq!(x.len(), n * d);
+    assert!(k >= 1 && k <= n, "need 1 <= k <= n");
+    let mut indices = vec![0u32; n * k];
+    let mut distances = vec![0f32; n * k];
+    // all column blocks transposed once (n*d floats), shared by the threads
+    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_BLOCK))
+        .into_par_iter()
+        .map(|b| ColBlock::new(x, d, b * COL_BLOCK, ((b + 1) * COL_BLOCK).min(n)))
+        .collect();
+    indices
+        .par_chunks_mut(ROW_BLOCK * k)
+        .zip(distances.par_chunks_mut(ROW_BLOCK * k))
+        .enumerate()
+        .for_each(|(bi, (idx_out, dist_out))| {
+            let r0 = bi * ROW_BLOCK;
+            let r1 = (r0 + ROW_BLOCK).min(n);
+            let nr = r1 - r0;
+            let mut heaps: Vec<BinaryHeap<Cand>> =
+                (0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect();
+            let mut tile = vec![0f32; nr * (COL_BLOCK + 8)];
+            for (b, cb) in blocks.iter().enumerate() {
+                let c0 = b * COL_BLOCK;
+                tile_kernel(x, d, r0, nr, cb, TileOp::SqDist, &mut tile);
+                for ri in 0..nr {
+                    let r = r0 + ri;
+                    let heap = &mut heaps[ri];
+                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
+                    let mut worst = if heap.len() < k {
+                        f32::INFINITY
+                    } else {
+                        heap.peek().unwrap().0
+                    };
+                    for (cj, &dd) in row.iter().enumerate() {
+                        let c = c0 + cj;
+                        let d2 = if c == r { 0.0 } else { dd };
+                        if d2 > worst {
+                            continue;
+                        }
+                        let cand = Cand(d2, c as u32);
+                        if heap.len() < k {
+                            heap.push(cand);
+                            if heap.len() == k {
+                                worst = heap.peek().unwrap().0;
+                            }
+                        } else if cand < *heap.peek().unwrap() {
+                            heap.pop();
+                            heap.push(cand);
+                            worst = heap.peek().unwrap().0;
+                        }
+                    }
+                }
+            }
+            for (ri, heap) in heaps.into_iter().enumerate() {
+                let v = heap.into_sorted_vec();
+                for (t, c) in v.into_iter().enumerate() {
+                    idx_out[ri * k + t] = c.1;
+                    dist_out[ri * k + t] = c.0.sqrt();
+                }
+            }
+        });
+    NeighborsResults {
+        indices,
+        distances,
+        n,
+        k,
+    }
+}
+
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // 8 independent accumulators so the compiler can vectorise
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+#[inline]
+pub(crate) fn sqdist(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            let t = a[c * 8 + l] - b[c * 8 + l];
+            acc[l] += t * t;
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        let t = a[i] - b[i];
+        s += t * t;
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::fixtures::load_case;
+
+    #[test]
+    fn exact_knn_matches_fixture_neighbours() {
+        for case in ["easy", "hard", "mixed", "edge"] {
+            let f = load_case(case);
+            let nn = exact_knn(&f.embedding, f.n, f.d, f.knn.k);
+            let mut set_mismatch = 0usize;
+            let mut max_dd = 0f32;
+            for i in 0..f.n {
+                // self first
+                assert_eq!(nn.row(i)[0] as usize, i);
+                let a: std::collections::HashSet<u32> = nn.row(i).iter().copied().collect();
+                let b: std::collections::HashSet<u32> = f.knn.row(i).iter().copied().collect();
+                if a != b {
+                    // allowed only for ties at the k-th distance
+                    let kth_ours = nn.row_dist(i)[f.knn.k - 1];
+                    let kth_ref = f.knn.row_dist(i)[f.knn.k - 1];
+                    assert!(
+                        (kth_ours - kth_ref).abs() <= 1e-4 * kth_ref.max(1.0),
+                        "case {case} row {i}: sets differ"
+                    );
+                    set_mismatch += 1;
+                }
+                for t in 0..f.knn.k {
+                    max_dd = max_dd.max((nn.row_dist(i)[t] - f.knn.row_dist(i)[t]).abs());
+                }
+            }
+            eprintln!("{case}: exact_knn vs pynndescent: {set_mismatch} rows differ (ties), max |dist diff| {max_dd:e}");
+            assert!(max_dd < 1e-3);
+        }
+    }
+
+    #[test]
+    fn subset_keeps_prefix() {
+        let x: Vec<f32> = (0..40).map(|v| (v as f32 * 0.37).sin()).collect();
+        let nn = exact_knn(&x, 20, 2, 6);
+        let s = nn.subset_k(3);
+        for i in 0..20 {
+            assert_eq!(s.row(i), &nn.row(i)[..3]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+
+    /// Kernel throughput (ignored): `cargo test --release -- --ignored --nocapture kernel_throughput`.
+    #[test]
+    #[ignore]
+    fn kernel_throughput() {
+        let (n, d) = (4096usize, 50usize);
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
+        let cb = ColBlock::new(&x, d, 0, 512);
+        let mut tile = vec![0f32; 64 * cb.ncp];
+        let t = std::time::Instant::now();
+        let reps = 2000;
+        for r in 0..reps {
+            tile_kernel(
+                &x,
+                d,
+                (r * 64) % (n - 64),
+                64,
+                &cb,
+                TileOp::SqDist,
+                &mut tile,
+            );
+        }
+        let s = t.elapsed().as_secs_f64();
+        let flops = reps as f64 * 64.0 * 512.0 * d as f64 * 3.0;
+        eprintln!(
+            "tile kernel: {:.2} GFlop/s single thread ({s:.3}s)",
+            flops / s / 1e9
+        );
+        let t = std::time::Instant::now();
+        let nn = exact_knn(&x[..n * d], n, d, 90);
+        let s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "exact_knn n={n}: {s:.3}s, {:.2} GFlop/s equiv",
+            (n * n * d * 3) as f64 / s / 1e9
+        );
+        assert_eq!(nn.k, 90);
+    }
+}

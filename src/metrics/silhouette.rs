@@ -1,0 +1,402 @@
+//! Silhouette-based metrics: `silhouette_label`, `silhouette_batch`, `bras`
+//! (scib-metrics `metrics/_silhouette.py`, `utils/_silhouette.py`).
+//!
+//! Distances are computed on the fly in blocks of rows (`chunk_size`), never as
+//! an n x n matrix: memory is O(chunk_size * n_clusters + n).
+
+use rayon::prelude::*;
+
+use super::compact_codes;
+use super::neighbors::{tile_kernel, ColBlock, TileOp};
+
+/// Distance used by the silhouette.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distance {
+    /// sqrt(sum (x-y)^2)  (scib default for silhouette_label / silhouette_batch)
+    Euclidean,
+    /// 1 - x.y / sqrt(x.x * y.y), clipped to [0, 2]  (BRAS default)
+    Cosine,
+}
+
+/// How the "b" (between-cluster) term is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BetweenCluster {
+    /// Standard silhouette: mean distance to the nearest other cluster.
+    Nearest,
+    /// BRAS: mean distance to all cells of all other clusters.
+    MeanOther,
+    /// BRAS: mean distance to the furthest other cluster.
+    Furthest,
+}
+
+/// Per-observation silhouette (scib-metrics `silhouette_samples`).
+///
+/// `labels` are any u32 codes (re-coded internally). NaNs (singleton clusters,
+/// a single cluster) become 0 like `jnp.nan_to_num`.
+pub fn silhouette_samples(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    chunk_size: usize,
+    metric: Distance,
+    between: BetweenCluster,
+) -> Vec<f64> {
+    assert_eq!(x.len(), n * d);
+    assert_eq!(labels.len(), n);
+    let (codes, n_clusters) = compact_codes(labels);
+    let mut freqs = vec![0usize; n_clusters];
+    for &c in &codes {
+        freqs[c as usize] += 1;
+    }
+    // Work in label-sorted order: each column tile then holds contiguous runs
+    // of one label, summed in f32 over the run (<= COL_TILE terms) then in f64.
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by_key(|&i| codes[i]);
+    let mut xs = Vec::with_capacity(n * d);
+    for &i in &perm {
+        xs.extend_from_slice(&x[i * d..(i + 1) * d]);
+    }
+    let cs: Vec<u32> = perm.iter().map(|&i| codes[i]).collect();
+    let norms: Vec<f32> = match metric {
+        Distance::Cosine => (0..n)
+            .map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d]))
+            .collect(),
+        Distance::Euclidean => Vec::new(),
+    };
+    let chunk = chunk_size.max(1);
+    let mut out_sorted = vec![0f64; n];
+    const COL_TILE: usize = 512;
+    let op = match metric {
+        Distance::Euclidean => TileOp::SqDist,
+        Distance::Cosine => TileOp::Dot,
+    };
+    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_TILE))
+        .into_par_iter()
+        .map(|b| ColBlock::new(&xs, d, b * COL_TILE, ((b + 1) * COL_TILE).min(n)))
+        .collect();
+    // label runs inside each tile: (label, start, end) relative to the tile
+    let segments: Vec<Vec<(usize, usize, usize)>> = (0..blocks.len())
+        .map(|b| {
+            let c0 = b * COL_TILE;
+            let c1 = (c0 + COL_TILE).min(n);
+            let mut segs = Vec::new();
+            let mut a = c0;
+            while a < c1 {
+                let l = cs[a];
+                let mut e = a;
+                while e < c1 && cs[e] == l {
+                    e += 1;
+                }
+                segs.push((l as usize, a - c0, e - c0));
+                a = e;
+            }
+            segs
+        })
+        .collect();
+    let x = &xs;
+    let codes = &cs;
+    out_sorted
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(bi, out_chunk)| {
+            let r0 = bi * chunk;
+            let nr = out_chunk.len();
+            let mut sums = vec![0f64; nr * n_clusters];
+            let mut tile = vec![0f32; nr * (COL_TILE + 8)];
+            for (b, cb) in blocks.iter().enumerate() {
+                let c0 = b * COL_TILE;
+                tile_kernel(x, d, r0, nr, cb, op, &mut tile);
+                for ri in 0..nr {
+                    let r = r0 + ri;
+                    let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
+                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
+                    for &(l, a, e) in &segments[b] {
+                        let part: f32 = match metric {
+                            Distance::Euclidean => row[a..e].iter().map(|v| v.sqrt()).sum(),
+                            Distance::Cosine => {
+                                let nrm = norms[r];
+                                row[a..e]
+                                    .iter()
+                                    .zip(&norms[c0 + a..c0 + e])
+                                    .map(|(&v, &nc)| (1.0 - v / (nrm * nc).sqrt()).clamp(0.0, 2.0))
+                                    .sum()
+                            }
+                        };
+                        s[l] += part as f64;
+                    }
+                }
+            }
+            let total: usize = n;
+            for ri in 0..nr {
+                let r = r0 + ri;
+                let own = codes[r] as usize;
+                let s = &sums[ri * n_clusters..(ri + 1) * n_clusters];
+                let a = s[own] / (freqs[own] as f64 - 1.0);
+                let b = match between {
+                    BetweenCluster::Nearest => {
+                        let mut m = f64::INFINITY;
+                        for c in 0..n_clusters {
+                            if c != own {
+                                m = m.min(s[c] / freqs[c] as f64);
+                            }
+                        }
+                        m
+                    }
+                    BetweenCluster::Furthest => {
+                        let mut m = f64::NEG_INFINITY;
+                        for c in 0..n_clusters {
+                            if c != own {
+                                m = m.max(s[c] / freqs[c] as f64);
+                            }
+                        }
+                        m
+                    }
+                    BetweenCluster::MeanOther => {
+                        let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
+                        tot / (total - freqs[own]) as f64
+                    }
+                };
+                let sil = (b - a) / a.max(b);
+                out_chunk[ri] = nan_to_num(sil);
+            }
+        });
+    let mut out = vec![0f64; n];
+    for (t, &i) in perm.iter().enumerate() {
+        out[i] = out_sorted[t];
+    }
+    out
+}
+
+/// `jnp.nan_to_num` on float32: nan -> 0, +-inf -> +-f32::MAX.
+fn nan_to_num(v: f64) -> f64 {
+    if v.is_nan() {
+        0.0
+    } else if v == f64::INFINITY {
+        f32::MAX as f64
+    } else if v == f64::NEG_INFINITY {
+        f32::MIN as f64
+    } else {
+        v
+    }
+}
+
+/// Average silhouette width of the labels (scib `silhouette_label`);
+/// `rescale` maps to (asw + 1) / 2.
+pub fn silhouette_label(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    rescale: bool,
+    chunk_size: usize,
+) -> f64 {
+    let s = silhouette_samples(
+        x,
+        n,
+        d,
+        labels,
+        chunk_size,
+        Distance::Euclidean,
+        BetweenCluster::Nearest,
+    );
+    silhouette_label_from_samples(&s, rescale)
+}
+
+/// `silhouette_label` from precomputed `silhouette_samples` (euclidean, nearest).
+pub fn silhouette_label_from_samples(sil: &[f64], rescale: bool) -> f64 {
+    let asw = sil.iter().sum::<f64>() / sil.len() as f64;
+    if rescale {
+        (asw + 1.0) / 2.0
+    } else {
+        asw
+    }
+}
+
+/// Classic batch ASW (scib `silhouette_batch`, euclidean, nearest).
+pub fn silhouette_batch(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    batches: &[u32],
+    rescale: bool,
+    chunk_size: usize,
+) -> f64 {
+    silhouette_batch_with(
+        x,
+        n,
+        d,
+        labels,
+        batches,
+        rescale,
+        chunk_size,
+        Distance::Euclidean,
+        BetweenCluster::Nearest,
+    )
+}
+
+/// BRAS (scib `bras`): batch silhouette with cosine distance and the
+/// mean-over-other-batches between term, rescaled (1 - |s|).
+pub fn bras(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    batches: &[u32],
+    chunk_size: usize,
+) -> f64 {
+    silhouette_batch_with(
+        x,
+        n,
+        d,
+        labels,
+        batches,
+        true,
+        chunk_size,
+        Distance::Cosine,
+        BetweenCluster::MeanOther,
+    )
+}
+
+/// General batch silhouette: for every label with >1 batch and not one cell per
+/// batch, silhouette of the batch codes within the label, |s| (and 1-|s| if
+/// `rescale`), mean per label, then mean over labels. NaN if no label qualifies
+/// (scib-metrics raises there).
+#[allow(clippy::too_many_arguments)]
+pub fn silhouette_batch_with(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    batches: &[u32],
+    rescale: bool,
+    chunk_size: usize,
+    metric: Distance,
+    between: BetweenCluster,
+) -> f64 {
+    assert_eq!(labels.len(), n);
+    assert_eq!(batches.len(), n);
+    let mut uniq: Vec<u32> = labels.to_vec();
+    uniq.sort_unstable();
+    uniq.dedup();
+    let mut group_means = Vec::new();
+    for g in uniq {
+        let rows: Vec<usize> = (0..n).filter(|&i| labels[i] == g).collect();
+        let bsub: Vec<u32> = rows.iter().map(|&i| batches[i]).collect();
+        let (_, nb) = compact_codes(&bsub);
+        if nb == 1 || nb == rows.len() {
+            continue;
+        }
+        let mut xs = Vec::with_capacity(rows.len() * d);
+        for &i in &rows {
+            xs.extend_from_slice(&x[i * d..(i + 1) * d]);
+        }
+        let s = silhouette_samples(&xs, rows.len(), d, &bsub, chunk_size, metric, between);
+        let m = s
+            .iter()
+            .map(|v| {
+                let a = v.abs();
+                if rescale {
+                    1.0 - a
+                } else {
+                    a
+                }
+            })
+            .sum::<f64>()
+            / s.len() as f64;
+        group_means.push(m);
+    }
+    if group_means.is_empty() {
+        return f64::NAN;
+    }
+    group_means.iter().sum::<f64>() / group_means.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{assert_close, load_case};
+    use super::*;
+
+    #[test]
+    fn silhouettes_match_scib() {
+        for case in ["easy", "hard", "mixed", "edge"] {
+            let f = load_case(case);
+            let (x, n, d) = (&f.embedding, f.n, f.d);
+            let checks = [
+                (
+                    "silhouette_label",
+                    silhouette_label(x, n, d, &f.labels, true, 256),
+                ),
+                (
+                    "silhouette_label_raw",
+                    silhouette_label(x, n, d, &f.labels, false, 100),
+                ),
+                (
+                    "silhouette_batch",
+                    silhouette_batch(x, n, d, &f.labels, &f.batches, true, 256),
+                ),
+                (
+                    "silhouette_batch_furthest",
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        64,
+                        Distance::Euclidean,
+                        BetweenCluster::Furthest,
+                    ),
+                ),
+                (
+                    "silhouette_batch_cosine_mean_other",
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Cosine,
+                        BetweenCluster::MeanOther,
+                    ),
+                ),
+                ("bras", bras(x, n, d, &f.labels, &f.batches, 256)),
+                (
+                    "bras_euclidean",
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Euclidean,
+                        BetweenCluster::MeanOther,
+                    ),
+                ),
+                (
+                    "bras_furthest",
+                    silhouette_batch_with(
+                        x,
+                        n,
+                        d,
+                        &f.labels,
+                        &f.batches,
+                        true,
+                        256,
+                        Distance::Cosine,
+                        BetweenCluster::Furthest,
+                    ),
+                ),
+            ];
+            for (name, ours) in checks {
+                assert_close(case, name, ours, f.metric(name), 1e-3);
+            }
+        }
+    }
+}
