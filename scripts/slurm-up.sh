@@ -28,10 +28,17 @@ if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid"; then
     echo "export SLURM_CONF=$DIR/etc/slurm.conf SCFOUNDRY_TEST_SLURM_CONF=$DIR/etc/slurm.conf"
     exit 0
 fi
+for port in "${SCFOUNDRY_SLURMCTLD_PORT:-6817}" "${SCFOUNDRY_SLURMD_PORT:-6818}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "slurm-up: port $port is in use (another Slurm?); stop it or set SCFOUNDRY_SLURMCTLD_PORT / SCFOUNDRY_SLURMD_PORT" >&2
+        exit 1
+    fi
+done
 # a half-started cluster is stopped first
 "$(dirname "$0")/slurm-down.sh" "$DIR" 2>/dev/null || true
 
 mkdir -p "$DIR"/{etc,log,run,spool/ctld,spool/d,munge/key,munge/sock,munge/log,dev}
+runuser -u munge -- test -x "$DIR" || { echo "slurm-up: the munge user cannot reach $DIR; choose a folder outside /root, e.g. /tmp/scfoundry-slurm" >&2; exit 1; }
 # munge: the key folder private to munge, the socket folder world-readable (munge clients
 # fail with "Socket is inaccessible" otherwise)
 chown -R munge:munge "$DIR/munge"
