@@ -142,7 +142,7 @@ pub struct EmbedArgs {
     pub exec: ExecArgs,
     /// Arguments after `--` go to the executor unchanged: `nextflow run` (e.g. `-- -with-report r.html`)
     /// or `sbatch` (e.g. `-- --qos=short`).
-    #[arg(last = true, value_name = "ARGS")]
+    #[arg(last = true, value_name = "ARGS", help_heading = "Executor")]
     pub passthrough: Vec<String>,
 }
 
@@ -160,6 +160,7 @@ pub enum ExecutorKind {
 
 /// How and where tasks run.
 #[derive(Debug, Args, Default)]
+#[command(next_help_heading = "Executor")]
 pub struct ExecArgs {
     /// local (default), nextflow or slurm.
     #[arg(long, value_enum, default_value_t = ExecutorKind::Local)]
@@ -172,7 +173,8 @@ pub struct ExecArgs {
     /// lock for it, so one task uses a GPU at a time across all runs of the workspace.
     #[arg(long, value_name = "N")]
     pub gpu: Option<u32>,
-    /// At most N tasks at once (local runner shards; Nextflow's maxForks for GPU processes).
+    /// At most N tasks at once: shards in the local runner, running elements of the Slurm job
+    /// array (`--array=0-K%N`), Nextflow's maxForks for GPU processes.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
     #[command(flatten)]
@@ -181,6 +183,7 @@ pub struct ExecArgs {
 
 /// sbatch options for `--executor slurm`.
 #[derive(Debug, Args, Default, Clone)]
+#[command(next_help_heading = "Slurm (--executor slurm)")]
 pub struct SlurmArgs {
     /// Slurm partition (sbatch --partition).
     #[arg(long, value_name = "NAME")]
