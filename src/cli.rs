@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,10 +57,10 @@ pub enum Commands {
     Benchmark(NotYetArgs),
     /// Describe the geometry of an embedding (not in this version yet).
     Geometry(NotYetArgs),
-    /// Write a Nextflow config for the workspace (not in this version yet).
-    Config(NotYetArgs),
-    /// Read a trace.txt and report cost (not in this version yet).
-    Trace(NotYetArgs),
+    /// Write the workspace's nextflow.config: GPU pinning, maxForks, trace, weights and work folders.
+    Config(ConfigArgs),
+    /// Read a Nextflow trace.txt (ours or Nextflow's): peak memory and wall time per task, with a sizing hint.
+    Trace(TraceArgs),
     /// Internal: run one task of a run folder.
     #[command(name = "__task", hide = true)]
     Task { spec: PathBuf },
@@ -158,6 +158,109 @@ pub struct EmbedArgs {
     /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
     #[arg(long, value_name = "DIR")]
     pub runs_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+    /// Arguments after `--` go to the executor unchanged: `nextflow run` (e.g. `-- -with-report r.html`)
+    /// or `sbatch` (e.g. `-- --qos=short`).
+    #[arg(last = true, value_name = "ARGS", help_heading = "Executor")]
+    pub passthrough: Vec<String>,
+}
+
+/// Where the tasks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum ExecutorKind {
+    /// Task processes on this machine (the built-in runner).
+    #[default]
+    Local,
+    /// `nextflow run` on the repository's main.nf with a generated config.
+    Nextflow,
+    /// Direct submission with sbatch; with --shards, a job array and a dependent merge job.
+    Slurm,
+}
+
+/// How and where tasks run.
+#[derive(Debug, Args, Default)]
+#[command(next_help_heading = "Executor")]
+pub struct ExecArgs {
+    /// local (default), nextflow or slurm.
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Local)]
+    pub executor: ExecutorKind,
+    /// Split the projection over N row shards (fit once, project shards, merge); the result is
+    /// identical to an unsharded run. With slurm the shards are a job array.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub shards: Option<u64>,
+    /// Pin GPU tasks to this device (CUDA_VISIBLE_DEVICES); the local runner holds the workspace's
+    /// lock for it, so one task uses a GPU at a time across all runs of the workspace.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<u32>,
+    /// At most N tasks at once: shards in the local runner, running elements of the Slurm job
+    /// array (`--array=0-K%N`), Nextflow's maxForks for GPU processes.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_forks: Option<u64>,
+    #[command(flatten)]
+    pub slurm: SlurmArgs,
+}
+
+/// sbatch options for `--executor slurm`.
+#[derive(Debug, Args, Default, Clone)]
+#[command(next_help_heading = "Slurm (--executor slurm)")]
+pub struct SlurmArgs {
+    /// Slurm partition (sbatch --partition).
+    #[arg(long, value_name = "NAME")]
+    pub partition: Option<String>,
+    /// Slurm account to charge (sbatch --account).
+    #[arg(long, value_name = "NAME")]
+    pub account: Option<String>,
+    /// Time limit per job, in sbatch's format (e.g. 30, 1:00:00, 1-00:00:00).
+    #[arg(long, value_name = "TIME")]
+    pub time: Option<String>,
+    /// Memory per job, in sbatch's format (e.g. 8G).
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// GPUs per job (sbatch --gpus).
+    #[arg(long, value_name = "N", conflicts_with = "gres")]
+    pub gpus: Option<String>,
+    /// Generic resources per job (sbatch --gres, e.g. gpu:a100:1).
+    #[arg(long, value_name = "SPEC")]
+    pub gres: Option<String>,
+    /// CPUs per task (sbatch --cpus-per-task).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Pin every GPU task to this device.
+    #[arg(long, value_name = "N")]
+    pub gpu_id: Option<u32>,
+    /// At most N GPU tasks at once (maxForks of GPU processes; default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_forks: Option<u64>,
+    /// Container engine or scheduler the pinning is written for (repeatable); all when none.
+    #[arg(long, value_enum, value_name = "PROFILE")]
+    pub profile: Vec<ConfigProfile>,
+    /// Where to write (default: nextflow.config in the workspace, else the current folder); `-` for stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Profiles `scfoundry config` writes pinning for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, PartialOrd, Ord)]
+pub enum ConfigProfile {
+    Local,
+    Docker,
+    Apptainer,
+    Singularity,
+    Slurm,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// A trace.txt (tab-separated, Nextflow's formatted or raw units), or a run folder.
+    pub file: PathBuf,
+    /// GPU memory to size batches for (e.g. 80GB, 24GB, 40 GB).
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_memory: Option<String>,
 }
 
 /// Batch options. Each method declares which it honours; others are accepted with a warning.

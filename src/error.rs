@@ -69,6 +69,15 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 
+    #[error("`{tool}` is not on PATH")]
+    ToolMissing { tool: String, hint: String },
+
+    #[error("{what} failed: {detail}")]
+    Executor { what: String, detail: String, hint: Option<String> },
+
+    #[error("{path}:{line}: {detail}")]
+    Parse { path: PathBuf, line: usize, detail: String, hint: Option<String> },
+
     #[error("HDF5 error while {context}: {source}")]
     Hdf5 { context: String, source: hdf5::Error },
 
@@ -138,6 +147,9 @@ impl Error {
             Error::BadOption { hint, .. } => hint.clone(),
             Error::Config { hint, .. } => hint.clone(),
             Error::Io { .. } => None,
+            Error::ToolMissing { hint, .. } => Some(hint.clone()),
+            Error::Executor { hint, .. } => hint.clone(),
+            Error::Parse { hint, .. } => hint.clone(),
             Error::Hdf5 { .. } => None,
             Error::WeightsMissing { method, .. } => Some(format!("run `scfoundry weights pull {method}` (or pass --weights-dir to the folder that holds them)")),
             Error::HttpStatus { id, status, .. } => Some(match status {

@@ -71,8 +71,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Integrate(_) => not_yet("integrate", "harmony, seurat and scvi_denovo are planned; see `scfoundry methods`"),
         Commands::Benchmark(_) => not_yet("benchmark", "the scIB metric suite is being built"),
         Commands::Geometry(_) => not_yet("geometry", "the geometry report comes with the metric suite"),
-        Commands::Config(_) => not_yet("config", "Nextflow config generation is planned"),
-        Commands::Trace(_) => not_yet("trace", "read runs/<id>/trace.txt directly; it is in Nextflow's format"),
+        Commands::Config(a) => commands::config::run(&s, a),
+        Commands::Trace(a) => commands::trace::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

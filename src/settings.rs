@@ -20,6 +20,10 @@ impl EnvVars {
     /// A weights manifest file used instead of the compiled-in weights.toml: for tests (a
     /// loopback server) and for mirrors (the same entries with other urls).
     pub const MANIFEST: &'static str = "SCFOUNDRY_MANIFEST";
+    /// The folder with scfoundry's Nextflow pipeline (main.nf), for `--executor nextflow`.
+    pub const PIPELINE: &'static str = "SCFOUNDRY_PIPELINE";
+    /// Fault injection for tests of failure handling: the project step of this shard exits 1.
+    pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
 }
 
 pub const CONFIG_FILE: &str = "scfoundry.toml";

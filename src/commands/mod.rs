@@ -1,10 +1,12 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
+pub mod config;
 pub mod embed;
 pub mod init;
 pub mod methods;
 pub mod not_yet;
 pub mod task;
+pub mod trace;
 pub mod weights;
 
 /// How a command ended.

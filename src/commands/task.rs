@@ -1,7 +1,7 @@
 //! `scfoundry __task SPEC`: the task process the runner starts. It does the work, then
 //! records its own cost (stats.json) and result (result.json) beside the spec.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -12,21 +12,24 @@ use crate::anndata::AnnData;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
 use crate::methods::cellama::{self, Encoder};
-use crate::methods::pca::{self, Names, PcaOptions};
+use crate::methods::pca::{self, Names, PcaFit, PcaOptions};
 use crate::weights::{self, Manifest, Status};
 use crate::progress::reporter;
 use crate::runner::stats::TaskStats;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let started = Instant::now();
     let text = std::fs::read_to_string(spec_path).map_err(|e| Error::Io { path: spec_path.into(), source: e })?;
     let spec: TaskSpec = serde_json::from_str(&text)?;
     let dir = spec_path.parent().unwrap_or(Path::new("."));
-    let outcome = match (spec.command.as_str(), spec.method.as_str()) {
-        ("embed", "pca") => embed_pca(&spec),
-        ("embed", "cellama") => embed_cellama(&spec),
-        (c, m) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
+    let outcome = match (spec.command.as_str(), spec.method.as_str(), &spec.step) {
+        ("embed", "pca", Step::Embed) => embed_pca(&spec),
+        ("embed", "pca", Step::Fit) => fit_pca(&spec),
+        ("embed", "pca", Step::Project { shard, start, end }) => project_pca(&spec, *shard, *start, *end),
+        ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards),
+        ("embed", "cellama", Step::Embed) => embed_cellama(&spec),
+        (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
     let _ = std::fs::write(dir.join("stats.json"), serde_json::to_string_pretty(&stats)?);
@@ -219,8 +222,15 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
 }
 
-fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
-    let rep = reporter(!spec.progress);
+/// The data opened and checked, the matrix, the options in effect and notes for the user.
+struct Loaded {
+    ad: AnnData,
+    x: crate::anndata::Matrix,
+    opts: PcaOptions,
+    notes: Vec<String>,
+}
+
+fn load(spec: &TaskSpec) -> Result<Loaded> {
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -237,18 +247,157 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     if opts.n_top_genes > ad.n_vars {
         notes.push(format!("--n-top-genes {} exceeds the {} genes in the data; all genes with finite dispersion are used", opts.n_top_genes, ad.n_vars));
     }
-    let names = Names { obs: &ad.obs_names, var: &ad.var_names };
-    let fit = pca::fit(&x, &names, &opts, rep.as_ref())?;
-    let nc = fit.variance.len();
+    Ok(Loaded { ad, x, opts, notes })
+}
 
+/// The folder a sharded run's steps share.
+fn work_dir(spec: &TaskSpec) -> Result<PathBuf> {
+    let w = spec.work.clone().ok_or_else(|| Error::BadOption {
+        option: "task spec".into(),
+        detail: "a sharded step needs a `work` folder".into(),
+        hint: None,
+    })?;
+    std::fs::create_dir_all(&w).map_err(|e| Error::Io { path: w.clone(), source: e })?;
+    Ok(w)
+}
+
+pub fn fit_path(work: &Path) -> PathBuf {
+    work.join("pca_fit.json")
+}
+
+/// Shard `i`'s block of the embedding: raw little-endian f32, rows x n_comps.
+pub fn shard_path(work: &Path, shard: usize) -> PathBuf {
+    work.join(format!("X_pca.shard{shard}.f32"))
+}
+
+/// The whole embedding in one process: fit, project straight into the output, write.
+fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let l = load(spec)?;
+    let names = Names { obs: &l.ad.obs_names, var: &l.ad.var_names };
+    let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
+    let nc = fit.variance.len();
     let clock = std::time::Instant::now();
     let out = PendingOutput::create(&spec.data, &spec.out)?;
     let copy_s = clock.elapsed().as_secs_f64();
-    let key = "X_pca";
-    let ds = out.create_obsm(key, ad.n_obs, nc)?;
-    pca::transform(&x, &fit, &opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
+    let ds = out.create_obsm(OBSM_KEY, l.ad.n_obs, nc)?;
+    pca::transform(&l.x, &fit, &l.opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
     drop(ds);
     let project_s = clock.elapsed().as_secs_f64() - copy_s;
+    let mut result = finish_output(spec, out, &l, &fit)?;
+    let mut phases: Vec<(String, f64)> = fit.timings.clone();
+    phases.push(("copy input".into(), copy_s));
+    phases.push(("projection".into(), project_s));
+    phases.push(("write rest".into(), clock.elapsed().as_secs_f64() - copy_s - project_s));
+    report_phases(&phases);
+    result.phases = phases;
+    Ok(result)
+}
+
+/// With $SCFOUNDRY_PROFILE set, print each phase's seconds.
+fn report_phases(phases: &[(String, f64)]) {
+    if std::env::var_os("SCFOUNDRY_PROFILE").is_some() {
+        for (k, v) in phases {
+            eprintln!("profile: {k:<16} {v:.3}s");
+        }
+    }
+}
+
+/// Step 1 of a sharded run: passes 1-2 and the eigenvectors on the whole data; save the fit.
+fn fit_pca(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let l = load(spec)?;
+    let names = Names { obs: &l.ad.obs_names, var: &l.ad.var_names };
+    let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
+    let work = work_dir(spec)?;
+    fit.save(&fit_path(&work))?;
+    report_phases(&fit.timings);
+    Ok(TaskResult { output: Some(fit_path(&work)), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings })
+}
+
+/// Step 2, one per shard: pass 3 over rows `start..end`, written as raw f32.
+fn project_pca(spec: &TaskSpec, shard: usize, start: usize, end: usize) -> Result<TaskResult> {
+    if std::env::var(crate::settings::EnvVars::FAIL_SHARD).ok().and_then(|v| v.parse::<usize>().ok()) == Some(shard) {
+        return Err(Error::BadOption {
+            option: crate::settings::EnvVars::FAIL_SHARD.into(),
+            detail: format!("shard {shard} fails on purpose"),
+            hint: Some(format!("unset {} (it exists to test failure handling)", crate::settings::EnvVars::FAIL_SHARD)),
+        });
+    }
+    let rep = reporter(!spec.progress);
+    let l = load(spec)?;
+    let work = work_dir(spec)?;
+    let fit = PcaFit::load(&fit_path(&work))?;
+    check_fit(spec, &l, &fit)?;
+    let nc = fit.variance.len();
+    let path = shard_path(&work, shard);
+    let tmp = path.with_extension("f32.tmp");
+    let mut buf: Vec<u8> = Vec::with_capacity(end.saturating_sub(start) * nc * 4);
+    pca::transform_rows(&l.x, &fit, &l.opts, rep.as_ref(), start, end, |_, rows| {
+        buf.extend(rows.iter().flat_map(|v| v.to_le_bytes()));
+        Ok(())
+    })?;
+    std::fs::write(&tmp, &buf).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    Ok(TaskResult { output: Some(path), obsm_key: None, n_obs: end - start, dim: nc, notes: vec![], phases: vec![] })
+}
+
+/// Step 3: the output from the fit and the shard files, exactly as `embed_pca` writes it.
+fn merge_pca(spec: &TaskSpec, shards: &[(usize, usize)]) -> Result<TaskResult> {
+    let l = load(spec)?;
+    let work = work_dir(spec)?;
+    let fit = PcaFit::load(&fit_path(&work))?;
+    check_fit(spec, &l, &fit)?;
+    let nc = fit.variance.len();
+    let covered: usize = shards.iter().map(|(s, e)| e - s).sum();
+    if covered != l.ad.n_obs || shards.windows(2).any(|w| w[0].1 != w[1].0) || shards.first().map(|s| s.0) != Some(0) {
+        return Err(Error::BadOption { option: "shards".into(), detail: format!("the shards {shards:?} do not cover the {} cells in order", l.ad.n_obs), hint: None });
+    }
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let ds = out.create_obsm(OBSM_KEY, l.ad.n_obs, nc)?;
+    for (i, &(start, end)) in shards.iter().enumerate() {
+        let path = shard_path(&work, i);
+        let bytes = std::fs::read(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+        if bytes.len() != (end - start) * nc * 4 {
+            return Err(Error::BadField {
+                path: path.clone(),
+                field: format!("shard {i}"),
+                detail: format!("holds {} bytes, expected {} ({} rows x {nc} x 4)", bytes.len(), (end - start) * nc * 4, end - start),
+                hint: Some("the shard's task did not finish; run it again".into()),
+            });
+        }
+        let rows: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        write_rows(&ds, start, &rows, nc)?;
+    }
+    drop(ds);
+    let result = finish_output(spec, out, &l, &fit)?;
+    // the blocks are in the output now; the fit stays as a record of the run
+    for i in 0..shards.len() {
+        let _ = std::fs::remove_file(shard_path(&work, i));
+    }
+    Ok(result)
+}
+
+/// A fit made for other data is refused.
+fn check_fit(spec: &TaskSpec, l: &Loaded, fit: &PcaFit) -> Result<()> {
+    if fit.n_obs != l.ad.n_obs || fit.hvg_genes.last().is_some_and(|&g| g >= l.ad.n_vars) {
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "X".into(),
+            detail: format!("the saved fit is for {} cells, the data has {}", fit.n_obs, l.ad.n_obs),
+            hint: Some("run the fit step again on this data".into()),
+        });
+    }
+    Ok(())
+}
+
+const OBSM_KEY: &str = "X_pca";
+
+/// varm['PCs'], uns['pca'] as scanpy writes them, uns['scfoundry'] provenance; then rename into place.
+fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) -> Result<TaskResult> {
+    let ad = &l.ad;
+    let nc = fit.variance.len();
+    let key = OBSM_KEY;
     let f = out.file();
     // varm['PCs']: loadings for every gene, zero outside the HVGs (as scanpy with mask_var)
     let varm = require_dict(f, "varm").h5ctx(|| "creating varm".into())?;
@@ -294,9 +443,9 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     prov.insert("run_id".into(), json!(spec.run_id));
     prov.insert("input".into(), json!(spec.data.display().to_string()));
     prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
-    prov.insert("matrix".into(), json!(x.field));
+    prov.insert("matrix".into(), json!(l.x.field));
     let mut params = spec.params.clone();
-    params.insert("target_sum".into(), json!(opts.target_sum as f64));
+    params.insert("target_sum".into(), json!(l.opts.target_sum as f64));
     params.insert("hvg_flavor".into(), json!("seurat"));
     params.insert("n_hvg_selected".into(), json!(m));
     prov.insert("parameters".into(), Value::Object(params));
@@ -305,14 +454,5 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     drop(uns);
     drop(varm);
     out.commit()?;
-    let mut phases: Vec<(String, f64)> = fit.timings.clone();
-    phases.push(("copy input".into(), copy_s));
-    phases.push(("projection".into(), project_s));
-    phases.push(("write rest".into(), clock.elapsed().as_secs_f64() - copy_s - project_s));
-    if std::env::var_os("SCFOUNDRY_PROFILE").is_some() {
-        for (k, v) in &phases {
-            eprintln!("profile: {k:<16} {v:.3}s");
-        }
-    }
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes, phases })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![] })
 }

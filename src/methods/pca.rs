@@ -441,6 +441,20 @@ pub fn transform(
     fit: &PcaFit,
     opts: &PcaOptions,
     rep: &dyn Reporter,
+    sink: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    transform_rows(x, fit, opts, rep, 0, x.n_rows, sink)
+}
+
+/// Pass 3 over rows `start..end` only (one shard). Each cell's projection depends only on
+/// its own row and the fit, so shards give exactly the bytes of the whole-data transform.
+pub fn transform_rows(
+    x: &Matrix,
+    fit: &PcaFit,
+    opts: &PcaOptions,
+    rep: &dyn Reporter,
+    start: usize,
+    end: usize,
     mut sink: impl FnMut(usize, &[f32]) -> Result<()>,
 ) -> Result<()> {
     let nc = fit.variance.len();
@@ -458,8 +472,13 @@ pub fn transform(
         }
     }
     let offset: Vec<f64> = (0..nc).map(|c| (0..m).map(|h| fit.mean[h] * fit.components[c * m + h]).sum()).collect();
-    let p = rep.step("pass 3/3: projection", x.n_rows as u64, "cells");
-    for (s, e) in x.blocks(opts.block_nnz) {
+    let end = end.min(x.n_rows);
+    let p = rep.step("pass 3/3: projection", end.saturating_sub(start) as u64, "cells");
+    let blocks = x.blocks(opts.block_nnz).into_iter().filter_map(|(s, e)| {
+        let (s, e) = (s.max(start), e.min(end));
+        (s < e).then_some((s, e))
+    });
+    for (s, e) in blocks {
         let b = x.read_rows(s, e)?;
         let sf = &fit.size_factors[s..e];
         let mut out = vec![0f32; (e - s) * nc];
@@ -480,6 +499,81 @@ pub fn transform(
     }
     p.finish();
     Ok(())
+}
+
+/// The fit as a file, so a fit task and later projection tasks (other processes, other
+/// nodes) share it. Floats are stored as their bit patterns: exact, unlike decimal JSON.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FitFile {
+    format: String,
+    n_obs: usize,
+    hvg_genes: Vec<usize>,
+    hvg_means: Vec<u64>,
+    hvg_dispersions: Vec<u64>,
+    hvg_dispersions_norm: Vec<u64>,
+    hvg_selected: Vec<bool>,
+    mean: Vec<u64>,
+    components: Vec<u64>,
+    variance: Vec<u64>,
+    variance_ratio: Vec<u64>,
+    size_factors: Vec<u32>,
+    target_sum: u32,
+    /// Seconds per phase of the fit (for the cost report; not needed to project).
+    #[serde(default)]
+    timings: Vec<(String, f64)>,
+}
+
+const FIT_FORMAT: &str = "scfoundry-pca-fit-v1";
+
+impl PcaFit {
+    pub fn save(&self, path: &std::path::Path) -> Result<()> {
+        let b = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+        let f = FitFile {
+            format: FIT_FORMAT.into(),
+            n_obs: self.n_obs,
+            hvg_genes: self.hvg_genes.clone(),
+            hvg_means: b(&self.hvg.means),
+            hvg_dispersions: b(&self.hvg.dispersions),
+            hvg_dispersions_norm: b(&self.hvg.dispersions_norm),
+            hvg_selected: self.hvg.selected.clone(),
+            mean: b(&self.mean),
+            components: b(&self.components),
+            variance: b(&self.variance),
+            variance_ratio: b(&self.variance_ratio),
+            size_factors: self.size_factors.iter().map(|x| x.to_bits()).collect(),
+            target_sum: self.target_sum.to_bits(),
+            timings: self.timings.clone(),
+        };
+        let text = serde_json::to_vec(&f).expect("fit serialises");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<PcaFit> {
+        let text = std::fs::read(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        let f: FitFile = serde_json::from_slice(&text).map_err(|e| Error::Config {
+            path: path.into(),
+            detail: format!("not a PCA fit file: {e}"),
+            hint: Some("the fit task writes it; run the fit task again".into()),
+        })?;
+        if f.format != FIT_FORMAT {
+            return Err(Error::Config { path: path.into(), detail: format!("fit format {} (expected {FIT_FORMAT})", f.format), hint: None });
+        }
+        let d = |v: Vec<u64>| v.into_iter().map(f64::from_bits).collect::<Vec<f64>>();
+        Ok(PcaFit {
+            n_obs: f.n_obs,
+            hvg_genes: f.hvg_genes,
+            hvg: Hvg { means: d(f.hvg_means), dispersions: d(f.hvg_dispersions), dispersions_norm: d(f.hvg_dispersions_norm), selected: f.hvg_selected },
+            mean: d(f.mean),
+            components: d(f.components),
+            variance: d(f.variance),
+            variance_ratio: d(f.variance_ratio),
+            size_factors: f.size_factors.into_iter().map(f32::from_bits).collect(),
+            target_sum: f32::from_bits(f.target_sum),
+            timings: f.timings,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -505,5 +599,31 @@ mod tests {
         let h = hvg_seurat(&mean, &var, 4);
         assert!(h.dispersions[0].is_nan());
         assert!(!h.selected[0]);
+    }
+
+    #[test]
+    fn fit_file_round_trips_bit_for_bit() {
+        let fit = PcaFit {
+            n_obs: 3,
+            hvg_genes: vec![0, 2],
+            hvg: hvg_seurat(&[0.1, 1.0 / 3.0, 2.0], &[0.5, 1.0, 0.0], 2),
+            mean: vec![0.1 + 0.2, f64::MIN_POSITIVE],
+            components: vec![1.0 / 7.0, -2.0 / 3.0],
+            variance: vec![std::f64::consts::PI],
+            variance_ratio: vec![1e-300],
+            size_factors: vec![0.1, 1.0 / 3.0, 7.0],
+            target_sum: 1e4,
+            timings: vec![("gene statistics".into(), 0.5)],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("fit.json");
+        fit.save(&p).unwrap();
+        let back = PcaFit::load(&p).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back.components), bits(&fit.components));
+        assert_eq!(bits(&back.mean), bits(&fit.mean));
+        assert_eq!(bits(&back.hvg.dispersions), bits(&fit.hvg.dispersions), "NaN survives");
+        assert_eq!(back.size_factors.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), fit.size_factors.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(back.hvg_genes, fit.hvg_genes);
     }
 }

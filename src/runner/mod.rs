@@ -2,6 +2,7 @@
 //! run folder `runs/<id>/`, which holds the task's spec and logs, a Nextflow-format
 //! `trace.txt` and a cost report (`report.json`).
 
+pub mod slots;
 pub mod stats;
 pub mod trace;
 
@@ -40,6 +41,38 @@ pub struct TaskSpec {
     #[serde(default)]
     pub weights_dir: Option<PathBuf>,
     pub run_id: String,
+    /// Which part of the work: all of it, or one step of a sharded run.
+    #[serde(default)]
+    pub step: Step,
+    /// Folder shared by the steps of a sharded run (the fit and the shard files).
+    #[serde(default)]
+    pub work: Option<PathBuf>,
+    /// Pin the task to this GPU: CUDA_VISIBLE_DEVICES in its environment and the workspace's
+    /// slot lock for the device held while it runs.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+}
+
+/// A task's part of the work. A sharded embedding is `Fit`, then one `Project` per row
+/// range (these can run at once, on other nodes), then `Merge`; `Embed` does all three in
+/// one process. Both give the same bytes in the output.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Step {
+    #[default]
+    Embed,
+    /// Fit the model on the whole data and save it to `work/`.
+    Fit,
+    /// Embed rows `start..end` with the saved fit into `work/`.
+    Project { shard: usize, start: usize, end: usize },
+    /// Write the output from the saved fit and the shard files.
+    Merge { shards: Vec<(usize, usize)> },
+}
+
+/// Row ranges of `n` rows in `parts` nearly equal shards (no empty shard).
+pub fn shard_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
+    let parts = parts.max(1).min(n.max(1));
+    (0..parts).map(|p| (p * n / parts, (p + 1) * n / parts)).collect()
 }
 
 impl TaskSpec {
@@ -47,6 +80,9 @@ impl TaskSpec {
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
         h.update(serde_json::to_vec(&(&self.command, &self.method, &self.data, &self.layer, self.seed, &self.params)).unwrap());
+        if self.step != Step::Embed {
+            h.update(serde_json::to_vec(&self.step).unwrap());
+        }
         let hex = hex::encode(h.finalize());
         format!("{}/{}", &hex[..2], &hex[2..8])
     }
@@ -70,6 +106,8 @@ pub struct TaskResult {
 pub struct Run {
     pub id: String,
     pub dir: PathBuf,
+    /// Where GPU slot locks live (`<workspace>/.locks`), shared by all runs of a workspace.
+    pub locks: PathBuf,
 }
 
 impl Run {
@@ -80,7 +118,7 @@ impl Run {
         let id = format!("{}-{label}-{rand:04x}", now.format("%Y%m%d-%H%M%S"));
         let dir = base.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
-        Ok(Run { id, dir })
+        Ok(Run { id, dir, locks: base.join(".locks") })
     }
 
     pub fn task_dir(&self, task_id: u64) -> PathBuf {
@@ -96,31 +134,50 @@ pub struct Outcome {
     pub result: Option<TaskResult>,
 }
 
-/// Run one task as a child process of this binary and wait for it.
-pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
+/// Write a task's spec to `tasks/<n>/task.json`; any executor then runs `scfoundry __task` on it.
+pub fn write_spec(run: &Run, spec: &TaskSpec) -> Result<PathBuf> {
     let tdir = run.task_dir(spec.task_id);
     std::fs::create_dir_all(&tdir).map_err(|e| Error::Io { path: tdir.clone(), source: e })?;
     let spec_path = tdir.join("task.json");
     std::fs::write(&spec_path, serde_json::to_string_pretty(spec).unwrap()).map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
+    Ok(spec_path)
+}
+
+/// What a finished task left in its folder: its measured cost and its result.
+pub fn task_files(run: &Run, spec: &TaskSpec) -> (Option<TaskStats>, Option<TaskResult>) {
+    let tdir = run.task_dir(spec.task_id);
+    let stats = std::fs::read_to_string(tdir.join("stats.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let result = std::fs::read_to_string(tdir.join("result.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    (stats, result)
+}
+
+/// Run one task as a child process of this binary and wait for it.
+pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
+    let spec_path = write_spec(run, spec)?;
     let exe = std::env::current_exe().map_err(|e| Error::Io { path: "current executable".into(), source: e })?;
     let submit_ms = chrono::Utc::now().timestamp_millis();
     let started = Instant::now();
-    let mut child = Command::new(exe)
-        .arg("__task")
-        .arg(&spec_path)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::null());
+    // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
+    let _slot = match spec.gpu {
+        Some(n) => {
+            cmd.env("CUDA_VISIBLE_DEVICES", n.to_string());
+            let rep = crate::progress::reporter(spec.quiet);
+            Some(slots::acquire(&run.locks, n, || rep.note(&format!("{}: waiting for GPU {n} (another task of this workspace holds it)", spec.name)))?)
+        }
+        None => None,
+    };
+    let mut child = cmd.spawn().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let pid = child.id();
     let status = child.wait().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let duration_ms = started.elapsed().as_millis() as u64;
     let exit = status.code().unwrap_or(128 + 9);
-    let stats: Option<TaskStats> = std::fs::read_to_string(tdir.join("stats.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
-    let result: Option<TaskResult> = std::fs::read_to_string(tdir.join("result.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let (stats, result) = task_files(run, spec);
     let record = TraceRecord {
         task_id: spec.task_id,
         hash: spec.hash(),
-        native_id: Some(pid),
+        native_id: Some(pid.to_string()),
         name: spec.name.clone(),
         status: if exit == 0 { "COMPLETED".into() } else { "FAILED".into() },
         exit: Some(exit),

@@ -12,6 +12,7 @@ mod harmony;
 mod http_server;
 mod knn_transfer;
 mod pca;
+mod orchestration;
 mod registry;
 mod runner;
 mod weights_pull;
