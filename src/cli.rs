@@ -51,8 +51,8 @@ pub enum Commands {
     Transfer(NotYetArgs),
     /// Fine-tune a model on labelled cells (not in this version yet).
     Finetune(NotYetArgs),
-    /// Integrate batches: harmony, seurat, scvi_denovo (not in this version yet).
-    Integrate(NotYetArgs),
+    /// Integrate batches in an embedding: harmony (seurat and scvi_denovo are planned).
+    Integrate(IntegrateArgs),
     /// Score embeddings with the scIB metrics (not in this version yet).
     Benchmark(NotYetArgs),
     /// Describe the geometry of an embedding (not in this version yet).
@@ -302,6 +302,36 @@ impl KnobArgs {
             .filter_map(|(f, v)| v.map(|v| (f, v)))
             .collect()
     }
+}
+
+#[derive(Debug, Args)]
+pub struct IntegrateArgs {
+    /// The integration method (see `scfoundry methods`; harmony runs today).
+    #[arg(long, short)]
+    pub method: String,
+    /// Input .h5ad holding the embedding to correct (e.g. the output of `embed --method pca`).
+    #[arg(long, short, value_name = "H5AD")]
+    pub data: PathBuf,
+    /// obsm key of the embedding to correct.
+    #[arg(long, default_value = "X_pca", value_name = "KEY")]
+    pub embedding: String,
+    /// obs column(s) holding the batch; comma-separated for several keys.
+    #[arg(long, value_delimiter = ',', required = true, value_name = "COL")]
+    pub batch_key: Vec<String>,
+    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).
+    #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
+    pub out: Option<PathBuf>,
+    /// Replace the input file atomically.
+    #[arg(long)]
+    pub in_place: bool,
+    /// Seed for the clustering start and update order (recorded in the output).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// harmony: diversity penalty theta (default 2; larger mixes batches more).
+    #[arg(long, value_name = "X")]
+    pub theta: Option<f32>,
+    #[command(flatten)]
+    pub batch: BatchArgs,
 }
 
 #[derive(Debug, Args)]

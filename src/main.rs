@@ -68,7 +68,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Embed(a) => commands::embed::run(&s, a),
         Commands::Transfer(_) => not_yet("transfer", "embed reference and query with `scfoundry embed` for now"),
         Commands::Finetune(_) => not_yet("finetune", "fine-tuning arrives with the transformer models"),
-        Commands::Integrate(_) => not_yet("integrate", "harmony, seurat and scvi_denovo are planned; see `scfoundry methods`"),
+        Commands::Integrate(a) => commands::integrate::run(&s, a),
         Commands::Benchmark(_) => not_yet("benchmark", "the scIB metric suite is being built"),
         Commands::Geometry(_) => not_yet("geometry", "the geometry report comes with the metric suite"),
         Commands::Config(a) => commands::config::run(&s, a),

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod embed;
 pub mod init;
+pub mod integrate;
 pub mod methods;
 pub mod not_yet;
 pub mod task;

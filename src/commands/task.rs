@@ -43,7 +43,7 @@ fn param_u64(spec: &TaskSpec, key: &str, default: u64) -> u64 {
 }
 
 /// Write a JSON object as an AnnData dict (strings, numbers, bools, nested objects).
-fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String, Value>) -> hdf5::Result<()> {
+pub(crate) fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String, Value>) -> hdf5::Result<()> {
     if parent.link_exists(name) {
         parent.unlink(name)?;
     }

@@ -9,6 +9,7 @@ mod bad_input;
 mod cellama;
 mod common;
 mod harmony;
+mod integrate;
 mod http_server;
 mod knn_transfer;
 mod pca;
