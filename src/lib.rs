@@ -11,6 +11,7 @@ pub mod error;
 pub mod linalg;
 pub mod methods;
 pub mod metrics;
+pub mod plots;
 pub mod progress;
 pub mod registry;
 pub mod runner;

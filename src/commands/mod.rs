@@ -1,6 +1,8 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
+pub mod benchmark;
 pub mod embed;
+pub mod geometry;
 pub mod init;
 pub mod methods;
 pub mod not_yet;
