@@ -334,6 +334,7 @@ fn draw_geometry<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Geometry
     ch.draw_series(g.preservation.iter().map(|p| Circle::new((p.0 as f64, p.2), (4.0 * s) as i32, orange.filled()))).map_err(e)?;
     ch.configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
+        .legend_area_size((26.0 * s) as i32)
         .label_font((FAMILY, 10.0 * s))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
