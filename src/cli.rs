@@ -53,10 +53,10 @@ pub enum Commands {
     Finetune(NotYetArgs),
     /// Integrate batches in an embedding: harmony (seurat and scvi_denovo are planned).
     Integrate(IntegrateArgs),
-    /// Score embeddings with the scIB metrics (not in this version yet).
-    Benchmark(NotYetArgs),
-    /// Describe the geometry of an embedding (not in this version yet).
-    Geometry(NotYetArgs),
+    /// Score embeddings with the scIB metrics (scib-metrics 0.5.10 definitions) and rank them.
+    Benchmark(BenchmarkArgs),
+    /// Describe the geometry of an embedding: distances, intrinsic dimension, kNN preservation.
+    Geometry(GeometryArgs),
     /// Write the workspace's nextflow.config: GPU pinning, maxForks, trace, weights and work folders.
     Config(ConfigArgs),
     /// Read a Nextflow trace.txt (ours or Nextflow's): peak memory and wall time per task, with a sizing hint.
@@ -332,6 +332,63 @@ pub struct IntegrateArgs {
     pub theta: Option<f32>,
     #[command(flatten)]
     pub batch: BatchArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchmarkArgs {
+    /// Input .h5ad holding the embeddings in obsm (never modified).
+    #[arg(long, short, value_name = "H5AD")]
+    pub data: PathBuf,
+    /// obsm keys of the embeddings to score, comma-separated (e.g. X_pca,X_scvi).
+    #[arg(long, short, value_name = "KEYS", value_delimiter = ',', required = true)]
+    pub embedding: Vec<String>,
+    /// obs column with the cell-type labels.
+    #[arg(long, value_name = "COLUMN")]
+    pub label_key: String,
+    /// obs column with the batches.
+    #[arg(long, value_name = "COLUMN")]
+    pub batch_key: String,
+    /// Score the batch-correction metrics on a seeded random subset of N cells (recorded in the
+    /// results); the bio-conservation metrics always use every cell.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_max_cells: Option<u64>,
+    /// Metrics to run, comma-separated: metric names (isolated_labels, kmeans, leiden,
+    /// silhouette_label, clisi, bras, silhouette_batch, ilisi, kbet, graph_connectivity, pcr)
+    /// or groups (default, bio, batch, all). Default: scib-metrics' Benchmarker defaults.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub metrics: Vec<String>,
+    /// Seed for KMeans, Leiden and the subsample (recorded).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output folder (default: <data stem>.benchmark/ beside the input).
+    #[arg(long, short, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Also write lisi_per_cell.tsv (per-cell iLISI and cLISI at 90 neighbours).
+    #[arg(long)]
+    pub per_cell: bool,
+    /// Min-max scale every metric across embeddings before aggregating (as
+    /// `Benchmarker.get_results(min_max_scale=True)`).
+    #[arg(long)]
+    pub min_max_scale: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GeometryArgs {
+    /// Input .h5ad holding the embedding in obsm (never modified).
+    #[arg(long, short, value_name = "H5AD")]
+    pub data: PathBuf,
+    /// obsm key of the embedding.
+    #[arg(long, short, value_name = "KEY")]
+    pub embedding: String,
+    /// Work on a seeded random subset of at most N cells.
+    #[arg(long, value_name = "N", default_value_t = 20000, value_parser = clap::value_parser!(u64).range(2..))]
+    pub max_cells: u64,
+    /// Seed for the subsample and the sampled pairs (recorded).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output folder (default: <data stem>.geometry/ beside the input).
+    #[arg(long, short, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,7 @@ pub mod linalg;
 pub mod methods;
 pub mod metrics;
 pub mod nfconfig;
+pub mod plots;
 pub mod progress;
 pub mod registry;
 pub mod runner;

@@ -1,7 +1,9 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
 pub mod config;
+pub mod benchmark;
 pub mod embed;
+pub mod geometry;
 pub mod init;
 pub mod integrate;
 pub mod methods;

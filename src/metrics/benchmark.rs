@@ -88,6 +88,24 @@ pub fn run_benchmark(
     nn: &NeighborsResults,
     cfg: &BenchmarkConfig,
 ) -> Vec<MetricValue> {
+    run_benchmark_with(emb, n, d, x_pre, d_pre, labels, batches, nn, cfg, &mut |_| {})
+}
+
+/// [`run_benchmark`], calling `on_metric(key)` as each metric starts (for progress
+/// reporting; `key` is the scib-metrics function name).
+#[allow(clippy::too_many_arguments)]
+pub fn run_benchmark_with(
+    emb: &[f32],
+    n: usize,
+    d: usize,
+    x_pre: &[f32],
+    d_pre: usize,
+    labels: &[u32],
+    batches: &[u32],
+    nn: &NeighborsResults,
+    cfg: &BenchmarkConfig,
+    on_metric: &mut dyn FnMut(&str),
+) -> Vec<MetricValue> {
     use MetricKind::{BatchCorrection as Batch, BioConservation as Bio};
     assert!(nn.k >= 90, "the Benchmarker uses a 90-NN");
     let nn90 = nn.subset_k(90);
@@ -96,6 +114,7 @@ pub fn run_benchmark(
     let mut out = Vec::new();
     // the label silhouette is shared by isolated labels and silhouette label
     let sil = if cfg.isolated_labels || cfg.silhouette_label {
+        on_metric(if cfg.isolated_labels { "isolated_labels" } else { "silhouette_label" });
         Some(silhouette_samples(
             emb,
             n,
@@ -109,6 +128,7 @@ pub fn run_benchmark(
         None
     };
     if cfg.isolated_labels {
+        on_metric("isolated_labels");
         let v = isolated_labels::isolated_labels_from_silhouette(
             sil.as_ref().unwrap(),
             labels,
@@ -119,6 +139,7 @@ pub fn run_benchmark(
         out.push(mv("isolated_labels", "Isolated labels", Bio, v));
     }
     if cfg.nmi_ari_cluster_labels_leiden {
+        on_metric("nmi_ari_cluster_labels_leiden");
         let (a, b) =
             nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), cfg.seed);
         out.push(mv(
@@ -135,6 +156,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.nmi_ari_cluster_labels_kmeans {
+        on_metric("nmi_ari_cluster_labels_kmeans");
         let (a, b) = nmi_ari_cluster_labels_kmeans(emb, n, d, labels, cfg.seed);
         out.push(mv(
             "nmi_ari_cluster_labels_kmeans_nmi",
@@ -150,6 +172,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.silhouette_label {
+        on_metric("silhouette_label");
         out.push(mv(
             "silhouette_label",
             "Silhouette label",
@@ -158,6 +181,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.clisi_knn {
+        on_metric("clisi_knn");
         out.push(mv(
             "clisi_knn",
             "cLISI",
@@ -166,6 +190,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.silhouette_batch {
+        on_metric("silhouette_batch");
         out.push(mv(
             "silhouette_batch",
             "Silhouette batch",
@@ -174,6 +199,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.bras {
+        on_metric("bras");
         out.push(mv(
             "bras",
             "BRAS",
@@ -182,6 +208,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.ilisi_knn {
+        on_metric("ilisi_knn");
         out.push(mv(
             "ilisi_knn",
             "iLISI",
@@ -190,6 +217,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.kbet_per_label {
+        on_metric("kbet_per_label");
         out.push(mv(
             "kbet_per_label",
             "KBET",
@@ -198,6 +226,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.graph_connectivity {
+        on_metric("graph_connectivity");
         out.push(mv(
             "graph_connectivity",
             "Graph connectivity",
@@ -206,6 +235,7 @@ pub fn run_benchmark(
         ));
     }
     if cfg.pcr_comparison {
+        on_metric("pcr_comparison");
         out.push(mv(
             "pcr_comparison",
             "PCR comparison",

@@ -25,11 +25,13 @@ pub mod lisi;
 pub mod neighbors;
 pub mod nmi_ari;
 pub mod pcr_comparison;
+pub mod prepare;
+pub mod geometry;
 pub mod silhouette;
 pub mod umap_graph;
 
 pub use aggregate::{aggregate, AggregateScores, MetricKind};
-pub use benchmark::{run_benchmark, BenchmarkConfig, MetricValue};
+pub use benchmark::{run_benchmark, run_benchmark_with, BenchmarkConfig, MetricValue};
 pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
 pub use graph_connectivity::graph_connectivity;
 pub use isolated_labels::{isolated_labels, isolated_labels_from_silhouette};

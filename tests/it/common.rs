@@ -143,6 +143,10 @@ pub struct Tiny {
     pub obs_names: Vec<String>,
     pub var_names: Vec<String>,
     pub write_x: bool,
+    /// categorical obs columns (name, one value per cell)
+    pub obs_cols: Vec<(String, Vec<String>)>,
+    /// dense float32 obsm entries (name, row-major values, columns)
+    pub obsm: Vec<(String, Vec<f32>, usize)>,
 }
 
 impl Tiny {
@@ -178,13 +182,47 @@ impl Tiny {
             obs_names: (0..n_obs).map(|i| format!("cell_{i}")).collect(),
             var_names: (0..n_vars).map(|j| format!("gene_{j}")).collect(),
             write_x: true,
+            obs_cols: Vec::new(),
+            obsm: Vec::new(),
         }
+    }
+
+    /// Add a categorical obs column.
+    pub fn with_obs(mut self, name: &str, values: Vec<String>) -> Tiny {
+        self.obs_cols.push((name.into(), values));
+        self
+    }
+
+    /// Add a dense obsm entry (n_obs x dim, row-major).
+    pub fn with_obsm(mut self, name: &str, values: Vec<f32>, dim: usize) -> Tiny {
+        self.obsm.push((name.into(), values, dim));
+        self
     }
 
     pub fn write(&self, path: &Path) {
         let f = hdf5::File::create(path).unwrap();
         enc(&f, "anndata", "0.1.0");
         write_df(&f, "obs", &self.obs_names);
+        if !self.obs_cols.is_empty() {
+            let g = f.group("obs").unwrap();
+            g.delete_attr("column-order").unwrap();
+            let names: Vec<VarLenUnicode> = self.obs_cols.iter().map(|(n, _)| n.parse().unwrap()).collect();
+            g.new_attr::<VarLenUnicode>().shape([names.len()]).create("column-order").unwrap().write_raw(&names).unwrap();
+            for (name, vals) in &self.obs_cols {
+                let mut cats: Vec<String> = vals.clone();
+                cats.sort();
+                cats.dedup();
+                let codes: Vec<i16> = vals.iter().map(|v| cats.binary_search(v).unwrap() as i16).collect();
+                let c = g.create_group(name).unwrap();
+                enc(&c, "categorical", "0.2.0");
+                c.new_attr::<bool>().shape(()).create("ordered").unwrap().write_scalar(&false).unwrap();
+                c.new_dataset::<i16>().shape([codes.len()]).create("codes").unwrap().write_raw(&codes).unwrap();
+                let cv: Vec<VarLenUnicode> = cats.iter().map(|s| s.parse().unwrap()).collect();
+                let ds = c.new_dataset::<VarLenUnicode>().shape([cv.len()]).create("categories").unwrap();
+                ds.write_raw(&cv).unwrap();
+                enc(&ds, "string-array", "0.2.0");
+            }
+        }
         write_df(&f, "var", &self.var_names);
         if self.write_x {
             let g = f.create_group("X").unwrap();
@@ -209,7 +247,18 @@ impl Tiny {
             let g = f.create_group(name).unwrap();
             enc(&g, "dict", "0.1.0");
         }
+        let obsm = f.group("obsm").unwrap();
+        for (name, vals, dim) in &self.obsm {
+            write_obsm(&obsm, name, vals, *dim);
+        }
     }
+}
+
+/// A dense float32 obsm array in anndata's encoding (`array` 0.2.0).
+pub fn write_obsm(obsm: &hdf5::Group, name: &str, vals: &[f32], dim: usize) {
+    let ds = obsm.new_dataset::<f32>().shape([vals.len() / dim, dim]).create(name).unwrap();
+    ds.write_raw(vals).unwrap();
+    enc(&ds, "array", "0.2.0");
 }
 
 pub fn enc(loc: &hdf5::Location, t: &str, v: &str) {

@@ -6,6 +6,7 @@
 
 mod anndata_compat;
 mod bad_input;
+mod benchmark;
 mod cellama;
 mod common;
 mod harmony;

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Benchmark `scfoundry benchmark` against scib-metrics 0.5.10's Benchmarker on SYNTHETIC data.
+
+    python bench/metrics_vs_scib.py --scfoundry target/release/scfoundry \
+        --scib-python /root/.cache/venv-scib/bin/python \
+        --cells 10000,100000 [--workdir /tmp/bench] [--repeats 1] [--json out.json]
+
+For each size it generates (once, cached in --workdir) a synthetic counts file with
+scripts/make_synthetic.py (seed 0, 10 cell types, 3 batches; labels `cell_type`, batches
+`batch`), embeds it once with `scfoundry embed --method pca` (obsm['X_pca']), then runs, each
+in a FRESH process and on the same file:
+
+  (a) scib-metrics' Benchmarker with its default metrics (bench/scib_benchmarker_child.py):
+      prepare (sc.tl.pca of X for PCR, pynndescent 90-NN) + benchmark;
+  (b) scfoundry benchmark --embedding X_pca --label-key cell_type --batch-key batch --quiet
+      (same metric set: exact 90-NN, the same PCA of X for PCR).
+
+Wall time is the child's whole life (imports and JAX compilation included for (a)); peak
+RSS is the child's own ru_maxrss (os.wait4). The measuring helpers are those of
+bench/pca_vs_scanpy.py. Values are printed side by side (KMeans differs by design: a
+different random stream).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pca_vs_scanpy import check_binary, ensure_data, machine, run_measured, summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = ROOT / "bench" / "scib_benchmarker_child.py"
+CLEAN = {"isolated_labels": "Isolated labels", "nmi_ari_cluster_labels_kmeans_nmi": "KMeans NMI",
+         "nmi_ari_cluster_labels_kmeans_ari": "KMeans ARI", "silhouette_label": "Silhouette label",
+         "clisi_knn": "cLISI", "bras": "BRAS", "ilisi_knn": "iLISI", "kbet_per_label": "KBET",
+         "graph_connectivity": "Graph connectivity", "pcr_comparison": "PCR comparison"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scfoundry", required=True)
+    ap.add_argument("--scib-python", default="/root/.cache/venv-scib/bin/python")
+    ap.add_argument("--python", default=sys.executable, help="Python with h5py/numpy for make_synthetic.py")
+    ap.add_argument("--cells", default="10000,100000")
+    ap.add_argument("--genes", type=int, default=3000)
+    ap.add_argument("--workdir", default="/tmp/bench")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=7200.0)
+    ap.add_argument("--skip-scib", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    exe = check_binary(a.scfoundry)
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    print("machine:", json.dumps(machine()), flush=True)
+    env_scib = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env_scib["JAX_PLATFORMS"] = "cpu"
+    out = {"machine": machine(), "sizes": {}}
+    for n in [int(x) for x in a.cells.split(",")]:
+        raw = ensure_data(work, n, a.genes, a.python)
+        emb = raw.with_name(raw.stem + ".pca.h5ad")
+        if not emb.exists():
+            subprocess.run([exe, "embed", "--method", "pca", "--data", str(raw), "--out", str(emb), "--quiet",
+                            "--runs-dir", str(work / "runs")], check=True)
+        rec = {}
+        if not a.skip_scib:
+            runs = [run_measured([a.scib_python, str(CHILD), str(emb), "X_pca", "cell_type", "batch"], env=env_scib,
+                                 timeout=a.timeout) for _ in range(a.repeats)]
+            rec["scib"] = summarize(runs)
+            if runs[-1]["rc"] == 0:
+                rec["scib"]["child"] = json.loads(runs[-1]["stdout"].strip().splitlines()[-1])
+        with tempfile.TemporaryDirectory() as td:
+            cmd = [exe, "benchmark", "--data", str(emb), "--embedding", "X_pca", "--label-key", "cell_type",
+                   "--batch-key", "batch", "--out", td, "--quiet"]
+            runs = [run_measured(cmd, timeout=a.timeout) for _ in range(a.repeats)]
+            rec["scfoundry"] = summarize(runs)
+            if runs[-1]["rc"] == 0:
+                rec["scfoundry"]["results"] = json.loads(Path(td, "results.json").read_text())
+        out["sizes"][n] = rec
+        print(f"\n== {n} cells x {a.genes} genes (SYNTHETIC), one embedding (X_pca, 50 dims), default metric set ==")
+        print(f"{'tool':<34} {'wall s':>10} {'peak MB':>10}")
+        for tool, label in (("scib", "scib-metrics 0.5.10 Benchmarker"), ("scfoundry", "scfoundry benchmark")):
+            s = rec.get(tool)
+            if s and s.get("wall_s") is not None:
+                print(f"{label:<34} {s['wall_s']:>10.1f} {s['peak_mb']:>10.0f}")
+            elif s:
+                print(f"{label:<34} failed (rc {s.get('rc')}): {s.get('stderr_tail', '')[-400:]}")
+        if rec.get("scib", {}).get("wall_s") and rec["scfoundry"].get("wall_s"):
+            print(f"ratio (scib / scfoundry): time {rec['scib']['wall_s'] / rec['scfoundry']['wall_s']:.1f}x, "
+                  f"peak memory {rec['scib']['peak_mb'] / rec['scfoundry']['peak_mb']:.1f}x")
+            print("scib steps (s):", {k: round(v, 1) for k, v in rec["scib"]["child"]["seconds"].items()})
+            ours = rec["scfoundry"]["results"]["results"][0]
+            print("scfoundry steps (s):", {k: round(v, 1) for k, v in ours["seconds"].items()})
+            theirs = rec["scib"]["child"]["results"]["X_pca"]
+            print(f"{'metric':<22} {'scib-metrics':>12} {'scfoundry':>12}")
+            for key, name in CLEAN.items():
+                tv = theirs.get(key)
+                ov = ours["metrics"].get(key, {}).get("value")
+                f = lambda v: "NaN" if v is None else f"{v:.4f}"
+                print(f"{name:<22} {f(tv):>12} {f(ov):>12}")
+        sys.stdout.flush()
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""One scib-metrics Benchmarker run for bench/metrics_vs_scib.py, in a fresh process.
+
+    python bench/scib_benchmarker_child.py IN.h5ad OBSM_KEY[,KEY...] LABEL_KEY BATCH_KEY
+
+Default metric set (scib-metrics 0.5.10), pynndescent 90-NN, X_pre = sc.tl.pca of X in
+prepare (as `scfoundry benchmark` does). The embeddings are copied to `emb:<key>` first,
+because prepare's sc.tl.pca writes obsm['X_pca']. Prints one JSON line: per-step seconds
+and the raw metric table.
+"""
+import json
+import os
+import sys
+import time
+import warnings
+
+t0 = time.perf_counter()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+warnings.filterwarnings("ignore")
+import anndata as ad  # noqa: E402
+import numpy as np  # noqa: E402
+from scib_metrics.benchmark import Benchmarker  # noqa: E402
+
+t = {"import": time.perf_counter() - t0}
+src, keys, label_key, batch_key = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+s = time.perf_counter()
+adata = ad.read_h5ad(src)
+names = []
+for k in keys:
+    adata.obsm[f"emb:{k}"] = np.asarray(adata.obsm[k])
+    names.append(f"emb:{k}")
+t["read"] = time.perf_counter() - s
+bm = Benchmarker(adata, batch_key=batch_key, label_key=label_key, embedding_obsm_keys=names, progress_bar=False)
+s = time.perf_counter()
+bm.prepare()
+t["prepare_pca_and_neighbors"] = time.perf_counter() - s
+s = time.perf_counter()
+bm.benchmark()
+t["benchmark_metrics"] = time.perf_counter() - s
+res = bm.get_results(min_max_scale=False, clean_names=False)
+t["total_in_process"] = time.perf_counter() - t0
+table = {n.split(":", 1)[1]: {c: (None if v != v else float(v)) for c, v in res.loc[n].items() if c != "Metric Type"} for n in names}
+print(json.dumps({"seconds": t, "results": table}))
