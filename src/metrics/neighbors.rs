@@ -220,153 +220,13 @@ fn tile_generic<const SQ: bool>(
     }
 }
 
-/// Exact Euclidean kNN. Self is included (normally first, distance 0), like
-/// pynndescent and scib-metrics' `NeighborsResults`; ties are broken by the smaller
-/// index. Distances are sqrt of the f32 sum over dimensions of squared differences.
-///
-/// Above 1024 cells, candidates come from a blocked GEMM ([`exact_knn_gemm`]); the
-/// result is identical to the direct computation ([`exact_knn_direct`]).
-pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
-    if n > 1024 {
-        exact_knn_gemm(x, n, d, k)
-    } else {
-        exact_knn_direct(x, n, d, k)
-    }
-}
-
-/// Squared distance exactly as the direct kernel computes it (sequential f32 sum).
-#[inline]
-fn sq_exact(a: &[f32], b: &[f32]) -> f32 {
-    let mut s = 0f32;
-    for t in 0..a.len() {
-        let e = a[t] - b[t];
-        s += e * e;
-    }
-    s
-}
-
-const GEMM_ROWS: usize = 512;
-const GEMM_COLS: usize = 2048;
-/// Extra candidates kept per row beyond k, so that GEMM rounding cannot lose a neighbour.
-const GEMM_MARGIN: usize = 16;
-
-/// Exact kNN through GEMM: on mean-centred coordinates, `|a|^2 + |b|^2 - 2 a.b` by blocked
-/// matrixmultiply `sgemm` selects the k + 16 nearest candidates of each row (per-row
-/// bounded max-heap); their distances are then recomputed directly on the original
-/// coordinates and the k nearest kept by (distance, index). A row whose (k+16)-th
-/// candidate is not clearly beyond its k-th exact distance (by a rounding bound of
-/// `(d + 4) * 2 eps (|a|^2 + max |b|^2)`) is recomputed by a full direct scan, so the
-/// result equals [`exact_knn_direct`] exactly. Memory: n*d (centred copy) + 512*2048 floats.
-pub fn exact_knn_gemm(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
-    assert_eq!(x.len(), n * d);
-    assert!(k >= 1 && k <= n, "need 1 <= k <= n");
-    let kc = (k + GEMM_MARGIN).min(n);
-    let mut mean = vec![0f64; d];
-    for i in 0..n {
-        for t in 0..d {
-            mean[t] += x[i * d + t] as f64;
-        }
-    }
-    mean.iter_mut().for_each(|m| *m /= n as f64);
-    let xc: Vec<f32> = x.iter().enumerate().map(|(p, &v)| (v as f64 - mean[p % d]) as f32).collect();
-    let norms: Vec<f32> = xc.par_chunks(d.max(1)).map(|r| r.iter().map(|v| v * v).sum::<f32>()).collect();
-    let maxnorm = norms.iter().copied().fold(0f32, f32::max);
-    let mut indices = vec![0u32; n * k];
-    let mut distances = vec![0f32; n * k];
-    let mut tile = vec![0f32; GEMM_ROWS * GEMM_COLS];
-    let mut r0 = 0;
-    while r0 < n {
-        let r1 = (r0 + GEMM_ROWS).min(n);
-        let nr = r1 - r0;
-        let mut heaps: Vec<BinaryHeap<Cand>> = (0..nr).map(|_| BinaryHeap::with_capacity(kc + 1)).collect();
-        let mut c0 = 0;
-        while c0 < n {
-            let c1 = (c0 + GEMM_COLS).min(n);
-            let nc = c1 - c0;
-            // tile[ri * nc + cj] = xc[r0 + ri] . xc[c0 + cj]
-            // SAFETY: the pointers and strides describe nr x d, d x nc and nr x nc arrays
-            // inside xc and tile.
-            unsafe {
-                matrixmultiply::sgemm(
-                    nr,
-                    d,
-                    nc,
-                    1.0,
-                    xc[r0 * d..].as_ptr(),
-                    d as isize,
-                    1,
-                    xc[c0 * d..].as_ptr(),
-                    1,
-                    d as isize,
-                    0.0,
-                    tile.as_mut_ptr(),
-                    nc as isize,
-                    1,
-                );
-            }
-            let tile_ref = &tile;
-            heaps.par_iter_mut().enumerate().for_each(|(ri, heap)| {
-                let r = r0 + ri;
-                let na = norms[r];
-                let row = &tile_ref[ri * nc..(ri + 1) * nc];
-                let mut worst = if heap.len() < kc { f32::INFINITY } else { heap.peek().unwrap().0 };
-                for (cj, &dot) in row.iter().enumerate() {
-                    let c = c0 + cj;
-                    let d2 = if c == r { f32::NEG_INFINITY } else { na + norms[c] - 2.0 * dot };
-                    if d2 > worst {
-                        continue;
-                    }
-                    let cand = Cand(d2, c as u32);
-                    if heap.len() < kc {
-                        heap.push(cand);
-                        if heap.len() == kc {
-                            worst = heap.peek().unwrap().0;
-                        }
-                    } else if cand < *heap.peek().unwrap() {
-                        heap.pop();
-                        heap.push(cand);
-                        worst = heap.peek().unwrap().0;
-                    }
-                }
-            });
-            c0 = c1;
-        }
-        let err = (d as f32 + 4.0) * 2.0 * f32::EPSILON;
-        indices[r0 * k..r1 * k]
-            .par_chunks_mut(k)
-            .zip(distances[r0 * k..r1 * k].par_chunks_mut(k))
-            .zip(heaps.into_par_iter())
-            .enumerate()
-            .for_each(|(ri, ((idx_out, dist_out), heap))| {
-                let r = r0 + ri;
-                let a = &x[r * d..(r + 1) * d];
-                let worst_approx = if kc < n { heap.peek().map_or(f32::INFINITY, |c| c.0) } else { f32::INFINITY };
-                let mut cands: Vec<(f32, u32)> =
-                    heap.into_vec().into_iter().map(|c| (sq_exact(a, &x[c.1 as usize * d..(c.1 as usize + 1) * d]), c.1)).collect();
-                cands.sort_unstable_by(|p, q| p.0.total_cmp(&q.0).then(p.1.cmp(&q.1)));
-                let kth = cands[k - 1].0;
-                let bound = err * (norms[r] + maxnorm);
-                if !(worst_approx - bound > kth + bound) {
-                    // not provably complete: scan the row directly
-                    cands = (0..n).map(|c| (sq_exact(a, &x[c * d..(c + 1) * d]), c as u32)).collect();
-                    cands.select_nth_unstable_by(k - 1, |p, q| p.0.total_cmp(&q.0).then(p.1.cmp(&q.1)));
-                    cands.truncate(k);
-                    cands.sort_unstable_by(|p, q| p.0.total_cmp(&q.0).then(p.1.cmp(&q.1)));
-                }
-                for (t, (d2, c)) in cands.into_iter().take(k).enumerate() {
-                    idx_out[t] = c;
-                    dist_out[t] = d2.sqrt();
-                }
-            });
-        r0 = r1;
-    }
-    NeighborsResults { indices, distances, n, k }
-}
-
 /// Exact Euclidean kNN by blocked brute force (row blocks in parallel, column
 /// blocks through a register-blocked distance kernel, per-row bounded max-heap).
+///
+/// Self is included (normally first, distance 0), like pynndescent and
+/// scib-metrics' `NeighborsResults`. Ties are broken by the smaller index.
 /// Memory: O(n*k + ROW_BLOCK*COL_BLOCK) per thread.
-pub fn exact_knn_direct(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
+pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
     assert_eq!(x.len(), n * d);
     assert!(k >= 1 && k <= n, "need 1 <= k <= n");
     let mut indices = vec![0u32; n * k];
@@ -474,27 +334,6 @@ pub(crate) fn sqdist(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
     use crate::metrics::fixtures::load_case;
-
-    /// The GEMM path gives exactly the direct result: random data, a large offset (GEMM
-    /// rounding large against distances: rows fall back to the direct scan), duplicates.
-    #[test]
-    fn gemm_knn_equals_direct() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        for (n, d, k, offset, dup) in [(1500usize, 30usize, 90usize, 0f32, false), (1300, 7, 50, 1e4, false), (1200, 16, 90, 0.0, true), (200, 5, 200, 0.0, true)] {
-            let mut x: Vec<f32> = (0..n * d).map(|_| rng.gen::<f32>() * 4.0 + offset).collect();
-            if dup {
-                for i in (0..n).step_by(7).skip(1) {
-                    let src = x[..d].to_vec();
-                    x[i * d..(i + 1) * d].copy_from_slice(&src);
-                }
-            }
-            let a = exact_knn_gemm(&x, n, d, k);
-            let b = exact_knn_direct(&x, n, d, k);
-            assert_eq!(a.indices, b.indices, "n={n} d={d} offset={offset} dup={dup}");
-            assert_eq!(a.distances, b.distances);
-        }
-    }
 
     #[test]
     fn exact_knn_matches_fixture_neighbours() {

@@ -70,12 +70,22 @@ fn is_dark(c: &RGBColor) -> bool {
 }
 
 /// plottable's `normed_cmap(col, PRGn, num_stds=2.5)`: the colour scale spans mean +- 2.5 sd
-/// of the column (sample sd); a column with one value or no spread uses the value itself.
+/// of the column (sample sd). A single embedding is coloured by the value itself on [0, 1];
+/// a column without spread gets the neutral middle colour.
 fn normer(col: &[f64]) -> impl Fn(f64) -> f64 {
     let v: Vec<f64> = col.iter().copied().filter(|x| x.is_finite()).collect();
     let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let single = v.len() < 2;
     let sd = if v.len() > 1 { (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64).sqrt() } else { 0.0 };
-    move |x: f64| if sd > 1e-12 { (x - (m - 2.5 * sd)) / (5.0 * sd) } else { x }
+    move |x: f64| {
+        if single {
+            x
+        } else if sd > 1e-12 {
+            (x - (m - 2.5 * sd)) / (5.0 * sd)
+        } else {
+            0.5
+        }
+    }
 }
 
 /// What the results-table figure shows.
