@@ -192,20 +192,7 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
     }
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let meta = std::fs::metadata(&spec.data).ok();
-    let mut prov = serde_json::Map::new();
-    prov.insert("tool".into(), json!("scfoundry"));
-    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    prov.insert("method".into(), json!(spec.method));
-    prov.insert("command".into(), json!(spec.command));
-    prov.insert("command_line".into(), json!(spec.command_line));
-    prov.insert("obsm_key".into(), json!(key));
-    prov.insert("seed".into(), json!(spec.seed));
-    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("run_id".into(), json!(spec.run_id));
-    prov.insert("input".into(), json!(spec.data.display().to_string()));
-    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
-    prov.insert("matrix".into(), json!(x.field));
+    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("batch_size_internal".into(), json!(cellama::BATCH_SIZE));
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
@@ -220,6 +207,26 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
     drop(uns);
     out.commit()?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
+}
+
+/// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,
+/// command, seed, date, run, input and the matrix read. Callers add parameters and weights.
+fn provenance(spec: &TaskSpec, key: &str, matrix: &str) -> serde_json::Map<String, Value> {
+    let meta = std::fs::metadata(&spec.data).ok();
+    let mut prov = serde_json::Map::new();
+    prov.insert("tool".into(), json!("scfoundry"));
+    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    prov.insert("method".into(), json!(spec.method));
+    prov.insert("command".into(), json!(spec.command));
+    prov.insert("command_line".into(), json!(spec.command_line));
+    prov.insert("obsm_key".into(), json!(key));
+    prov.insert("seed".into(), json!(spec.seed));
+    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
+    prov.insert("run_id".into(), json!(spec.run_id));
+    prov.insert("input".into(), json!(spec.data.display().to_string()));
+    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
+    prov.insert("matrix".into(), json!(matrix));
+    prov
 }
 
 /// The data opened and checked, the matrix, the options in effect and notes for the user.
@@ -430,20 +437,7 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     write_json_dict(&pca_g, "params", &pca_params).h5ctx(|| "writing uns/pca/params".into())?;
 
     // uns['scfoundry']: provenance
-    let meta = std::fs::metadata(&spec.data).ok();
-    let mut prov = serde_json::Map::new();
-    prov.insert("tool".into(), json!("scfoundry"));
-    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    prov.insert("method".into(), json!(spec.method));
-    prov.insert("command".into(), json!(spec.command));
-    prov.insert("command_line".into(), json!(spec.command_line));
-    prov.insert("obsm_key".into(), json!(key));
-    prov.insert("seed".into(), json!(spec.seed));
-    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("run_id".into(), json!(spec.run_id));
-    prov.insert("input".into(), json!(spec.data.display().to_string()));
-    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
-    prov.insert("matrix".into(), json!(l.x.field));
+    let mut prov = provenance(spec, key, &l.x.field);
     let mut params = spec.params.clone();
     params.insert("target_sum".into(), json!(l.opts.target_sum as f64));
     params.insert("hvg_flavor".into(), json!("seurat"));
