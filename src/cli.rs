@@ -61,6 +61,9 @@ pub enum Commands {
     Config(ConfigArgs),
     /// Read a Nextflow trace.txt (ours or Nextflow's): peak memory and wall time per task, with a sizing hint.
     Trace(TraceArgs),
+    /// The GPU setup: driver and CUDA versions, cuBLAS, each device with its free memory, and the
+    /// allocator in effect. With --bench-alloc, allocation latency of each allocator mode.
+    Doctor(DoctorArgs),
     /// Internal: run one task of a run folder.
     #[command(name = "__task", hide = true)]
     Task { spec: PathBuf },
@@ -153,6 +156,8 @@ pub struct EmbedArgs {
     pub seed: u64,
     #[command(flatten)]
     pub batch: BatchArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     #[command(flatten)]
     pub knobs: KnobArgs,
     /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
@@ -269,6 +274,63 @@ pub struct BatchArgs {
     /// Cells per batch for embedding (default: the method's, see `scfoundry methods`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_size: Option<u64>,
+}
+
+/// Where a model runs and how GPU memory is allocated (GPU methods; see `scfoundry doctor`).
+#[derive(Debug, Args, Default, Clone)]
+#[command(next_help_heading = "Device and GPU memory")]
+pub struct DeviceArgs {
+    /// cpu (default) or cuda. cuda fails with a clear error when it is not usable (no CUDA build,
+    /// no driver, no such device); it never falls back to the CPU.
+    #[arg(long, value_enum, value_name = "DEVICE")]
+    pub device: Option<crate::gpu::DeviceKind>,
+    /// GPU memory resource, after RMM's: async (default; stream-ordered from the driver's pool),
+    /// pool (reserved up front), managed (unified memory, may exceed the card), managed-pool, cuda
+    /// (plain cuMemAlloc). Also `[allocator] kind` in scfoundry.toml.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub allocator: Option<crate::gpu::AllocatorKind>,
+    /// async/pool/managed-pool: memory a pool keeps after frees before returning it (e.g. 4GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub release_threshold: Option<crate::gpu::ByteSize>,
+    /// pool/managed-pool: reserved at start (pool default: half the free memory, as RMM).
+    #[arg(long, value_name = "SIZE")]
+    pub initial_pool_size: Option<crate::gpu::ByteSize>,
+    /// pool/managed-pool: the pool never grows past this (pool default: the free memory;
+    /// managed-pool needs it and it may exceed the card).
+    #[arg(long, value_name = "SIZE")]
+    pub maximum_pool_size: Option<crate::gpu::ByteSize>,
+    /// Any allocator: allocations past this many live bytes fail as out-of-memory (then the batch
+    /// is halved and retried).
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_memory_limit: Option<crate::gpu::ByteSize>,
+    /// managed/managed-pool: keep at most this much prefetched on the card; the rest stays in
+    /// host memory and migrates when touched (simulates a card of this size).
+    #[arg(long, value_name = "SIZE")]
+    pub device_budget: Option<crate::gpu::ByteSize>,
+    /// Write each GPU allocation and free to this CSV file (time, action, pointer, bytes).
+    #[arg(long, value_name = "CSV")]
+    pub allocation_log: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure allocation + free latency of every allocator mode against raw driver calls.
+    #[arg(long)]
+    pub bench_alloc: bool,
+    /// Allocation pairs per mode for --bench-alloc.
+    #[arg(long, value_name = "N", default_value_t = 20_000, requires = "bench_alloc")]
+    pub pairs: usize,
+    /// Device for --bench-alloc.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: usize,
+    /// Seed of the benchmark's sizes (log-uniform 1 KiB to 64 MiB).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Method-specific options; a method that does not declare one ignores it with a warning.

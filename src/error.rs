@@ -63,6 +63,9 @@ pub enum Error {
     #[error("invalid value for {option}: {detail}")]
     BadOption { option: String, detail: String, hint: Option<String> },
 
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+
     #[error("{path}: {detail}")]
     Config { path: PathBuf, detail: String, hint: Option<String> },
 
@@ -146,6 +149,7 @@ impl Error {
             )),
             Error::BadOption { hint, .. } => hint.clone(),
             Error::Config { hint, .. } => hint.clone(),
+            Error::Gpu(e) => e.hint(),
             Error::Io { .. } => None,
             Error::ToolMissing { hint, .. } => Some(hint.clone()),
             Error::Executor { hint, .. } => hint.clone(),
@@ -168,7 +172,7 @@ impl Error {
 
     /// Whether the error is the user's to fix (exit 1) rather than ours (exit 2).
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, Error::Hdf5 { .. } | Error::Model { .. })
+        !matches!(self, Error::Hdf5 { .. } | Error::Model { .. } | Error::Gpu(crate::gpu::GpuError::Driver { .. }))
     }
 }
 

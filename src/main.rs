@@ -36,7 +36,7 @@ fn report(err: &anyhow::Error) {
     for cause in err.chain().skip(1) {
         eprintln!("  caused by: {cause}");
     }
-    if let Some(hint) = err.chain().find_map(|c| c.downcast_ref::<Error>().and_then(Error::hint)) {
+    if let Some(hint) = err.chain().find_map(|c| c.downcast_ref::<Error>().and_then(Error::hint).or_else(|| c.downcast_ref::<scfoundry::gpu::GpuError>().and_then(scfoundry::gpu::GpuError::hint))) {
         eprintln!("hint: {hint}");
     }
 }
@@ -73,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Geometry(a) => commands::geometry::run(&s, a),
         Commands::Config(a) => commands::config::run(&s, a),
         Commands::Trace(a) => commands::trace::run(a),
+        Commands::Doctor(a) => commands::doctor::run(&s, a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

@@ -38,6 +38,9 @@ pub struct WorkspaceConfig {
     pub weights: WeightsSection,
     #[serde(default)]
     pub methods: BTreeMap<String, MethodOverride>,
+    /// GPU memory resource for this workspace's runs (`[allocator] kind = "pool"` ...); flags win.
+    #[serde(default)]
+    pub allocator: Option<crate::gpu::AllocatorOptions>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -87,7 +90,7 @@ impl Workspace {
         let config: WorkspaceConfig = toml::from_str(&text).map_err(|e| Error::Config {
             path: path.clone(),
             detail: e.message().to_string() + &e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default(),
-            hint: Some("valid keys: [weights] dir, [methods.<name>] batch_size; see `scfoundry init --help`".into()),
+            hint: Some("valid keys: [weights] dir, [methods.<name>] batch_size, [allocator] kind/release_threshold/initial_pool_size/maximum_pool_size/limit/device_budget/log; see `scfoundry init --help`".into()),
         })?;
         Ok(Workspace { root: root.to_path_buf(), config })
     }
@@ -130,6 +133,35 @@ impl Workspace {
             }
         }
         Ok(())
+    }
+}
+
+impl Settings {
+    /// The device and allocator a run uses: flags, then the workspace's `[allocator]`, then the
+    /// defaults (cpu; async). Checked here, before any run folder exists.
+    pub fn device_spec(&self, args: &crate::cli::DeviceArgs) -> Result<crate::gpu::DeviceSpec> {
+        use crate::gpu::{AllocatorOptions, DeviceSpec};
+        let ws = self.workspace.as_ref().and_then(|w| w.config.allocator.clone().map(|a| (a, w.config_path())));
+        let mut a: AllocatorOptions = ws.as_ref().map(|(a, _)| a.clone()).unwrap_or_default();
+        if let Some(k) = args.allocator {
+            if k != a.kind {
+                // pool sizes in the workspace belong to the workspace's kind
+                a = AllocatorOptions { kind: k, limit: a.limit, log: a.log.clone(), ..Default::default() };
+            }
+        }
+        a.release_threshold = args.release_threshold.or(a.release_threshold);
+        a.initial_pool_size = args.initial_pool_size.or(a.initial_pool_size);
+        a.maximum_pool_size = args.maximum_pool_size.or(a.maximum_pool_size);
+        a.limit = args.gpu_memory_limit.or(a.limit);
+        a.device_budget = args.device_budget.or(a.device_budget);
+        if let Some(l) = &args.allocation_log {
+            a.log = Some(std::path::absolute(l).map_err(|e| Error::Io { path: l.clone(), source: e })?);
+        }
+        a.validate().map_err(|e| match (&ws, args.allocator.is_none()) {
+            (Some((_, path)), true) => Error::Config { path: path.clone(), detail: format!("[allocator]: {e}"), hint: None },
+            _ => Error::Gpu(e),
+        })?;
+        Ok(DeviceSpec { kind: args.device.unwrap_or_default(), ordinal: 0, allocator: a })
     }
 }
 

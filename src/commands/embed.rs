@@ -59,6 +59,37 @@ pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String,
     params
 }
 
+/// The device and allocator for the task: checked now (CUDA build, driver, device) when the
+/// task runs on this machine; a method that runs on the CPU only gets a warning, never a
+/// silent fallback.
+pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Result<crate::gpu::DeviceSpec> {
+    use crate::gpu::DeviceKind;
+    let d = &args.device;
+    let spec = s.device_spec(d)?;
+    let gpu_flags = d.allocator.is_some()
+        || d.release_threshold.is_some()
+        || d.initial_pool_size.is_some()
+        || d.maximum_pool_size.is_some()
+        || d.gpu_memory_limit.is_some()
+        || d.device_budget.is_some()
+        || d.allocation_log.is_some();
+    if !crate::methods::runs_on_cuda(&m.name) {
+        if spec.kind == DeviceKind::Cuda || gpu_flags {
+            warn(&format!("{} runs on the CPU only; --device cuda and the GPU memory options are ignored", m.name));
+        }
+        return Ok(crate::gpu::DeviceSpec::default());
+    }
+    if spec.kind == DeviceKind::Cpu && gpu_flags {
+        warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
+    }
+    if spec.kind == DeviceKind::Cuda && args.exec.executor == ExecutorKind::Local {
+        // the task sees only the pinned GPU (CUDA_VISIBLE_DEVICES): check the physical device here
+        let here = crate::gpu::DeviceSpec { ordinal: args.exec.gpu.unwrap_or(0) as usize, ..spec.clone() };
+        crate::gpu::preflight(&here).map_err(Error::Gpu)?;
+    }
+    Ok(spec)
+}
+
 pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let m = s.registry.get(&args.method)?.clone();
     let params = resolve_params(s, &m, args);
@@ -84,6 +115,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if exec.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }
+    let device = resolve_device(s, &m, args)?;
     // Validate what is cheap before any run folder exists: weights first (the usual miss).
     if m.name == "cellama" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
@@ -141,6 +173,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         step: Step::Embed,
         work: None,
         gpu: exec.gpu,
+        device,
     };
     if let Some((nf, main_nf)) = nextflow {
         return run_nextflow(s, args, &spec, &run, &nf, &main_nf);
@@ -175,6 +208,11 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
             runner::trace::fmt_duration(wall),
             runner::trace::fmt_memory(peak)
         );
+        for o in &outcomes {
+            if let Some(g) = crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)) {
+                eprintln!("GPU {} ({}): peak {} in {} allocations, allocator {}", g.ordinal, g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
+            }
+        }
         for n in r.notes {
             eprintln!("note: {n}");
         }

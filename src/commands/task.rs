@@ -28,7 +28,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "pca", Step::Fit) => fit_pca(&spec),
         ("embed", "pca", Step::Project { shard, start, end }) => project_pca(&spec, *shard, *start, *end),
         ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards),
-        ("embed", "cellama", Step::Embed) => embed_cellama(&spec),
+        ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir),
         (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
@@ -141,7 +141,113 @@ pub fn cellama_sentences(block: &crate::anndata::CsrBlock, var_names: &[String],
         .collect()
 }
 
-fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
+/// The task's device: the CPU, or the GPU runtime with the chosen allocator installed.
+pub struct TaskDevice {
+    pub device: candle_core::Device,
+    #[cfg(feature = "cuda")]
+    runtime: Option<crate::gpu::cuda::Runtime>,
+}
+
+impl TaskDevice {
+    pub fn start(spec: &TaskSpec) -> Result<TaskDevice> {
+        match spec.device.kind {
+            crate::gpu::DeviceKind::Cpu => Ok(TaskDevice {
+                device: candle_core::Device::Cpu,
+                #[cfg(feature = "cuda")]
+                runtime: None,
+            }),
+            #[cfg(feature = "cuda")]
+            crate::gpu::DeviceKind::Cuda => {
+                let rt = crate::gpu::cuda::start(&spec.device)?;
+                Ok(TaskDevice { device: rt.device.clone(), runtime: Some(rt) })
+            }
+            #[cfg(not(feature = "cuda"))]
+            crate::gpu::DeviceKind::Cuda => Err(crate::gpu::GpuError::NotCompiled.into()),
+        }
+    }
+
+    /// Write `gpu.json` (peak device memory, allocator, pointer checks, back-off) into the
+    /// task folder; nothing on the CPU.
+    pub fn write_report(&self, dir: &Path, backoff: Option<crate::gpu::backoff::BackoffReport>) {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            let _ = self.device.synchronize();
+            let mut r = rt.resource.report(&rt.name);
+            r.backoff = backoff;
+            let _ = std::fs::write(dir.join(crate::gpu::GpuReport::FILE), serde_json::to_string_pretty(&r).unwrap_or_default());
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (dir, backoff);
+    }
+
+    /// Call once the model's weights are on the device: the report separates them from batches.
+    pub fn mark_loaded(&self) {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            let _ = self.device.synchronize();
+            rt.resource.mark_loaded();
+        }
+    }
+
+    /// An out-of-memory error while loading a model becomes a clear GPU error (with the cost
+    /// report written); other errors pass through.
+    pub fn load_error(&self, e: Error, what: &str, dir: &Path) -> Error {
+        if !crate::gpu::is_out_of_memory(&e.to_string()) {
+            return e;
+        }
+        self.write_report(dir, None);
+        let allocator = self.allocator();
+        let hint = match allocator {
+            crate::gpu::AllocatorKind::Pool | crate::gpu::AllocatorKind::ManagedPool => {
+                "raise --maximum-pool-size (and --gpu-memory-limit if set), or use --allocator managed for a model larger than the card".to_string()
+            }
+            _ => "free memory on the GPU (`scfoundry doctor` shows what is free), raise --gpu-memory-limit if set, or use --allocator managed".to_string(),
+        };
+        crate::gpu::GpuError::ModelTooLarge { what: what.into(), allocator: allocator.to_string(), hint }.into()
+    }
+
+    pub fn allocator(&self) -> crate::gpu::AllocatorKind {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            return rt.resource.kind;
+        }
+        crate::gpu::AllocatorKind::default()
+    }
+}
+
+/// Embed `n` items in batches on a device, halving the batch on CUDA out-of-memory (see
+/// `gpu/backoff.rs`); `current` carries the batch size from one block of rows to the next.
+pub fn encode_with_backoff(
+    n: usize,
+    current: &mut usize,
+    total: &mut Option<crate::gpu::backoff::BackoffReport>,
+    allocator: crate::gpu::AllocatorKind,
+    mut f: impl FnMut(std::ops::Range<usize>) -> Result<Vec<f32>>,
+    mut done: impl FnMut(std::ops::Range<usize>, Vec<f32>),
+) -> Result<()> {
+    use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
+    let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
+    match run_batched(n, *current, is_oom, &mut f, &mut done) {
+        Ok(None) => Ok(()),
+        Ok(Some(r)) => {
+            *current = r.final_batch;
+            *total = Some(match total.take() {
+                Some(t) => BackoffReport { requested: t.requested, final_batch: r.final_batch, retries: t.retries + r.retries },
+                None => r,
+            });
+            Ok(())
+        }
+        Err(BackoffError::OutOfMemoryAtOne(e)) => Err(crate::gpu::GpuError::OutOfMemory {
+            allocator: allocator.to_string(),
+            detail: e.to_string(),
+            hint: format!("the model itself does not fit: free the GPU, raise --gpu-memory-limit, or use --allocator managed{}", extra_hint(allocator)),
+        }
+        .into()),
+        Err(BackoffError::Other(e)) => Err(e),
+    }
+}
+
+fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let shas = verified_weights("cellama", &dir, cellama::REQUIRED_ENTRIES)?;
@@ -162,7 +268,11 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
         .collect();
     let obs = obs_strings(&ad, &features, &mut notes)?;
     let model_dir = cellama::model_dir(&dir, &Manifest::load()?);
-    let enc = Encoder::load(&model_dir)?;
+    let dev = TaskDevice::start(spec)?;
+    let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let mut batch = param_u64(spec, "batch_size", cellama::BATCH_SIZE as u64).max(1) as usize;
+    let mut backoff = None;
     let dim = enc.hidden;
 
     let out = PendingOutput::create(&spec.data, &spec.out)?;
@@ -174,14 +284,25 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
         let b = x.read_rows(s, e)?;
         let sentences = cellama_sentences(&b, &ad.var_names, &obs, top);
         let mut rows = Vec::with_capacity(sentences.len() * dim);
-        for chunk in sentences.chunks(cellama::BATCH_SIZE) {
-            for snt in chunk {
-                if enc.token_ids(snt)?.len() >= enc.max_seq_length {
-                    truncated += 1;
-                }
+        for snt in &sentences {
+            if enc.token_ids(snt)?.len() >= enc.max_seq_length {
+                truncated += 1;
             }
-            rows.extend(enc.encode(chunk)?);
-            p.inc(chunk.len() as u64);
+        }
+        let encoded = encode_with_backoff(
+            sentences.len(),
+            &mut batch,
+            &mut backoff,
+            dev.allocator(),
+            |r| enc.encode(&sentences[r]),
+            |r, v| {
+                rows.extend(v);
+                p.inc(r.len() as u64);
+            },
+        );
+        if let Err(e) = encoded {
+            dev.write_report(task_dir, backoff.clone());
+            return Err(e);
         }
         write_rows(&ds, s, &rows, dim)?;
     }
@@ -194,7 +315,12 @@ fn embed_cellama(spec: &TaskSpec) -> Result<TaskResult> {
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
-    params.insert("batch_size_internal".into(), json!(cellama::BATCH_SIZE));
+    params.insert("batch_size".into(), json!(batch));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    if let Some(b) = &backoff {
+        notes.push(b.message(dev.allocator(), spec.params.contains_key("batch_size")));
+    }
+    dev.write_report(task_dir, backoff.clone());
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
     params.insert("pooling".into(), json!("mean, L2-normalised"));
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));

@@ -20,7 +20,8 @@
 //! (truncated at `max_seq_length` from `sentence_bert_config.json`, 256), then mean pooling over
 //! the attention mask and L2 normalisation, as the model's sentence-transformers modules
 //! (Transformer, Pooling(mean), Normalize). Sentences are encoded in batches of
-//! `BATCH_SIZE` (32, sentence-transformers' `encode` default); cellama has no batch option.
+//! `--batch-size` (default `BATCH_SIZE`, 32, sentence-transformers' `encode` default), on the
+//! CPU or, with `--device cuda`, on the GPU runtime (`gpu/`), halving the batch on out-of-memory.
 
 use std::path::{Path, PathBuf};
 
@@ -120,6 +121,11 @@ impl Encoder {
     /// Load `model.safetensors`, `config.json`, `tokenizer.json` (and `sentence_bert_config.json`
     /// when present) from a model folder.
     pub fn load(dir: &Path) -> Result<Encoder> {
+        Self::load_on(dir, Device::Cpu)
+    }
+
+    /// As `load`, with the weights on `device` (CPU or a CUDA device of the GPU runtime).
+    pub fn load_on(dir: &Path, device: Device) -> Result<Encoder> {
         let read = |name: &str| -> Result<String> {
             let p = dir.join(name);
             std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p, source: e })
@@ -143,7 +149,6 @@ impl Encoder {
             .map_err(|e| bad("tokenizer.json", e.to_string()))?;
         let pad_id = tokenizer.token_to_id("[PAD]").unwrap_or(config.pad_token_id as u32);
         tokenizer.with_padding(Some(PaddingParams { strategy: PaddingStrategy::BatchLongest, pad_id, pad_token: "[PAD]".into(), ..Default::default() }));
-        let device = Device::Cpu;
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is memory-mapped read-only; scfoundry does not modify weights while
         // running, and a concurrent writer would be a user error that `weights verify` detects.

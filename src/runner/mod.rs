@@ -51,6 +51,9 @@ pub struct TaskSpec {
     /// slot lock for the device held while it runs.
     #[serde(default)]
     pub gpu: Option<u32>,
+    /// The device and allocator (cpu unless --device cuda).
+    #[serde(default)]
+    pub device: crate::gpu::DeviceSpec,
 }
 
 /// A task's part of the work. A sharded embedding is `Fit`, then one `Project` per row
@@ -198,6 +201,12 @@ pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Resul
     let records: Vec<TraceRecord> = outcomes.iter().map(|o| o.record.clone()).collect();
     let trace_path = run.dir.join("trace.txt");
     std::fs::write(&trace_path, trace::render(&records)).map_err(|e| Error::Io { path: trace_path, source: e })?;
+    // GPU tasks leave gpu.json (peak device memory, allocator): a table beside trace.txt
+    let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g))).collect();
+    if !gpu.is_empty() {
+        let path = run.dir.join("gpu.tsv");
+        std::fs::write(&path, render_gpu_table(&gpu)).map_err(|e| Error::Io { path, source: e })?;
+    }
     let tasks: Vec<serde_json::Value> = outcomes
         .iter()
         .map(|o| {
@@ -224,8 +233,30 @@ pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Resul
         "tasks": tasks,
         "total_cpu_ms": outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.cpu_ms)).sum::<u64>(),
         "max_peak_rss": outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.peak_rss)).max(),
+        "gpu": gpu.iter().map(|(_, g)| g).collect::<Vec<_>>(),
     });
     let path = run.dir.join("report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap()).map_err(|e| Error::Io { path, source: e })?;
     Ok(())
+}
+
+/// `gpu.tsv`: one row per GPU task, the cost report's device-memory columns.
+fn render_gpu_table(rows: &[(&Outcome, crate::gpu::GpuReport)]) -> String {
+    let mut t = String::from("task_id\tname\tdevice\tallocator\tpeak_gpu_bytes\tpeak_gpu\tallocations\tfailed_allocations\tpool_reserved_high\tbatch_backoff\n");
+    for (o, g) in rows {
+        t.push_str(&format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            o.record.task_id,
+            o.record.name,
+            g.device,
+            g.allocator,
+            g.stats.peak_bytes,
+            trace::fmt_memory(g.stats.peak_bytes),
+            g.stats.allocations,
+            g.stats.failed,
+            g.pool_reserved_high.map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
+            g.backoff.as_ref().map(|b| format!("{} -> {}", b.requested, b.final_batch)).unwrap_or_else(|| "-".into()),
+        ));
+    }
+    t
 }

@@ -1,0 +1,131 @@
+//! The GPU runtime every GPU method runs on: device choice, the allocator (RMM-style memory
+//! resources on the CUDA driver's pools, with statistics, a limit and a log), the cost report of
+//! a GPU task, and the out-of-memory back-off.
+//!
+//! - `options.rs`: what the user chose (device, allocator, sizes); plain data, no GPU needed.
+//! - `accounting.rs`: the statistics/limit/log adaptors; pure bookkeeping, tested without a GPU.
+//! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
+//! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
+//!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
+//!
+//! How tensors reach the resource: candle allocates through cudarc's `CudaStream::alloc` and frees
+//! by dropping `CudaSlice`. Our patch to cudarc (cuda/patches/) adds a process-wide hook there;
+//! the task process installs the chosen resource as that hook before it creates candle's device,
+//! so model weights, activations and cuBLAS's workspace all come from it.
+
+pub mod accounting;
+pub mod backoff;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod options;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use accounting::MemoryStats;
+pub use options::{AllocatorKind, AllocatorOptions, ByteSize, DeviceKind, DeviceSpec};
+
+/// Whether this binary was built with the `cuda` feature.
+pub const CUDA_COMPILED: bool = cfg!(feature = "cuda");
+
+/// GPU problems, each saying which part is missing; `hint()` says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("--device cuda: this scfoundry was built without CUDA")]
+    NotCompiled,
+    #[error("--device cuda: the NVIDIA driver library could not be loaded ({detail})")]
+    NoDriver { detail: String },
+    #[error("--device cuda: {library} could not be loaded ({detail})")]
+    NoLibrary { library: String, detail: String },
+    #[error("--device cuda: no CUDA device {ordinal}: {found}{visible}")]
+    NoDevice { ordinal: usize, found: String, visible: String },
+    #[error("invalid --{option}: {value}")]
+    BadOption { option: String, value: String, hint: String },
+    #[error("CUDA driver call {call} failed: {detail}")]
+    Driver { call: String, detail: String },
+    #[error("CUDA ran out of memory even with a batch of 1 cell (allocator {allocator}): {detail}")]
+    OutOfMemory { allocator: String, detail: String, hint: String },
+    #[error("CUDA ran out of memory {what} (allocator {allocator}): the model does not fit")]
+    ModelTooLarge { what: String, allocator: String, hint: String },
+}
+
+impl GpuError {
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            GpuError::NotCompiled => "build the GPU binary with scripts/build-cuda.sh (README, \"GPU build\"), or run with --device cpu".into(),
+            GpuError::NoDriver { .. } => "is an NVIDIA driver installed? `nvidia-smi` should list the GPUs, and libcuda.so.1 must be on the loader path".into(),
+            GpuError::NoLibrary { .. } => "install the CUDA 13 libraries (cuBLAS 13, cuRAND 10) and put their folder on LD_LIBRARY_PATH, e.g. export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$LD_LIBRARY_PATH".into(),
+            GpuError::NoDevice { .. } => "`scfoundry doctor` lists the devices; pass --gpu with one of them".into(),
+            GpuError::BadOption { hint, .. } | GpuError::OutOfMemory { hint, .. } | GpuError::ModelTooLarge { hint, .. } => hint.clone(),
+            GpuError::Driver { .. } => return None,
+        })
+    }
+}
+
+/// What a GPU task leaves in its task folder (`gpu.json`) and the runner copies into the run's
+/// cost report: the device, the allocator in effect and the memory it measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GpuReport {
+    pub device: String,
+    pub ordinal: usize,
+    pub allocator: String,
+    pub options: AllocatorOptions,
+    /// The resource's own counters over the whole task.
+    pub stats: MemoryStats,
+    /// Bytes live once the model was loaded, before the first batch (weights, workspaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_bytes: Option<u64>,
+    /// Bytes the resource's pool held at most (pool modes), as the driver reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_reserved_high: Option<u64>,
+    /// Bytes the device's default pool served at most during the task: allocations that did not
+    /// go through the chosen resource would show here (0 expected unless --allocator async).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_pool_used_high: Option<u64>,
+    /// Pointer attributes of sampled allocations, checked against the mode.
+    #[serde(default)]
+    pub pointer_checks: PointerChecks,
+    /// Out-of-memory back-off, when it happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<backoff::BackoffReport>,
+}
+
+/// Sampled allocations whose driver attributes were read back (cuPointerGetAttribute).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PointerChecks {
+    pub checked: u64,
+    /// CU_POINTER_ATTRIBUTE_IS_MANAGED was set.
+    pub managed: u64,
+    /// CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE was the resource's own pool.
+    pub from_own_pool: u64,
+    /// Pointers whose attributes contradict the mode (must be 0).
+    pub mismatched: u64,
+}
+
+impl GpuReport {
+    pub const FILE: &'static str = "gpu.json";
+
+    pub fn read(dir: &Path) -> Option<GpuReport> {
+        let t = std::fs::read_to_string(dir.join(Self::FILE)).ok()?;
+        serde_json::from_str(&t).ok()
+    }
+}
+
+/// Check `--device`/`--gpu` before a run starts: the CUDA build, the driver, the libraries and
+/// the device. `visible` is the CUDA_VISIBLE_DEVICES the task will get, for messages.
+pub fn preflight(spec: &DeviceSpec) -> Result<(), GpuError> {
+    spec.allocator.validate()?;
+    match spec.kind {
+        DeviceKind::Cpu => Ok(()),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => cuda::preflight(spec.ordinal),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Err(GpuError::NotCompiled),
+    }
+}
+
+/// Whether an error message is CUDA's out-of-memory (from the driver or our limit).
+pub fn is_out_of_memory(message: &str) -> bool {
+    message.contains("CUDA_ERROR_OUT_OF_MEMORY") || message.contains("out of memory")
+}
