@@ -354,6 +354,19 @@ pub struct KnobArgs {
     /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
+    /// geneformer: var column holding Ensembl ids (default `ensembl_id`; `index` for var_names).
+    #[arg(long, value_name = "COL")]
+    pub gene_column: Option<String>,
+    /// geneformer: layer to read, -1 (second-to-last, upstream's default) or 0 (last).
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1..=0))]
+    pub emb_layer: Option<i64>,
+    /// geneformer: `cell` (mean of the gene states, default) or `cls` (the <cls> state, V2 models).
+    #[arg(long, value_name = "MODE", value_parser = ["cell", "cls"])]
+    pub emb_mode: Option<String>,
+    /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
+    /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<std::path::PathBuf>,
 }
 
 impl KnobArgs {
@@ -363,6 +376,21 @@ impl KnobArgs {
             .into_iter()
             .filter_map(|(f, v)| v.map(|v| (f, v)))
             .collect()
+    }
+
+    /// (flag, value) for every non-integer knob given on the command line (obs-features aside).
+    pub fn given_values(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        let dir = self.model_dir.as_ref().map(|d| json!(std::path::absolute(d).unwrap_or_else(|_| d.clone()).display().to_string()));
+        [
+            ("--gene-column", self.gene_column.as_ref().map(|v| json!(v))),
+            ("--emb-layer", self.emb_layer.map(|v| json!(v))),
+            ("--emb-mode", self.emb_mode.as_ref().map(|v| json!(v))),
+            ("--model-dir", dir),
+        ]
+        .into_iter()
+        .filter_map(|(f, v)| v.map(|v| (f, v)))
+        .collect()
     }
 }
 

@@ -43,11 +43,13 @@ pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String,
         }
     }
     let given = args.knobs.given();
-    for (flag, v) in &given {
+    let values = args.knobs.given_values();
+    let all = given.iter().map(|(f, v)| (*f, json!(v))).chain(values);
+    for (flag, v) in all {
         if m.knob(flag).is_none() {
             warn(&format!("{} does not honour {flag}; ignored", m.name));
         } else {
-            params.insert(flag.trim_start_matches("--").replace('-', "_"), json!(v));
+            params.insert(flag.trim_start_matches("--").replace('-', "_"), v);
         }
     }
     for k in &m.knobs {
@@ -119,6 +121,16 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     // Validate what is cheap before any run folder exists: weights first (the usual miss).
     if m.name == "cellama" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+    }
+    if m.name == "geneformer" {
+        match &args.knobs.model_dir {
+            Some(d) => {
+                crate::methods::geneformer::Dictionaries::find(d)?;
+            }
+            None => {
+                crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES)?;
+            }
+        }
     }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;

@@ -29,6 +29,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "pca", Step::Project { shard, start, end }) => project_pca(&spec, *shard, *start, *end),
         ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards),
         ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir),
+        ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir),
         (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
@@ -327,6 +328,181 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
+}
+
+/// The Ensembl ids of the var entries: a var column, or the index for `index`.
+pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
+    if column == "index" {
+        return Ok(ad.var_names.clone());
+    }
+    let var = ad.var()?;
+    let Some(col) = var.column(column) else {
+        let mut names = var.names().join(", ");
+        if names.is_empty() {
+            names = "none".into();
+        }
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: format!("var/{column}"),
+            detail: format!("no var column `{column}` with Ensembl ids (var columns: {names}; var_names start {})", ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("name the column with --gene-column, or `--gene-column index` when var_names are Ensembl ids; map symbols to Ensembl ids first otherwise (upstream: Ensembl BioMart or gene_name_id_dict.pkl)".into()),
+        });
+    };
+    match col.as_labels() {
+        Some(v) => Ok(v.into_iter().map(Option::unwrap_or_default).collect()),
+        None => Err(Error::BadField { path: ad.path.clone(), field: format!("var/{column}"), detail: format!("is {}, not strings", col.kind()), hint: Some("--gene-column must name a column of Ensembl ids".into()) }),
+    }
+}
+
+/// Each cell's total counts: obs['n_counts'] when present (upstream requires it), else row sums.
+fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, notes: &mut Vec<String>) -> Result<Vec<f64>> {
+    use crate::anndata::dataframe::Column;
+    let obs = ad.obs()?;
+    if let Some(Column::Numeric(v)) = obs.column("n_counts") {
+        return Ok(v.clone());
+    }
+    notes.push(format!("obs has no numeric `n_counts` (upstream requires it: each cell's total counts); the row sums of {} were used", x.field));
+    let mut out = Vec::with_capacity(ad.n_obs);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            out.push(b.row(i).1.iter().map(|&v| v as f64).sum());
+        }
+    }
+    Ok(out)
+}
+
+fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
+    let rep = reporter(!spec.progress);
+    let given_dir = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let (model_dir, mut shas) = match &given_dir {
+        Some(d) => (d.clone(), serde_json::Map::new()),
+        None => {
+            let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+            let shas = verified_weights("geneformer", &dir, geneformer::REQUIRED_ENTRIES)?;
+            (geneformer::model_dir(&dir, &Manifest::load()?), shas)
+        }
+    };
+    let emb_layer = spec.params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1) as i32;
+    let emb_mode = EmbMode::parse(spec.params.get("emb_mode").and_then(Value::as_str).unwrap_or("cell"))?;
+    let column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(geneformer::DEFAULT_GENE_COLUMN).to_string();
+    let mut batch = param_u64(spec, "batch_size", geneformer::DEFAULT_BATCH_SIZE as u64).max(1) as usize;
+    let mut backoff = None;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let ids = gene_ids(&ad, &column)?;
+    let dev = TaskDevice::start(spec)?;
+    let dict = geneformer::Dictionaries::find(&model_dir)?;
+    let model = Geneformer::load_on(&model_dir, dict, emb_layer, emb_mode, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    if given_dir.is_some() {
+        for p in [&model.weights_path, &model.dict.token_path, &model.dict.median_path] {
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            shas.insert(name, json!(weights::sha256_file(p, |_| {})?));
+        }
+    }
+    let table = GeneTable::new(&ids, &model.dict)?;
+    if table.n_genes() == 0 {
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: format!("var/{column}"),
+            detail: format!("none of the {} ids is in the token dictionary {} (ids start {})", ids.len(), model.dict.token_path.display(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("Geneformer needs Ensembl gene ids (ENSG...): choose the column with --gene-column".into()),
+        });
+    }
+    let mut notes = Vec::new();
+    if table.n_duplicated > 0 {
+        notes.push(format!("{} var entries share an Ensembl id with another; their counts were summed, as upstream's collapse_gene_ids", table.n_duplicated));
+    }
+    let totals = cell_totals(&ad, &x, &mut notes)?;
+    let dim = model.hidden();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_geneformer";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("geneformer: embed", ad.n_obs as u64, "cells");
+    let (mut empty, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
+    // blocks of cells: tokenised together, run longest first, written in the input order
+    for (s, e) in x.blocks(2_000_000) {
+        for start in (s..e).step_by(batch.max(1) * 20) {
+            let end = (start + batch.max(1) * 20).min(e);
+            let b = x.read_rows(start, end)?;
+            let cells: Vec<Vec<u32>> = (0..b.n_rows())
+                .map(|i| {
+                    let (idx, vals) = b.row(i);
+                    let ranked = table.rank(idx, vals, totals[start + i]);
+                    if ranked.len() > model.input_size - if model.dict.specials.is_some() { 2 } else { 0 } {
+                        truncated += 1;
+                    }
+                    model.tokens(ranked)
+                })
+                .collect();
+            empty += cells.iter().filter(|c| c.is_empty()).count();
+            n_tokens += cells.iter().map(Vec::len).sum::<usize>();
+            // longest first, halving the batch on CUDA out-of-memory; rows back in input order
+            let order = geneformer::length_order(&cells);
+            p.inc((cells.len() - order.len()) as u64);
+            let mut rows = vec![f32::NAN; cells.len() * dim];
+            let done = encode_with_backoff(
+                order.len(),
+                &mut batch,
+                &mut backoff,
+                dev.allocator(),
+                |r| model.forward_batch(order[r].iter().map(|&i| cells[i].as_slice()).collect()),
+                |r, v| {
+                    for (k, &i) in order[r.clone()].iter().enumerate() {
+                        rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
+                    }
+                    p.inc(r.len() as u64);
+                },
+            );
+            if let Err(e) = done {
+                dev.write_report(task_dir, backoff.clone());
+                return Err(e);
+            }
+            write_rows(&ds, start, &rows, dim)?;
+        }
+    }
+    p.finish();
+    drop(ds);
+    if empty > 0 {
+        notes.push(format!("{empty} cell(s) have no gene in the token dictionary: their embedding is NaN (upstream drops such cells)"));
+    }
+    if truncated > 0 {
+        notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens and were truncated, as upstream", model.input_size));
+    }
+    if let Some(b) = &backoff {
+        notes.push(b.message(dev.allocator(), true));
+    }
+    dev.write_report(task_dir, backoff.clone());
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    params.insert("gene_column".into(), json!(column));
+    params.insert("batch_size".into(), json!(batch));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("emb_layer".into(), json!(emb_layer));
+    params.insert("emb_mode".into(), json!(emb_mode.name()));
+    params.insert("model_input_size".into(), json!(model.input_size));
+    params.insert("special_tokens".into(), json!(model.dict.specials.is_some()));
+    params.insert("target_sum".into(), json!(geneformer::TARGET_SUM));
+    params.insert("genes_in_dictionary".into(), json!(table.n_genes()));
+    params.insert("mean_tokens_per_cell".into(), json!(n_tokens as f64 / ad.n_obs.max(1) as f64));
+    params.insert("tie_order".into(), json!("gene order (stable sort)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
+    w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
+    w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
     prov.insert("weights".into(), Value::Object(w));
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;

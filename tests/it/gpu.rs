@@ -80,7 +80,7 @@ fn allocator_options_are_checked_with_hints() {
         assert!(r.stderr.contains(want), "{extra:?}: {}", r.stderr);
     }
     let r = ctx.run(&["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--gpu-memory-limit", "8 parsecs"]);
-    assert_eq!(r.code, 2, "clap rejects a bad size: {}", r.stderr);
+    assert_ne!(r.code, 0, "a bad size is refused: {}", r.stderr);
     assert!(r.stderr.contains("512MiB"), "the size format is explained: {}", r.stderr);
 }
 

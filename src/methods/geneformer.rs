@@ -1,0 +1,879 @@
+//! Geneformer: Theodoris CV, Xiao L, Chopra A, et al., "Transfer learning enables predictions in
+//! network biology", Nature 618:616-624 (2023), doi:10.1038/s41586-023-06139-9; upstream code and
+//! weights https://huggingface.co/ctheodoris/Geneformer (`geneformer/tokenizer.py`,
+//! `geneformer/emb_extractor.py`, `geneformer/perturber_utils.py`).
+//!
+//! Rank-value encoding, as upstream's `TranscriptomeTokenizer.tokenize_anndata`:
+//! - genes are the var entries whose Ensembl id (var column `ensembl_id` by default; upstream
+//!   upper-cases it) is a key of the token dictionary; var entries with the same id are summed,
+//!   and, as upstream's `sum_ensembl_ids`, the summed genes come after the others;
+//! - per cell, `X_view / n_counts * 10_000 / median` in float64, which scipy evaluates as
+//!   `((x * (1/n_counts)) * 10_000) * (1/median)` (sparse / dense multiplies by the reciprocal; one
+//!   ulp from plain division, enough to reorder near-equal genes), with `n_counts` from obs (upstream
+//!   requires obs['n_counts'], the cell's total counts over all genes) or, when obs has no such
+//!   column, the row sum of the matrix; `median` from the gene median dictionary;
+//! - the non-zero genes ranked by that value, largest first: upstream's `np.argsort(-values)`
+//!   (numpy's unstable default sort) leaves the order of equal values to numpy; we break ties by
+//!   gene order (a stable sort), and `scripts/geneformer_reference.py` counts the cells where
+//!   that differs on the machine that made the fixture;
+//! - truncated to the model input size (config.json `max_position_embeddings`: 2,048 for V1,
+//!   4,096 for V2); when the token dictionary holds `<cls>` and `<eos>` (V2, upstream's
+//!   `special_token=True`) the ranked genes are cut at size - 2 and wrapped in `<cls>` ... `<eos>`.
+//!
+//! Cells with no gene in the dictionary have no tokens; upstream drops them from its dataset,
+//! we keep the row (outputs keep the input's cells) and give it NaN.
+//!
+//! The encoder is a Hugging Face `BertForMaskedLM` folder (config.json + model.safetensors or
+//! pytorch_model.bin, keys under `bert.`), run by candle-transformers' `BertModel` (absolute
+//! positions, relu). As `EmbExtractor.extract_embs`, the layer read is
+//! `hidden_states[n_layers + emb_layer]` with `emb_layer` -1 (upstream's default: the output of
+//! the second-to-last layer) or 0 (the last layer), so the model is built with that many layers.
+//! Cell embedding (`emb_mode="cell"`) = mean of that layer over the cell's tokens, leaving out
+//! `<cls>` and `<eos>` when the dictionary has them (`get_embs`); `emb_mode="cls"` takes the
+//! `<cls>` state (V2 only). Cells are run longest first in batches (upstream's
+//! `downsample_and_sort` also sorts by length, descending), padded with `<pad>` and masked.
+//!
+//! The dictionaries are Python pickles upstream. They are read here as data by a small pickle
+//! reader that runs no code: it knows the opcodes of protocols 0-5 that build str/int/float/
+//! bytes/list/tuple/dict values, plus the few globals that rebuild data (numpy scalars and dtypes,
+//! `_codecs.encode`, `collections.OrderedDict`), and refuses every other global. candle's
+//! `candle_core::pickle` reads torch checkpoints (protocol 2) but not protocol 4's
+//! SHORT_BINUNICODE/FRAME/MEMOIZE, which `pickle.dump` writes by default. A JSON object of the
+//! same mapping is accepted too.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+
+use crate::error::{Error, Result};
+
+/// upstream `tokenize_anndata(target_sum=10_000)`.
+pub const TARGET_SUM: f64 = 10_000.0;
+/// upstream's required var column.
+pub const DEFAULT_GENE_COLUMN: &str = "ensembl_id";
+/// upstream `EmbExtractor(forward_batch_size=100)`.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+/// The manifest entries the model reads.
+pub const REQUIRED_ENTRIES: &[&str] = &["geneformer-v1-model", "geneformer-v1-config", "geneformer-v1-token-dictionary", "geneformer-v1-gene-median-dictionary"];
+/// The entry whose folder is the model folder.
+pub const MODEL_ENTRY: &str = "geneformer-v1-model";
+/// The JSON or pickle shapes of the two dictionaries, for error messages.
+pub const TOKEN_DICT_FIELDS: &str = "a dict {Ensembl id: token id (int)} with the special tokens `<pad>` and `<mask>` (V2 also `<cls>` and `<eos>`), as upstream's token_dictionary.pkl";
+pub const MEDIAN_DICT_FIELDS: &str = "a dict {Ensembl id: non-zero median of normalised expression (float)}, as upstream's gene_median_dictionary.pkl";
+
+// ------------------------------------------------------------------------------------------
+// Pickle, read as data
+
+/// A Python value from a pickle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Py {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    List(Vec<Py>),
+    Tuple(Vec<Py>),
+    Dict(Vec<(Py, Py)>),
+    /// A global that may rebuild data (`module.name`), before it is called.
+    Global(String),
+    /// A numpy dtype: its type string (`f8`, `<i8`) and whether it is big-endian.
+    Dtype(String, bool),
+    Mark,
+}
+
+/// Globals whose call builds data and nothing else.
+const DATA_GLOBALS: &[&str] = &[
+    "numpy.dtype",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "_codecs.encode",
+    "collections.OrderedDict",
+    "builtins.set",
+    "builtins.frozenset",
+];
+
+fn numpy_scalar(dtype: &str, big: bool, bytes: &[u8]) -> std::result::Result<Py, String> {
+    let t = dtype.trim_start_matches(['<', '>', '=', '|']);
+    let mut b = bytes.to_vec();
+    if big || dtype.starts_with('>') {
+        b.reverse();
+    }
+    let arr = |n: usize| -> std::result::Result<Vec<u8>, String> {
+        if b.len() != n {
+            return Err(format!("numpy {dtype} scalar with {} bytes", b.len()));
+        }
+        Ok(b.clone())
+    };
+    Ok(match t {
+        "f8" => Py::Float(f64::from_le_bytes(arr(8)?.try_into().unwrap())),
+        "f4" => Py::Float(f32::from_le_bytes(arr(4)?.try_into().unwrap()) as f64),
+        "i8" => Py::Int(i64::from_le_bytes(arr(8)?.try_into().unwrap())),
+        "i4" => Py::Int(i32::from_le_bytes(arr(4)?.try_into().unwrap()) as i64),
+        "u4" => Py::Int(u32::from_le_bytes(arr(4)?.try_into().unwrap()) as i64),
+        "i2" => Py::Int(i16::from_le_bytes(arr(2)?.try_into().unwrap()) as i64),
+        "u2" => Py::Int(u16::from_le_bytes(arr(2)?.try_into().unwrap()) as i64),
+        "u8" => Py::Int(u64::from_le_bytes(arr(8)?.try_into().unwrap()) as i64),
+        "i1" => Py::Int(i8::from_le_bytes(arr(1)?.try_into().unwrap()) as i64),
+        "u1" | "b1" => Py::Int(arr(1)?[0] as i64),
+        other => return Err(format!("numpy scalar of dtype {other} is not supported")),
+    })
+}
+
+/// Call a data global with its arguments.
+fn call(global: &str, args: Vec<Py>) -> std::result::Result<Py, String> {
+    match (global, args.as_slice()) {
+        ("numpy.dtype", [Py::Str(t), ..]) => Ok(Py::Dtype(t.clone(), false)),
+        ("numpy.core.multiarray.scalar" | "numpy._core.multiarray.scalar", [Py::Dtype(t, big), Py::Bytes(b)]) => numpy_scalar(t, *big, b),
+        ("_codecs.encode", [Py::Str(s), Py::Str(enc)]) if enc == "latin1" || enc == "latin-1" => {
+            s.chars().map(|c| u8::try_from(c as u32).map_err(|_| "_codecs.encode: a character above 255".to_string())).collect::<std::result::Result<Vec<u8>, String>>().map(Py::Bytes)
+        }
+        ("collections.OrderedDict", []) => Ok(Py::Dict(vec![])),
+        ("collections.OrderedDict", [Py::List(items)]) => items
+            .iter()
+            .map(|it| match it {
+                Py::Tuple(kv) | Py::List(kv) if kv.len() == 2 => Ok((kv[0].clone(), kv[1].clone())),
+                _ => Err("OrderedDict item that is not a pair".to_string()),
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map(Py::Dict),
+        ("builtins.set" | "builtins.frozenset", []) => Ok(Py::List(vec![])),
+        ("builtins.set" | "builtins.frozenset", [Py::List(v)]) => Ok(Py::List(v.clone())),
+        (g, a) => Err(format!("unsupported call {g}{a:?}")),
+    }
+}
+
+fn text_line(b: &[u8], pos: &mut usize) -> std::result::Result<String, String> {
+    let rest = &b[*pos..];
+    let end = rest.iter().position(|&c| c == b'\n').ok_or("unterminated line")?;
+    *pos += end + 1;
+    Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+}
+
+/// Read a pickle as data. Any opcode or global that is not data is refused, never run.
+pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
+    let mut stack: Vec<Py> = Vec::new();
+    let mut memo: HashMap<u64, Py> = HashMap::new();
+    let mut pos = 0usize;
+    let take = |pos: &mut usize, n: usize| -> std::result::Result<&[u8], String> {
+        if *pos + n > b.len() {
+            return Err("truncated pickle".into());
+        }
+        let s = &b[*pos..*pos + n];
+        *pos += n;
+        Ok(s)
+    };
+    let u32le = |s: &[u8]| u32::from_le_bytes(s.try_into().unwrap()) as usize;
+    let pop = |stack: &mut Vec<Py>| stack.pop().ok_or_else(|| "pickle stack underflow".to_string());
+    let pop_mark = |stack: &mut Vec<Py>| -> std::result::Result<Vec<Py>, String> {
+        let m = stack.iter().rposition(|v| *v == Py::Mark).ok_or("no MARK on the pickle stack")?;
+        let items = stack.split_off(m + 1);
+        stack.pop();
+        Ok(items)
+    };
+    let pairs = |items: Vec<Py>| -> std::result::Result<Vec<(Py, Py)>, String> {
+        if items.len() % 2 != 0 {
+            return Err("odd number of items for a dict".into());
+        }
+        let mut it = items.into_iter();
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            out.push((k, v));
+        }
+        Ok(out)
+    };
+    loop {
+        let op = *take(&mut pos, 1)?.first().unwrap();
+        match op {
+            0x80 => {
+                take(&mut pos, 1)?;
+            } // PROTO
+            0x95 => {
+                take(&mut pos, 8)?;
+            } // FRAME
+            b'.' => return pop(&mut stack),
+            b'(' => stack.push(Py::Mark),
+            b'0' => {
+                pop(&mut stack)?;
+            }
+            b'1' => {
+                pop_mark(&mut stack)?;
+            }
+            b'2' => {
+                let v = stack.last().cloned().ok_or("DUP on an empty stack")?;
+                stack.push(v)
+            }
+            b'N' => stack.push(Py::None),
+            0x88 => stack.push(Py::Bool(true)),
+            0x89 => stack.push(Py::Bool(false)),
+            b'J' => stack.push(Py::Int(i32::from_le_bytes(take(&mut pos, 4)?.try_into().unwrap()) as i64)),
+            b'K' => stack.push(Py::Int(take(&mut pos, 1)?[0] as i64)),
+            b'M' => stack.push(Py::Int(u16::from_le_bytes(take(&mut pos, 2)?.try_into().unwrap()) as i64)),
+            0x8a | 0x8b => {
+                let n = if op == 0x8a { take(&mut pos, 1)?[0] as usize } else { u32le(take(&mut pos, 4)?) };
+                let s = take(&mut pos, n)?;
+                if n > 8 {
+                    return Err(format!("integer of {n} bytes"));
+                }
+                let mut v: i64 = 0;
+                for (i, &byte) in s.iter().enumerate() {
+                    v |= (byte as i64) << (8 * i);
+                }
+                if n > 0 && n < 8 && s[n - 1] & 0x80 != 0 {
+                    v -= 1i64 << (8 * n);
+                }
+                stack.push(Py::Int(v))
+            }
+            b'I' | b'L' => {
+                let t = text_line(b, &mut pos)?;
+                let t = t.trim_end_matches('L');
+                stack.push(match t {
+                    "01" => Py::Bool(true),
+                    "00" => Py::Bool(false),
+                    _ => Py::Int(t.parse().map_err(|_| format!("bad INT {t:?}"))?),
+                })
+            }
+            b'G' => stack.push(Py::Float(f64::from_be_bytes(take(&mut pos, 8)?.try_into().unwrap()))),
+            b'F' => {
+                let t = text_line(b, &mut pos)?;
+                stack.push(Py::Float(t.parse().map_err(|_| format!("bad FLOAT {t:?}"))?))
+            }
+            b'X' | 0x8c | 0x8d | b'T' | b'U' => {
+                let n = match op {
+                    0x8c | b'U' => take(&mut pos, 1)?[0] as usize,
+                    0x8d => u64::from_le_bytes(take(&mut pos, 8)?.try_into().unwrap()) as usize,
+                    _ => u32le(take(&mut pos, 4)?),
+                };
+                let s = take(&mut pos, n)?;
+                // BINSTRING/SHORT_BINSTRING are Python 2 byte strings; read them as latin-1 text
+                let v = if op == b'T' || op == b'U' { s.iter().map(|&c| c as char).collect() } else { String::from_utf8(s.to_vec()).map_err(|e| e.to_string())? };
+                stack.push(Py::Str(v))
+            }
+            b'V' => {
+                let t = text_line(b, &mut pos)?;
+                stack.push(Py::Str(t))
+            }
+            b'C' | b'B' | 0x8e | 0x96 => {
+                let n = match op {
+                    b'C' => take(&mut pos, 1)?[0] as usize,
+                    b'B' => u32le(take(&mut pos, 4)?),
+                    _ => u64::from_le_bytes(take(&mut pos, 8)?.try_into().unwrap()) as usize,
+                };
+                stack.push(Py::Bytes(take(&mut pos, n)?.to_vec()))
+            }
+            b')' => stack.push(Py::Tuple(vec![])),
+            b't' => {
+                let items = pop_mark(&mut stack)?;
+                stack.push(Py::Tuple(items))
+            }
+            0x85..=0x87 => {
+                let n = (op - 0x84) as usize;
+                if stack.len() < n {
+                    return Err("pickle stack underflow".into());
+                }
+                let items = stack.split_off(stack.len() - n);
+                stack.push(Py::Tuple(items))
+            }
+            b']' => stack.push(Py::List(vec![])),
+            b'l' => {
+                let items = pop_mark(&mut stack)?;
+                stack.push(Py::List(items))
+            }
+            b'a' | b'e' | 0x90 => {
+                let items = if op == b'a' { vec![pop(&mut stack)?] } else { pop_mark(&mut stack)? };
+                match stack.last_mut() {
+                    Some(Py::List(v)) => v.extend(items),
+                    _ => return Err("APPEND to something that is not a list".into()),
+                }
+            }
+            0x8f => stack.push(Py::List(vec![])), // EMPTY_SET
+            0x91 => {
+                let items = pop_mark(&mut stack)?;
+                stack.push(Py::List(items))
+            }
+            b'}' => stack.push(Py::Dict(vec![])),
+            b'd' => {
+                let items = pop_mark(&mut stack)?;
+                stack.push(Py::Dict(pairs(items)?))
+            }
+            b's' | b'u' => {
+                let items = if op == b's' {
+                    let v = pop(&mut stack)?;
+                    let k = pop(&mut stack)?;
+                    vec![k, v]
+                } else {
+                    pop_mark(&mut stack)?
+                };
+                match stack.last_mut() {
+                    Some(Py::Dict(d)) => d.extend(pairs(items)?),
+                    _ => return Err("SETITEM on something that is not a dict".into()),
+                }
+            }
+            b'q' | b'r' | 0x94 | b'p' => {
+                let key = match op {
+                    b'q' => take(&mut pos, 1)?[0] as u64,
+                    b'r' => u32le(take(&mut pos, 4)?) as u64,
+                    b'p' => text_line(b, &mut pos)?.parse().map_err(|_| "bad PUT")?,
+                    _ => memo.len() as u64,
+                };
+                let v = stack.last().cloned().ok_or("PUT on an empty stack")?;
+                memo.insert(key, v);
+            }
+            b'h' | b'j' | b'g' => {
+                let key = match op {
+                    b'h' => take(&mut pos, 1)?[0] as u64,
+                    b'j' => u32le(take(&mut pos, 4)?) as u64,
+                    _ => text_line(b, &mut pos)?.parse().map_err(|_| "bad GET")?,
+                };
+                stack.push(memo.get(&key).cloned().ok_or_else(|| format!("memo {key} not set"))?)
+            }
+            b'c' | 0x93 => {
+                let (module, name) = if op == b'c' {
+                    (text_line(b, &mut pos)?, text_line(b, &mut pos)?)
+                } else {
+                    let n = pop(&mut stack)?;
+                    let m = pop(&mut stack)?;
+                    match (m, n) {
+                        (Py::Str(m), Py::Str(n)) => (m, n),
+                        _ => return Err("STACK_GLOBAL without two strings".into()),
+                    }
+                };
+                let module = if module == "__builtin__" { "builtins".to_string() } else { module };
+                let g = format!("{module}.{name}");
+                if !DATA_GLOBALS.contains(&g.as_str()) {
+                    return Err(format!("the pickle refers to {g}, which is code, not data; only plain dicts of strings and numbers are read"));
+                }
+                stack.push(Py::Global(g))
+            }
+            b'R' | 0x81 => {
+                let args = pop(&mut stack)?;
+                let f = pop(&mut stack)?;
+                let (Py::Global(g), Py::Tuple(args)) = (f, args) else { return Err("REDUCE without a global and a tuple".into()) };
+                stack.push(call(&g, args)?)
+            }
+            b'b' => {
+                // BUILD: only a numpy dtype's state (version, byte order, ...) is expected
+                let state = pop(&mut stack)?;
+                match (stack.last_mut(), state) {
+                    (Some(Py::Dtype(_, big)), Py::Tuple(s)) => {
+                        if let Some(Py::Str(order)) = s.get(1) {
+                            *big = order == ">";
+                        }
+                    }
+                    (Some(Py::Dict(_)), Py::None) => {}
+                    _ => return Err("BUILD of an object that is not a numpy dtype".into()),
+                }
+            }
+            other => return Err(format!("pickle opcode 0x{other:02x} is not supported (only data is read)")),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Dictionaries
+
+/// One dictionary file as (key, value) pairs: a pickled dict or a JSON object.
+fn read_mapping(path: &Path) -> Result<Vec<(String, Py)>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+    let bad = |detail: String| Error::Config { path: path.into(), detail, hint: None };
+    let is_json = path.extension().is_some_and(|e| e == "json") || bytes.first().is_some_and(|&c| c == b'{');
+    if is_json {
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let obj = v.as_object().ok_or_else(|| bad("the JSON is not an object".into()))?;
+        return obj
+            .iter()
+            .map(|(k, v)| {
+                let p = if let Some(i) = v.as_i64() {
+                    Py::Int(i)
+                } else if let Some(f) = v.as_f64() {
+                    Py::Float(f)
+                } else {
+                    return Err(bad(format!("value of {k:?} is not a number: {v}")));
+                };
+                Ok((k.clone(), p))
+            })
+            .collect();
+    }
+    let v = read_pickle(&bytes).map_err(|e| bad(format!("not readable as a pickled dict: {e}")))?;
+    let Py::Dict(items) = v else { return Err(bad("the pickle holds no dict".into())) };
+    items
+        .into_iter()
+        .map(|(k, v)| match k {
+            Py::Str(k) => Ok((k, v)),
+            other => Err(bad(format!("a key that is not a string: {other:?}"))),
+        })
+        .collect()
+}
+
+/// The token and gene median dictionaries.
+#[derive(Debug, Clone)]
+pub struct Dictionaries {
+    pub tokens: HashMap<String, u32>,
+    pub medians: HashMap<String, f64>,
+    pub pad: u32,
+    /// `<cls>` and `<eos>`, when the token dictionary has both (V2).
+    pub specials: Option<(u32, u32)>,
+    pub token_path: PathBuf,
+    pub median_path: PathBuf,
+}
+
+impl Dictionaries {
+    pub fn load(token_path: &Path, median_path: &Path) -> Result<Dictionaries> {
+        let bad = |path: &Path, detail: String, fields: &str| Error::Config { path: path.into(), detail, hint: Some(format!("it should be {fields}")) };
+        let mut tokens = HashMap::new();
+        for (k, v) in read_mapping(token_path)? {
+            let t = match v {
+                Py::Int(i) if (0..=u32::MAX as i64).contains(&i) => i as u32,
+                other => return Err(bad(token_path, format!("token of {k:?} is not a non-negative integer: {other:?}"), TOKEN_DICT_FIELDS)),
+            };
+            tokens.insert(k, t);
+        }
+        let mut medians = HashMap::new();
+        for (k, v) in read_mapping(median_path)? {
+            let m = match v {
+                Py::Float(f) => f,
+                Py::Int(i) => i as f64,
+                other => return Err(bad(median_path, format!("median of {k:?} is not a number: {other:?}"), MEDIAN_DICT_FIELDS)),
+            };
+            medians.insert(k, m);
+        }
+        let pad = *tokens.get("<pad>").ok_or_else(|| bad(token_path, "no `<pad>` entry".into(), TOKEN_DICT_FIELDS))?;
+        let specials = match (tokens.get("<cls>"), tokens.get("<eos>")) {
+            (Some(&c), Some(&e)) => Some((c, e)),
+            (None, None) => None,
+            _ => return Err(bad(token_path, "has one of `<cls>` and `<eos>` but not both".into(), TOKEN_DICT_FIELDS)),
+        };
+        Ok(Dictionaries { tokens, medians, pad, specials, token_path: token_path.into(), median_path: median_path.into() })
+    }
+
+    /// Find `token_dictionary*.{pkl,json}` and `gene_median_dictionary*.{pkl,json}` in the model
+    /// folder, its parent, or the parent's `geneformer/` (upstream's repository layout).
+    pub fn find(model_dir: &Path) -> Result<Dictionaries> {
+        let mut dirs = vec![model_dir.to_path_buf()];
+        if let Some(p) = model_dir.parent() {
+            dirs.push(p.to_path_buf());
+            dirs.push(p.join("geneformer"));
+        }
+        let find = |prefix: &str, fields: &str| -> Result<PathBuf> {
+            for d in &dirs {
+                let Ok(rd) = std::fs::read_dir(d) else { continue };
+                let mut hits: Vec<PathBuf> = rd
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                        name.starts_with(prefix) && (name.ends_with(".pkl") || name.ends_with(".json"))
+                    })
+                    .collect();
+                hits.sort();
+                match hits.len() {
+                    0 => continue,
+                    1 => return Ok(hits.remove(0)),
+                    _ => {
+                        return Err(Error::Config {
+                            path: d.clone(),
+                            detail: format!("several {prefix}* files: {}", hits.iter().map(|h| h.file_name().unwrap().to_string_lossy().to_string()).collect::<Vec<_>>().join(", ")),
+                            hint: Some("keep the one that belongs to the model in its folder (V1: token_dictionary.pkl; V2: token_dictionary_gc104M.pkl)".into()),
+                        })
+                    }
+                }
+            }
+            Err(Error::Config {
+                path: model_dir.join(format!("{prefix}.pkl")),
+                detail: format!("no {prefix}.pkl (or .json, or {prefix}_*.pkl) in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")),
+                hint: Some(format!("put upstream's {prefix}.pkl beside the model folder; it is {fields}")),
+            })
+        };
+        let t = find("token_dictionary", TOKEN_DICT_FIELDS)?;
+        let m = find("gene_median_dictionary", MEDIAN_DICT_FIELDS)?;
+        Dictionaries::load(&t, &m)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Rank-value tokenizer
+
+/// The genes of a dataset that the dictionaries know, in upstream's column order.
+#[derive(Debug, Clone)]
+pub struct GeneTable {
+    /// For each var column: its slot, if its id is in the token dictionary.
+    pub slot_of_var: Vec<Option<u32>>,
+    /// Token and median of each slot, in upstream's order (unique genes in var order, then the
+    /// summed duplicates in order of first appearance).
+    pub tokens: Vec<u32>,
+    pub medians: Vec<f64>,
+    /// Var columns whose id appeared more than once and were summed.
+    pub n_duplicated: usize,
+}
+
+impl GeneTable {
+    /// `ids` are the var's Ensembl ids. Errors when a known gene has no median.
+    pub fn new(ids: &[String], dict: &Dictionaries) -> Result<GeneTable> {
+        let keys: Vec<Option<String>> = ids
+            .iter()
+            .map(|id| {
+                let k = id.trim().to_uppercase();
+                (dict.tokens.contains_key(&k) && !k.starts_with('<')).then_some(k)
+            })
+            .collect();
+        let mut count: HashMap<&str, usize> = HashMap::new();
+        for k in keys.iter().flatten() {
+            *count.entry(k.as_str()).or_default() += 1;
+        }
+        let mut slot_by_key: HashMap<&str, u32> = HashMap::new();
+        let mut order: Vec<&str> = Vec::new();
+        // unique genes first, in var order; then duplicated ids, in order of first appearance
+        for k in keys.iter().flatten().filter(|k| count[k.as_str()] == 1) {
+            slot_by_key.insert(k, order.len() as u32);
+            order.push(k);
+        }
+        for k in keys.iter().flatten().filter(|k| count[k.as_str()] > 1) {
+            if !slot_by_key.contains_key(k.as_str()) {
+                slot_by_key.insert(k, order.len() as u32);
+                order.push(k);
+            }
+        }
+        let mut medians = Vec::with_capacity(order.len());
+        for k in &order {
+            let m = *dict.medians.get(*k).ok_or_else(|| Error::Config {
+                path: dict.median_path.clone(),
+                detail: format!("no median for {k}, which the token dictionary has"),
+                hint: Some("the token and median dictionaries must come from the same model version".into()),
+            })?;
+            medians.push(m);
+        }
+        Ok(GeneTable {
+            slot_of_var: keys.iter().map(|k| k.as_ref().map(|k| slot_by_key[k.as_str()])).collect(),
+            tokens: order.iter().map(|k| dict.tokens[*k]).collect(),
+            medians,
+            n_duplicated: count.values().filter(|&&c| c > 1).map(|&c| c).sum(),
+        })
+    }
+
+    pub fn n_genes(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// A cell's ranked gene tokens (untruncated, no special tokens) from its sparse row.
+    pub fn rank(&self, indices: &[u32], values: &[f32], n_counts: f64) -> Vec<u32> {
+        // (slot, summed count) for the cell's known genes
+        let mut acc: Vec<(u32, f64)> = Vec::with_capacity(indices.len());
+        let mut dup: HashMap<u32, usize> = HashMap::new();
+        for (&j, &v) in indices.iter().zip(values) {
+            let Some(s) = self.slot_of_var[j as usize] else { continue };
+            if self.n_duplicated > 0 {
+                if let Some(&at) = dup.get(&s) {
+                    acc[at].1 += v as f64;
+                    continue;
+                }
+                dup.insert(s, acc.len());
+            }
+            acc.push((s, v as f64));
+        }
+        let mut scored: Vec<(u32, f64)> = acc
+            .into_iter()
+            .filter(|&(_, v)| v != 0.0)
+            // scipy's sparse / dense is a multiplication by the reciprocal (`_divide`:
+            // `self.multiply(np.divide(1, other))`), so upstream computes
+            // ((x * (1/n_counts)) * 10_000) * (1/median), which is not x / n * 1e4 / m bit for bit
+            .map(|(s, v)| (s, v * (1.0 / n_counts) * TARGET_SUM * (1.0 / self.medians[s as usize])))
+            .filter(|&(_, v)| v != 0.0)
+            .collect();
+        // slot order first (upstream's column order), then values descending, stable
+        scored.sort_by_key(|&(s, _)| s);
+        scored.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+        scored.into_iter().map(|(s, _)| self.tokens[s as usize]).collect()
+    }
+}
+
+/// Upstream's `format_cell_features`: truncate to the input size, wrap in `<cls>`/`<eos>` (V2).
+pub fn finish_tokens(mut ranked: Vec<u32>, input_size: usize, specials: Option<(u32, u32)>) -> Vec<u32> {
+    if ranked.is_empty() {
+        return ranked;
+    }
+    match specials {
+        Some((cls, eos)) => {
+            ranked.truncate(input_size.saturating_sub(2));
+            let mut out = Vec::with_capacity(ranked.len() + 2);
+            out.push(cls);
+            out.extend(ranked);
+            out.push(eos);
+            out
+        }
+        None => {
+            ranked.truncate(input_size);
+            ranked
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Model
+
+/// Which state becomes the cell embedding (upstream `EmbExtractor(emb_mode=...)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbMode {
+    /// Mean over the gene tokens (`<cls>`/`<eos>` left out).
+    Cell,
+    /// The `<cls>` token's state (V2).
+    Cls,
+}
+
+impl EmbMode {
+    pub fn parse(s: &str) -> Result<EmbMode> {
+        match s {
+            "cell" => Ok(EmbMode::Cell),
+            "cls" => Ok(EmbMode::Cls),
+            other => Err(Error::BadOption { option: "--emb-mode".into(), detail: format!("{other:?}"), hint: Some("use `cell` (mean of the gene states) or `cls` (the <cls> state, V2 models)".into()) }),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbMode::Cell => "cell",
+            EmbMode::Cls => "cls",
+        }
+    }
+}
+
+fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
+    move |e| Error::Model { context: context.into(), detail: e.to_string() }
+}
+
+/// A Geneformer checkpoint with its dictionaries.
+pub struct Geneformer {
+    model: BertModel,
+    pub dict: Dictionaries,
+    pub config: Config,
+    device: Device,
+    /// upstream's `model_input_size`: config.json's `max_position_embeddings`.
+    pub input_size: usize,
+    /// -1 (second-to-last layer, upstream's default) or 0 (last layer).
+    pub emb_layer: i32,
+    pub emb_mode: EmbMode,
+    /// The weights file read.
+    pub weights_path: PathBuf,
+}
+
+/// The cells with tokens, longest first (so a batch's padding is small); empty cells left out.
+pub fn length_order(cells: &[Vec<u32>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..cells.len()).filter(|&i| !cells[i].is_empty()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(cells[i].len()));
+    order
+}
+
+impl Geneformer {
+    /// Load a Hugging Face `BertForMaskedLM` folder (config.json + model.safetensors, or
+    /// pytorch_model.bin read as data) and the dictionaries beside it.
+    pub fn load(dir: &Path, emb_layer: i32, emb_mode: EmbMode) -> Result<Geneformer> {
+        let dict = Dictionaries::find(dir)?;
+        Self::load_with(dir, dict, emb_layer, emb_mode)
+    }
+
+    pub fn load_with(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode) -> Result<Geneformer> {
+        Self::load_on(dir, dict, emb_layer, emb_mode, Device::Cpu)
+    }
+
+    /// As `load_with`, with the weights on `device` (the CPU or a device of the GPU runtime).
+    pub fn load_on(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device) -> Result<Geneformer> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
+        let config: Config = serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: cfg_path.clone(),
+            detail: format!("not a BERT config: {e}"),
+            hint: Some("Geneformer's config.json is a transformers BertConfig (hidden_size, num_hidden_layers, hidden_act, max_position_embeddings, ...)".into()),
+        })?;
+        if !matches!(emb_layer, -1 | 0) {
+            return Err(Error::BadOption { option: "--emb-layer".into(), detail: format!("{emb_layer}"), hint: Some("upstream offers -1 (second-to-last layer, the default) and 0 (last layer)".into()) });
+        }
+        if emb_mode == EmbMode::Cls && dict.specials.is_none() {
+            return Err(Error::BadOption {
+                option: "--emb-mode".into(),
+                detail: format!("cls needs a <cls> token, and {} has none (a V1 model)", dict.token_path.display()),
+                hint: Some("use --emb-mode cell".into()),
+            });
+        }
+        if config.vocab_size <= dict.tokens.values().copied().max().unwrap_or(0) as usize {
+            return Err(Error::Config {
+                path: dict.token_path.clone(),
+                detail: format!("token ids reach {}, the model's vocabulary has {}", dict.tokens.values().max().unwrap(), config.vocab_size),
+                hint: Some("the dictionaries belong to another model version (V1 vocab 25,426; V2 20,275)".into()),
+            });
+        }
+        let st = dir.join("model.safetensors");
+        let bin = dir.join("pytorch_model.bin");
+        let (vb, weights_path) = if st.is_file() {
+            // SAFETY: memory-mapped read-only; weights are not modified while scfoundry runs.
+            let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&st], DType::F32, &device) }.map_err(|e| Error::BadWeights { path: st.clone(), detail: e.to_string() })?;
+            (vb, st)
+        } else if bin.is_file() {
+            // candle's reader takes the tensors out of the zip archive's data.pkl as data
+            let vb = VarBuilder::from_pth(&bin, DType::F32, &device).map_err(|e| Error::BadWeights { path: bin.clone(), detail: e.to_string() })?;
+            (vb, bin)
+        } else {
+            return Err(Error::Config {
+                path: dir.into(),
+                detail: "no model.safetensors or pytorch_model.bin".into(),
+                hint: Some("a Geneformer model folder holds config.json and model.safetensors (or pytorch_model.bin) from huggingface.co/ctheodoris/Geneformer".into()),
+            });
+        };
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
+        // hidden_states[n_layers + emb_layer]: the model up to that layer
+        let mut run_cfg = config.clone();
+        run_cfg.num_hidden_layers = (config.num_hidden_layers as i64 + emb_layer as i64).max(0) as usize;
+        let model = BertModel::load(vb, &run_cfg).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") })?;
+        let input_size = config.max_position_embeddings;
+        Ok(Geneformer { model, dict, config, device, input_size, emb_layer, emb_mode, weights_path })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    /// The model's token ids for one cell, from its ranked genes.
+    pub fn tokens(&self, ranked: Vec<u32>) -> Vec<u32> {
+        finish_tokens(ranked, self.input_size, self.dict.specials)
+    }
+
+    /// Embeddings of cells (row-major `n x hidden`, in the order given). Cells run longest first
+    /// in batches of `batch_size`; a cell without tokens gets NaN.
+    pub fn embed(&self, cells: &[Vec<u32>], batch_size: usize, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let h = self.hidden();
+        let mut out = vec![f32::NAN; cells.len() * h];
+        let order = length_order(cells);
+        let skipped = cells.len() - order.len();
+        if skipped > 0 {
+            progress(skipped);
+        }
+        for chunk in order.chunks(batch_size.max(1)) {
+            let rows = self.forward_batch(chunk.iter().map(|&i| cells[i].as_slice()).collect())?;
+            for (k, &i) in chunk.iter().enumerate() {
+                out[i * h..(i + 1) * h].copy_from_slice(&rows[k * h..(k + 1) * h]);
+            }
+            progress(chunk.len());
+        }
+        Ok(out)
+    }
+
+    /// One padded batch through the encoder: row-major `cells.len() x hidden`.
+    pub fn forward_batch(&self, cells: Vec<&[u32]>) -> Result<Vec<f32>> {
+        let ctx = model_err("running the Geneformer encoder");
+        let n = cells.len();
+        let len = cells.iter().map(|c| c.len()).max().unwrap_or(0);
+        let mut ids = vec![self.dict.pad; n * len];
+        let mut mask = vec![0u32; n * len];
+        // pooling weights: 1 / count over the pooled positions
+        let mut pool = vec![0f32; n * len];
+        let special = self.dict.specials.is_some();
+        for (r, c) in cells.iter().enumerate() {
+            ids[r * len..r * len + c.len()].copy_from_slice(c);
+            mask[r * len..r * len + c.len()].iter_mut().for_each(|m| *m = 1);
+            match self.emb_mode {
+                EmbMode::Cls => pool[r * len] = 1.0,
+                EmbMode::Cell => {
+                    let (start, end) = if special { (1, c.len().saturating_sub(1)) } else { (0, c.len()) };
+                    let count = end.saturating_sub(start);
+                    if count == 0 {
+                        continue;
+                    }
+                    for p in start..end {
+                        pool[r * len + p] = 1.0;
+                    }
+                    // divide after the sum, as upstream's `masked_embs.sum(1) / lens`
+                }
+            }
+        }
+        let counts: Vec<f32> = (0..n).map(|r| pool[r * len..(r + 1) * len].iter().sum::<f32>().max(1.0)).collect();
+        let ids = Tensor::from_vec(ids, (n, len), &self.device).map_err(&ctx)?;
+        let mask = Tensor::from_vec(mask, (n, len), &self.device).map_err(&ctx)?;
+        let types = ids.zeros_like().map_err(&ctx)?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
+        let w = Tensor::from_vec(pool, (n, len, 1), &self.device).map_err(&ctx)?;
+        let summed = hidden.broadcast_mul(&w).map_err(&ctx)?.sum(1).map_err(&ctx)?;
+        let counts = Tensor::from_vec(counts, (n, 1), &self.device).map_err(&ctx)?;
+        let mean = summed.broadcast_div(&counts).map_err(&ctx)?;
+        mean.flatten_all().map_err(&ctx)?.to_vec1::<f32>().map_err(&ctx)
+    }
+}
+
+/// The model folder for a weights folder, from the manifest entry of the model file.
+pub fn model_dir(weights_dir: &Path, manifest: &crate::weights::Manifest) -> PathBuf {
+    let file = manifest.weights.get(MODEL_ENTRY).map(|e| e.file.clone()).unwrap_or_else(|| "geneformer/gf-6L-30M-i2048/model.safetensors".into());
+    weights_dir.join(file).parent().map(Path::to_path_buf).unwrap_or_else(|| weights_dir.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dict(specials: bool) -> Dictionaries {
+        let mut tokens: HashMap<String, u32> = [("<pad>", 0), ("<mask>", 1), ("ENSG1", 2), ("ENSG2", 3), ("ENSG3", 4), ("ENSG4", 5)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        if specials {
+            tokens.insert("<cls>".into(), 6);
+            tokens.insert("<eos>".into(), 7);
+        }
+        let medians = [("ENSG1", 1.0), ("ENSG2", 2.0), ("ENSG3", 0.5), ("ENSG4", 1.0)].iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        Dictionaries { tokens, medians, pad: 0, specials: specials.then_some((6, 7)), token_path: "t.pkl".into(), median_path: "m.pkl".into() }
+    }
+
+    #[test]
+    fn rank_value_encoding_as_upstream() {
+        let d = dict(false);
+        let ids: Vec<String> = ["ENSG1", "x", "ensg2", "ENSG3", "ENSG4"].iter().map(|s| s.to_string()).collect();
+        let t = GeneTable::new(&ids, &d).unwrap();
+        assert_eq!(t.slot_of_var, vec![Some(0), None, Some(1), Some(2), Some(3)]);
+        // counts 4, 9 (unknown), 4, 1, 2 over n_counts 20: /median -> 2000, -, 1000, 1000, 1000
+        let r = t.rank(&[0, 1, 2, 3, 4], &[4.0, 9.0, 4.0, 1.0, 2.0], 20.0);
+        // ties in gene order (stable)
+        assert_eq!(r, vec![2, 3, 4, 5]);
+        assert_eq!(finish_tokens(r.clone(), 3, None), vec![2, 3, 4]);
+        assert_eq!(finish_tokens(r, 4, Some((6, 7))), vec![6, 2, 3, 7]);
+        assert!(finish_tokens(vec![], 4, Some((6, 7))).is_empty());
+        // no known gene: no tokens
+        assert!(t.rank(&[1], &[5.0], 5.0).is_empty());
+    }
+
+    #[test]
+    fn duplicated_ids_are_summed_and_placed_last() {
+        let d = dict(false);
+        let ids: Vec<String> = ["ENSG1", "ENSG2", "ENSG3", "ENSG1"].iter().map(|s| s.to_string()).collect();
+        let t = GeneTable::new(&ids, &d).unwrap();
+        assert_eq!(t.slot_of_var, vec![Some(2), Some(0), Some(1), Some(2)]);
+        assert_eq!(t.tokens, vec![3, 4, 2]);
+        // ENSG1 = 1 + 1 = 2 -> 2/1; ENSG2 = 4 -> 4/2 = 2; ENSG3 = 1 -> 1/0.5 = 2: all tie
+        assert_eq!(t.rank(&[0, 1, 2, 3], &[1.0, 4.0, 1.0, 1.0], 10.0), vec![3, 4, 2]);
+    }
+
+    #[test]
+    fn pickles_are_read_as_data() {
+        // pickle.dumps({'ENSG1': 2, '<pad>': 0, 'a': 1.5, 'b': -3, 'c': 70000}, protocol=4)
+        let p4: &[u8] = b"\x80\x04\x95=\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x05ENSG1\x94K\x02\x8c\x05<pad>\x94K\x00\x8c\x01a\x94G?\xf8\x00\x00\x00\x00\x00\x00\x8c\x01b\x94J\xfd\xff\xff\xff\x8c\x01c\x94Jp\x11\x01\x00u.";
+        let v = read_pickle(p4).unwrap();
+        assert_eq!(
+            v,
+            Py::Dict(vec![
+                (Py::Str("ENSG1".into()), Py::Int(2)),
+                (Py::Str("<pad>".into()), Py::Int(0)),
+                (Py::Str("a".into()), Py::Float(1.5)),
+                (Py::Str("b".into()), Py::Int(-3)),
+                (Py::Str("c".into()), Py::Int(70000)),
+            ])
+        );
+        // pickle.dumps({'x': 1}, protocol=2)
+        let p2: &[u8] = b"\x80\x02}q\x00X\x01\x00\x00\x00xq\x01K\x01s.";
+        assert_eq!(read_pickle(p2).unwrap(), Py::Dict(vec![(Py::Str("x".into()), Py::Int(1))]));
+        // code is refused: pickle.dumps(os.system) -> posix.system
+        let evil: &[u8] = b"\x80\x04\x95\x14\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94.";
+        let e = read_pickle(evil).unwrap_err();
+        assert!(e.contains("posix.system"), "{e}");
+    }
+
+    #[test]
+    fn numpy_scalars_decode() {
+        assert_eq!(numpy_scalar("f8", false, &2.5f64.to_le_bytes()).unwrap(), Py::Float(2.5));
+        assert_eq!(numpy_scalar("<i8", false, &(-7i64).to_le_bytes()).unwrap(), Py::Int(-7));
+        assert_eq!(numpy_scalar("f4", true, &1.5f32.to_be_bytes()).unwrap(), Py::Float(1.5));
+    }
+}

@@ -1,0 +1,180 @@
+//! geneformer against the committed transformers fixture (tests/fixtures/geneformer/, made by
+//! scripts/geneformer_reference.py; CI never installs torch): two small random
+//! BertForMaskedLM folders in upstream's formats (v1: no <cls>/<eos>, pickled dictionaries,
+//! model.safetensors and pytorch_model.bin; v2: <cls>/<eos>, JSON token dictionary, numpy-scalar
+//! median pickle), 50 real demo cells with var['ensembl_id'] and obs['n_counts'].
+//! Token ids must be identical for every cell; embeddings within 1e-4 relative error.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use scfoundry::anndata::AnnData;
+use scfoundry::commands::task::gene_ids;
+use scfoundry::methods::geneformer::{Dictionaries, EmbMode, GeneTable, Geneformer};
+
+use crate::common::{repo, TestContext};
+
+const MAX_REL: f64 = 1e-4;
+
+fn fx() -> PathBuf {
+    repo().join("tests/fixtures/geneformer")
+}
+
+fn reference() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fx().join("reference.json")).unwrap()).unwrap()
+}
+
+fn matrix(v: &Value) -> Vec<Vec<f64>> {
+    v.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+}
+
+/// Token ids of the fixture's cells as scfoundry makes them.
+fn our_tokens(model: &Geneformer) -> Vec<Vec<u32>> {
+    crate::common::no_hdf5_locking();
+    let ad = AnnData::open(&fx().join("pbmc68k_50.h5ad")).unwrap();
+    let x = ad.matrix(None).unwrap();
+    let ids = gene_ids(&ad, "ensembl_id").unwrap();
+    let table = GeneTable::new(&ids, &model.dict).unwrap();
+    let obs = ad.obs().unwrap();
+    let Some(scfoundry::anndata::dataframe::Column::Numeric(n)) = obs.column("n_counts") else { panic!("n_counts") };
+    let b = x.read_rows(0, ad.n_obs).unwrap();
+    (0..b.n_rows())
+        .map(|i| {
+            let (idx, vals) = b.row(i);
+            model.tokens(table.rank(idx, vals, n[i]))
+        })
+        .collect()
+}
+
+/// Worst relative error (per cell: max |a - b| / max |b|) against the reference rows.
+fn max_rel(got: &[f32], want: &[Vec<f64>], dim: usize) -> f64 {
+    let mut worst = 0f64;
+    for (i, w) in want.iter().enumerate() {
+        let scale = w.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (k, &wv) in w.iter().enumerate() {
+            let g = got[i * dim + k] as f64;
+            worst = worst.max((g - wv).abs() / scale);
+        }
+    }
+    worst
+}
+
+fn check(dir: &Path, variant: &str, emb_layer: i32, mode: EmbMode, key: &str, batch: usize) -> f64 {
+    let r = reference();
+    let model = Geneformer::load(dir, emb_layer, mode).unwrap();
+    assert_eq!(model.input_size, r[variant]["input_size"].as_u64().unwrap() as usize);
+    let tokens = our_tokens(&model);
+    let want: Vec<Vec<u32>> = r[variant]["tokens"].as_array().unwrap().iter().map(|c| c.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()).collect();
+    assert_eq!(tokens.len(), want.len());
+    for (i, (a, b)) in tokens.iter().zip(&want).enumerate() {
+        assert_eq!(a, b, "{variant} cell {i}: token ids differ");
+    }
+    let got = model.embed(&tokens, batch, |_| {}).unwrap();
+    let err = max_rel(&got, &matrix(&r[variant]["embeddings"][key]), model.hidden());
+    eprintln!("geneformer {variant} {key} ({}), batch {batch}: max relative error {err:.3e}", model.weights_path.file_name().unwrap().to_string_lossy());
+    assert!(err < MAX_REL, "{variant} {key}: max relative error {err}");
+    err
+}
+
+#[test]
+fn geneformer_v1_safetensors_matches_transformers() {
+    check(&fx().join("v1"), "v1", -1, EmbMode::Cell, "emb_layer_-1_cell", 100);
+    // batches of 7 cells: padding differs, results do not
+    check(&fx().join("v1"), "v1", 0, EmbMode::Cell, "emb_layer_0_cell", 7);
+}
+
+#[test]
+fn geneformer_v1_pytorch_bin_matches_transformers() {
+    // the same folder with only pytorch_model.bin: the pickle path
+    let ctx = TestContext::new();
+    let dir = ctx.path("v1bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "pytorch_model.bin", "token_dictionary.pkl", "gene_median_dictionary.pkl"] {
+        std::fs::copy(fx().join("v1").join(f), dir.join(f)).unwrap();
+    }
+    let m = Geneformer::load(&dir, -1, EmbMode::Cell).unwrap();
+    assert!(m.weights_path.ends_with("pytorch_model.bin"));
+    check(&dir, "v1", -1, EmbMode::Cell, "emb_layer_-1_cell", 100);
+}
+
+#[test]
+fn geneformer_v2_special_tokens_match_transformers() {
+    let dir = fx().join("v2");
+    let d = Dictionaries::find(&dir).unwrap();
+    assert_eq!(d.specials, Some((2, 3)));
+    check(&dir, "v2", -1, EmbMode::Cell, "emb_layer_-1_cell", 100);
+    check(&dir, "v2", -1, EmbMode::Cls, "emb_layer_-1_cls", 16);
+}
+
+fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
+    let f = hdf5::File::open(path).unwrap();
+    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
+    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
+}
+
+#[test]
+fn geneformer_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    std::fs::copy(fx().join("pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let dir = fx().join("v1");
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap(), "--batch-size", "8"]);
+    r.success();
+    let out = ctx.path("cells.geneformer.h5ad");
+    let (got, dim) = read_obsm(&out, "X_geneformer");
+    assert_eq!(dim, 32);
+    let err = max_rel(&got, &matrix(&reference()["v1"]["embeddings"]["emb_layer_-1_cell"]), dim);
+    assert!(err < MAX_REL, "{err}");
+    assert!(r.stderr.contains("were truncated"), "{}", r.stderr);
+    // --emb-layer 0 and the var index as gene column (an error: symbols are not Ensembl ids)
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "last.h5ad", "--model-dir", dir.to_str().unwrap(), "--emb-layer", "0"]);
+    r.success();
+    let (got, dim) = read_obsm(&ctx.path("last.h5ad"), "X_geneformer");
+    assert!(max_rel(&got, &matrix(&reference()["v1"]["embeddings"]["emb_layer_0_cell"]), dim) < MAX_REL);
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "x.h5ad", "--model-dir", dir.to_str().unwrap(), "--gene-column", "index"]);
+    r.user_error().stderr_has("none of the 765 ids is in the token dictionary").stderr_has("--gene-column");
+}
+
+#[test]
+fn geneformer_missing_dictionary_names_the_file_and_fields() {
+    let ctx = TestContext::new();
+    let dir = ctx.path("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors", "gene_median_dictionary.pkl"] {
+        std::fs::copy(fx().join("v1").join(f), dir.join(f)).unwrap();
+    }
+    std::fs::copy(fx().join("pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap()]);
+    r.user_error().stderr_has("token_dictionary.pkl").stderr_has("{Ensembl id: token id (int)}");
+    assert!(!ctx.path("runs").exists(), "no run folder for a run that cannot start");
+    // a dictionary that is not a dict of numbers says what it should be
+    std::fs::write(dir.join("token_dictionary.json"), r#"{"ENSG00000000003": "seven"}"#).unwrap();
+    let e = Dictionaries::find(&dir).unwrap_err().to_string();
+    assert!(e.contains("token_dictionary.json") && e.contains("not a number"), "{e}");
+    // a missing gene column names the column and lists what var has
+    std::fs::write(dir.join("token_dictionary.json"), r#"{"<pad>": 0}"#).unwrap();
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap(), "--gene-column", "gene_ids"]);
+    r.user_error().stderr_has("no var column `gene_ids`").stderr_has("ensembl_id");
+}
+
+#[test]
+fn geneformer_cells_without_dictionary_genes_get_nan() {
+    let model = Geneformer::load(&fx().join("v1"), -1, EmbMode::Cell).unwrap();
+    let mut cells = our_tokens(&model);
+    cells.truncate(3);
+    cells.insert(1, vec![]);
+    let rows = model.embed(&cells, 2, |_| {}).unwrap();
+    let h = model.hidden();
+    assert!(rows[h..2 * h].iter().all(|v| v.is_nan()));
+    let want = matrix(&reference()["v1"]["embeddings"]["emb_layer_-1_cell"]);
+    let kept: Vec<f32> = [0usize, 2, 3].iter().flat_map(|&i| rows[i * h..(i + 1) * h].to_vec()).collect();
+    assert!(max_rel(&kept, &want[..3], h) < MAX_REL);
+    // a gene row with only unknown genes ranks to nothing, and gets no special tokens
+    let ids = vec!["ENSG_NOT_THERE".to_string(), "".to_string()];
+    let table = GeneTable::new(&ids, &model.dict).unwrap();
+    assert_eq!(table.n_genes(), 0);
+    assert!(model.tokens(table.rank(&[0, 1], &[3.0, 4.0], 7.0)).is_empty());
+    // --emb-mode cls is refused for a V1 dictionary
+    let e = Geneformer::load(&fx().join("v1"), -1, EmbMode::Cls).err().unwrap().to_string();
+    assert!(e.contains("cls needs a <cls> token"), "{e}");
+}
