@@ -160,15 +160,8 @@ pub struct EmbedArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub knobs: KnobArgs,
-    /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
-    #[arg(long, value_name = "DIR")]
-    pub runs_dir: Option<PathBuf>,
     #[command(flatten)]
     pub exec: ExecArgs,
-    /// Arguments after `--` go to the executor unchanged: `nextflow run` (e.g. `-- -with-report r.html`)
-    /// or `sbatch` (e.g. `-- --qos=short`).
-    #[arg(last = true, value_name = "ARGS", help_heading = "Executor")]
-    pub passthrough: Vec<String>,
 }
 
 /// Where the tasks run.
@@ -179,31 +172,48 @@ pub enum ExecutorKind {
     Local,
     /// `nextflow run` on the repository's main.nf with a generated config.
     Nextflow,
-    /// Direct submission with sbatch; with --shards, a job array and a dependent merge job.
+    /// Direct submission with sbatch, one job per task; `embed --shards` makes the shards a job
+    /// array with a dependent merge job.
     Slurm,
 }
 
-/// How and where tasks run.
+/// The executor, its Slurm options and the run folder: what every task command takes.
 #[derive(Debug, Args, Default)]
 #[command(next_help_heading = "Executor")]
-pub struct ExecArgs {
+pub struct ExecutorArgs {
     /// local (default), nextflow or slurm.
     #[arg(long, value_enum, default_value_t = ExecutorKind::Local)]
     pub executor: ExecutorKind,
+    /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
+    #[arg(long, value_name = "DIR")]
+    pub runs_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub slurm: SlurmArgs,
+    /// Arguments after `--` go to the executor unchanged: `nextflow run` (e.g. `-- -with-report r.html`)
+    /// or `sbatch` (e.g. `-- --qos=short`).
+    #[arg(last = true, value_name = "ARGS", help_heading = "Executor")]
+    pub passthrough: Vec<String>,
+}
+
+/// How and where an embedding's tasks run: the executor, and the options only embed has
+/// (shards, GPU pinning, concurrency).
+#[derive(Debug, Args, Default)]
+#[command(next_help_heading = "Executor")]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub base: ExecutorArgs,
     /// Split the projection over N row shards (fit once, project shards, merge); the result is
     /// identical to an unsharded run. With slurm the shards are a job array.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub shards: Option<u64>,
     /// Pin GPU tasks to this device (CUDA_VISIBLE_DEVICES); the local runner holds the workspace's
     /// lock for it, so one task uses a GPU at a time across all runs of the workspace.
-    #[arg(long, value_name = "N")]
+    #[arg(long, help_heading = "Executor", value_name = "N")]
     pub gpu: Option<u32>,
     /// At most N tasks at once: shards in the local runner, running elements of the Slurm job
     /// array (`--array=0-K%N`), Nextflow's maxForks for GPU processes.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
-    #[command(flatten)]
-    pub slurm: SlurmArgs,
 }
 
 /// sbatch options for `--executor slurm`.
@@ -394,7 +404,13 @@ impl KnobArgs {
     }
 }
 
+/// What integrate, benchmark and geometry say about executors in --help.
+pub const ONE_TASK_HELP: &str = "This command runs as one task, in a run folder (trace.txt, report.json): a process on this \
+machine (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's process \
+(--executor nextflow). It is not split into shards: --shards, --gpu and --max-forks are embed's only.";
+
 #[derive(Debug, Args)]
+#[command(after_help = ONE_TASK_HELP)]
 pub struct IntegrateArgs {
     /// The integration method (see `scfoundry methods`; harmony runs today).
     #[arg(long, short)]
@@ -422,9 +438,12 @@ pub struct IntegrateArgs {
     pub theta: Option<f32>,
     #[command(flatten)]
     pub batch: BatchArgs,
+    #[command(flatten)]
+    pub exec: ExecutorArgs,
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = ONE_TASK_HELP)]
 pub struct BenchmarkArgs {
     /// Input .h5ad holding the embeddings in obsm (never modified).
     #[arg(long, short, value_name = "H5AD")]
@@ -460,9 +479,12 @@ pub struct BenchmarkArgs {
     /// `Benchmarker.get_results(min_max_scale=True)`).
     #[arg(long)]
     pub min_max_scale: bool,
+    #[command(flatten)]
+    pub exec: ExecutorArgs,
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = ONE_TASK_HELP)]
 pub struct GeometryArgs {
     /// Input .h5ad holding the embedding in obsm (never modified).
     #[arg(long, short, value_name = "H5AD")]
@@ -479,6 +501,8 @@ pub struct GeometryArgs {
     /// Output folder (default: <data stem>.geometry/ beside the input).
     #[arg(long, short, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub exec: ExecutorArgs,
 }
 
 #[derive(Debug, Args)]

@@ -60,11 +60,13 @@ workflow SCFOUNDRY {
 
     } else if (task_kind == 'benchmark') {
         require_param('input')
+        require_param('embedding')
         BENCHMARK ( h5ad_channel(params.input, 'data') )
         ch_versions = ch_versions.mix(BENCHMARK.out.versions)
 
     } else if (task_kind == 'geometry') {
         require_param('input')
+        require_param('embedding')
         GEOMETRY ( h5ad_channel(params.input, 'data') )
         ch_versions = ch_versions.mix(GEOMETRY.out.versions)
 

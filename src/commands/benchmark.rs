@@ -4,24 +4,40 @@
 //! As scib-metrics' `Benchmarker`: one exact 90-NN per embedding, subset to 15/50/90;
 //! PCR comparison against a PCA of the unintegrated X (`metrics::prepare`); aggregates
 //! 0.4 x batch + 0.6 x bio, optionally min-max scaled. Writes results.tsv, results.json,
-//! results.svg/png and, with --per-cell, lisi_per_cell.tsv into the output folder.
+//! results.svg/png and, with --per-cell, lisi_per_cell.tsv into the output folder. The work is
+//! one task (`task`), run where `--executor` says; the input is checked here first.
 
-use std::io::Write;
+use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rand::seq::index::sample;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::anndata::AnnData;
 use crate::cli::BenchmarkArgs;
 use crate::commands::ExitStatus;
 use crate::error::Error;
+use crate::executor::{self, nextflow};
 use crate::metrics::{self, aggregate, BenchmarkConfig, MetricKind, MetricValue, NeighborsResults};
 use crate::plots;
 use crate::progress::{reporter, warn, Progress, Reporter};
+use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
+
+/// What the task needs besides data, output and seed (the spec's params).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchmarkOptions {
+    pub embedding: Vec<String>,
+    pub label_key: String,
+    pub batch_key: String,
+    pub batch_max_cells: Option<u64>,
+    pub metrics: Vec<String>,
+    pub per_cell: bool,
+    pub min_max_scale: bool,
+}
 
 /// Stamped on every value: values from different implementations are not comparable.
 pub const IMPLEMENTATION: &str = concat!("scfoundry-metrics ", env!("CARGO_PKG_VERSION"), " (scib-metrics 0.5.10 definitions)");
@@ -278,10 +294,24 @@ fn fmt(v: f64) -> String {
     }
 }
 
-pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
-    let t0 = Instant::now();
-    let rep = reporter(s.quiet || !s.progress);
-    let mut cfg = parse_metrics(&a.metrics, a.seed)?;
+/// The metrics selected, the labels and batches, the subsample and the embeddings, checked.
+struct Prepared {
+    cfg: BenchmarkConfig,
+    selected: Vec<&'static str>,
+    ad: AnnData,
+    n: usize,
+    labels: Vec<u32>,
+    label_cats: Vec<String>,
+    batches: Vec<u32>,
+    batch_cats: Vec<String>,
+    any_bio: bool,
+    any_batch: bool,
+    sub: Option<Vec<usize>>,
+    embs: Vec<(String, Vec<f32>, usize)>,
+}
+
+fn prepare(data: &Path, a: &BenchmarkOptions, seed: u64) -> anyhow::Result<Prepared> {
+    let cfg = parse_metrics(&a.metrics, seed)?;
     let selected = enabled(&cfg);
     if selected.is_empty() {
         return Err(Error::BadOption { option: "--metrics".into(), detail: "selects no metric".into(), hint: Some("e.g. `--metrics default`".into()) }.into());
@@ -297,7 +327,7 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
         return Err(Error::BadOption { option: "--embedding".into(), detail: "names no obsm key".into(), hint: Some("e.g. `--embedding X_pca,X_scvi`".into()) }.into());
     }
 
-    let ad = AnnData::open(&a.data)?;
+    let ad = AnnData::open(data)?;
     let n = ad.n_obs;
     let obs = ad.obs()?;
     let (labels, label_cats) = obs_codes(&ad, &obs, &a.label_key, "--label-key")?;
@@ -343,7 +373,7 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
                 }
                 .into());
             }
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed ^ 0x5ca1ab1e);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5ca1ab1e);
             let mut idx = sample(&mut rng, n, m).into_vec();
             idx.sort_unstable();
             Some(idx)
@@ -362,10 +392,62 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
         let (x, d) = read_embedding(&ad, e)?;
         embs.push((e.clone(), x, d));
     }
-    let out_dir = a.out.clone().unwrap_or_else(|| default_out(&a.data, "benchmark"));
+    Ok(Prepared { cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs })
+}
+
+pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
+    let pipeline = executor::preflight(&args.exec)?;
+    let opts = BenchmarkOptions {
+        embedding: args.embedding.clone(),
+        label_key: args.label_key.clone(),
+        batch_key: args.batch_key.clone(),
+        batch_max_cells: args.batch_max_cells,
+        metrics: args.metrics.clone(),
+        per_cell: args.per_cell,
+        min_max_scale: args.min_max_scale,
+    };
+    // the input is checked before any run folder exists; the task reads it again
+    drop(prepare(&args.data, &opts, args.seed)?);
+    let out_dir = args.out.clone().unwrap_or_else(|| default_out(&args.data, "benchmark"));
+    let run = executor::create_run(s, &args.exec, &out_dir, "benchmark")?;
+    let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let spec = TaskSpec::new(&run, format!("BENCHMARK ({tag})"), "benchmark", "benchmark", &args.data, &out_dir, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    let published = nextflow::outdir(&run).join("benchmark").join(default_out(&spec.data, "benchmark").file_name().unwrap_or_default());
+    let params = nextflow_params(&spec, &opts, &run);
+    executor::run_single(s, &args.exec, pipeline, &run, spec, params, &published)
+}
+
+/// The Nextflow parameters of a benchmark (names as in nextflow_schema.json).
+pub fn nextflow_params(spec: &TaskSpec, o: &BenchmarkOptions, run: &crate::runner::Run) -> Vec<(String, String)> {
+    let mut p = nextflow::task_params("benchmark", None, &spec.data, run, spec.seed);
+    p.push(("embedding".into(), o.embedding.join(",")));
+    p.push(("label_key".into(), o.label_key.clone()));
+    p.push(("batch_key".into(), o.batch_key.clone()));
+    if !o.metrics.is_empty() {
+        p.push(("metrics".into(), o.metrics.join(",")));
+    }
+    if let Some(m) = o.batch_max_cells {
+        p.push(("batch_max_cells".into(), m.to_string()));
+    }
+    for (flag, on) in [("per_cell", o.per_cell), ("min_max_scale", o.min_max_scale)] {
+        if on {
+            p.push((flag.into(), "true".into()));
+        }
+    }
+    p
+}
+
+/// The task: score every embedding, rank them, write the tables and the figure.
+pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
+    let t0 = Instant::now();
+    let rep = reporter(spec.quiet || !spec.progress);
+    let a: BenchmarkOptions = spec.options()?;
+    let seed = spec.seed;
+    let Prepared { mut cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs } = prepare(&spec.data, &a, seed)?;
+    let out_dir = spec.out.clone();
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::Io { path: out_dir.clone(), source: e })?;
 
-    let (pre, d_pre) = if cfg.pcr_comparison { x_pre(&ad, a.seed, rep.as_ref())? } else { (Vec::new(), 0) };
+    let (pre, d_pre) = if cfg.pcr_comparison { x_pre(&ad, seed, rep.as_ref())? } else { (Vec::new(), 0) };
     let synthetic = is_synthetic(&ad);
 
     // bio on all cells; batch on the subsample when there is one
@@ -373,7 +455,7 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
     for m in &selected {
         set(if is_bio(m) { &mut batch_cfg } else { &mut bio_cfg }, m, false);
     }
-    cfg.seed = a.seed;
+    cfg.seed = seed;
     let mut scored: Vec<Scored> = Vec::new();
     for (name, x, d) in &embs {
         let (n, d) = (n, *d);
@@ -428,9 +510,9 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
         "batch_metric_cells": if any_batch { Some(batch_cells) } else { None },
         "bio_metric_cells": if any_bio { Some(n) } else { None },
         "method": if sub.is_some() { "uniform without replacement (ChaCha8, seeded), batch metrics only; their 90-NN is recomputed on the subsample" } else { "none: every cell" },
-        "seed": a.seed,
+        "seed": seed,
     });
-    let data_name = a.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let data_name = spec.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
 
     // results.tsv
     let metric_names: Vec<&str> = scored[0].values.iter().map(|v| v.name.as_str()).collect();
@@ -452,7 +534,7 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
             fmt(g.batch_correction),
             fmt(g.bio_conservation),
             fmt(g.total),
-            a.seed,
+            seed,
             a.min_max_scale
         ));
     }
@@ -493,15 +575,15 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
     let doc = json!({
         "implementation": IMPLEMENTATION,
         "scfoundry_version": env!("CARGO_PKG_VERSION"),
-        "command_line": std::env::args().collect::<Vec<_>>().join(" "),
-        "data": std::path::absolute(&a.data).unwrap_or(a.data.clone()),
+        "command_line": spec.command_line,
+        "data": spec.data,
         "synthetic": synthetic,
         "n_cells": n,
         "label_key": a.label_key,
         "batch_key": a.batch_key,
         "n_labels": label_cats.len(),
         "n_batches": batch_cats.len(),
-        "seed": a.seed,
+        "seed": seed,
         "neighbors": { "k": K, "subsets": metrics::BENCHMARK_K, "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" },
         "x_pre": if cfg.pcr_comparison { json!({ "source": "X", "n_comps": d_pre, "method": "zero-centred PCA of X as stored, all genes (scib-metrics Benchmarker.prepare: sc.tl.pca(svd_solver='arpack', use_highly_variable=False)); Lanczos" }) } else { Value::Null },
         "subsample": subsample,
@@ -540,31 +622,29 @@ pub fn run(s: &Settings, a: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
             batch_cats.len(),
             if a.min_max_scale { " (min-max scaled)" } else { "" }
         ),
-        subtitle: format!("{IMPLEMENTATION}; exact {K}-NN; seed {}{}", a.seed, if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() }),
+        subtitle: format!("{IMPLEMENTATION}; exact {K}-NN; seed {}{}", seed, if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() }),
         metrics: scored[0].values.iter().map(|v| (v.name.clone(), v.kind)).collect(),
         rows: order.iter().map(|&i| (scored[i].embedding.clone(), shown[i].clone(), agg[i])).collect(),
     };
     plots::results_table(&fig, &out_dir.join("results.svg"), &out_dir.join("results.png"))?;
 
-    // the ranked table on stdout
-    let mut so = std::io::stdout().lock();
+    // the ranked table, for stdout
+    let mut so = String::new();
     let w = scored.iter().map(|s| s.embedding.len()).max().unwrap_or(9).max(9);
     writeln!(so, "{:<4} {:<w$} {:>10} {:>10} {:>10}", "rank", "embedding", "batch", "bio", "total")?;
     for (rank, &i) in order.iter().enumerate() {
         let g = agg[i];
         writeln!(so, "{:<4} {:<w$} {:>10.4} {:>10.4} {:>10.4}", rank + 1, scored[i].embedding, g.batch_correction, g.bio_conservation, g.total)?;
     }
-    if !s.quiet {
-        eprintln!(
-            "scored {} embedding(s) of {n} cells with {} metric(s) in {:.1}s; wrote {} (results.tsv, results.json, results.svg, results.png{})",
-            scored.len(),
-            metric_names.len(),
-            t0.elapsed().as_secs_f64(),
-            out_dir.display(),
-            if a.per_cell { ", lisi_per_cell.tsv" } else { "" }
-        );
-    }
-    Ok(ExitStatus::Success)
+    let summary = format!(
+        "scored {} embedding(s) of {n} cells with {} metric(s) in {:.1}s; wrote {} (results.tsv, results.json, results.svg, results.png{})",
+        scored.len(),
+        metric_names.len(),
+        t0.elapsed().as_secs_f64(),
+        out_dir.display(),
+        if a.per_cell { ", lisi_per_cell.tsv" } else { "" }
+    );
+    Ok(TaskResult { output: Some(out_dir), n_obs: n, stdout: Some(so), summary: vec![summary], ..Default::default() })
 }
 
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {

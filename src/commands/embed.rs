@@ -6,12 +6,12 @@ use serde_json::{json, Map, Value};
 
 use crate::anndata::AnnData;
 use crate::cli::{EmbedArgs, ExecutorKind};
-use crate::executor;
+use crate::executor::{self, nextflow::{NfRun, Pipeline}, Finished};
 use crate::commands::ExitStatus;
 use crate::error::Error;
 use crate::progress::warn;
 use crate::registry::Method;
-use crate::runner::{self, Run, Step, TaskSpec};
+use crate::runner::{self, Run, TaskSpec};
 use crate::settings::Settings;
 
 /// Default output: `<input stem>.<method>.h5ad` beside the input.
@@ -100,21 +100,11 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     }
     let exec = &args.exec;
     // The executor's tools before any work.
-    let nextflow = match exec.executor {
-        ExecutorKind::Nextflow => Some((executor::nextflow::find_nextflow()?, executor::nextflow::pipeline()?)),
-        ExecutorKind::Slurm => {
-            executor::slurm::check_tools()?;
-            None
-        }
-        ExecutorKind::Local => None,
-    };
-    if exec.executor == ExecutorKind::Local && !args.passthrough.is_empty() {
-        warn(&format!("arguments after `--` are for --executor nextflow or slurm; ignored: {}", args.passthrough.join(" ")));
-    }
-    if exec.executor == ExecutorKind::Slurm && exec.gpu.is_some() {
+    let pipeline = executor::preflight(&exec.base)?;
+    if exec.base.executor == ExecutorKind::Slurm && exec.gpu.is_some() {
         warn("--gpu pins a device on this machine; with --executor slurm ask for GPUs with --gpus or --gres and Slurm chooses them");
     }
-    if exec.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
+    if exec.base.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }
     let device = resolve_device(s, &m, args)?;
@@ -155,56 +145,23 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         }
         .into());
     }
-    let runs_base = match (&args.runs_dir, &s.workspace) {
-        (Some(d), _) => d.clone(),
-        (None, Some(ws)) => ws.runs_dir(),
-        (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
-    };
-    // absolute, so that jobs on other nodes and their logs name the same folder
-    let runs_base = std::path::absolute(&runs_base)?;
-    let mut run = Run::create(&runs_base, &m.name)?;
-    if let Some(ws) = &s.workspace {
-        run.locks = ws.root.join(".locks");
-    }
+    let run = executor::create_run(s, &exec.base, &out, &m.name)?;
     let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec {
-        task_id: 1,
-        name: format!("EMBED_{} ({tag})", m.name.to_uppercase()),
-        command: "embed".into(),
-        method: m.name.clone(),
-        data: std::path::absolute(&args.data)?,
-        out: std::path::absolute(&out)?,
         layer: args.layer.clone(),
-        seed: args.seed,
-        params,
-        quiet: s.quiet,
-        progress: s.progress,
-        command_line: std::env::args().collect::<Vec<_>>().join(" "),
-        run_id: run.id.clone(),
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
-        step: Step::Embed,
-        work: None,
         gpu: exec.gpu,
         device,
+        ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, &args.data, &out, args.seed, params, s.quiet, s.progress)?
     };
-    if let Some((nf, main_nf)) = nextflow {
-        return run_nextflow(s, args, &spec, &run, &nf, &main_nf);
+    if let Some(p) = pipeline {
+        return run_nextflow(s, args, &spec, &run, &p);
     }
     let tasks = executor::plan_embed(&spec, &run, n_obs, exec.shards);
-    let outcomes = match exec.executor {
-        ExecutorKind::Slurm => executor::slurm::run(&run, &tasks, &exec.slurm, exec.max_forks, &args.passthrough, s.quiet)?,
-        _ => executor::run_local(&run, &tasks, exec.max_forks.unwrap_or(1) as usize)?,
+    let outcomes = match executor::run_plan(&run, &tasks, &exec.base, exec.max_forks, s.quiet)? {
+        Finished::Completed(o) => o,
+        Finished::Failed(code) => return Ok(ExitStatus::Code(code)),
     };
-    let refs: Vec<&runner::Outcome> = outcomes.iter().collect();
-    runner::write_reports(&run, &spec, &refs)?;
-    let failed = outcomes.iter().find(|o| o.record.status == "FAILED").or_else(|| outcomes.iter().find(|o| o.exit != 0));
-    if let Some(f) = failed {
-        if tasks.len() > 1 {
-            eprintln!("{} {} (exit {})", f.record.name, f.record.status.to_lowercase(), f.exit);
-        }
-        eprintln!("run folder: {} (task logs, trace.txt)", run.dir.display());
-        return Ok(ExitStatus::Code(f.exit));
-    }
     if !s.quiet {
         let last = outcomes.last().expect("at least one task");
         let r = last.result.clone().unwrap_or_default();
@@ -234,14 +191,8 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
 }
 
 /// The Nextflow parameters of an embedding (names as in nextflow_schema.json).
-pub fn nextflow_params(spec: &TaskSpec, outdir: &Path) -> Vec<(String, String)> {
-    let mut p = vec![
-        ("task".to_string(), "embed".to_string()),
-        ("method".into(), spec.method.clone()),
-        ("input".into(), spec.data.display().to_string()),
-        ("outdir".into(), outdir.display().to_string()),
-        ("seed".into(), spec.seed.to_string()),
-    ];
+pub fn nextflow_params(spec: &TaskSpec, run: &Run) -> Vec<(String, String)> {
+    let mut p = executor::nextflow::task_params("embed", Some(&spec.method), &spec.data, run, spec.seed);
     if let Some(l) = &spec.layer {
         p.push(("layer".into(), l.clone()));
     }
@@ -251,48 +202,17 @@ pub fn nextflow_params(spec: &TaskSpec, outdir: &Path) -> Vec<(String, String)> 
     p
 }
 
-fn run_nextflow(s: &Settings, args: &EmbedArgs, spec: &TaskSpec, run: &Run, nf: &Path, main_nf: &Path) -> anyhow::Result<ExitStatus> {
-    let outdir = run.dir.join("results");
-    let cfg = crate::nfconfig::NfConfig {
-        gpu_id: args.exec.gpu,
+fn run_nextflow(s: &Settings, args: &EmbedArgs, spec: &TaskSpec, run: &Run, p: &Pipeline) -> anyhow::Result<ExitStatus> {
+    let nf = NfRun {
+        run,
+        weights_dir: &s.weights_dir,
+        gpu: args.exec.gpu,
         max_forks: args.exec.max_forks.unwrap_or(1),
-        profiles: crate::nfconfig::all_profiles(),
-        weights_dir: std::path::absolute(&s.weights_dir)?,
-        work_dir: run.dir.join("work"),
-        outdir: outdir.clone(),
-        scfoundry: std::env::current_exe()?.display().to_string(),
-        params: vec![],
-        made_by: format!("Written by scfoundry {} for run {}.", env!("CARGO_PKG_VERSION"), run.id),
+        params: nextflow_params(spec, run),
+        passthrough: &args.exec.base.passthrough,
+        quiet: s.quiet,
     };
-    let cfg_path = run.dir.join("nextflow.config");
-    std::fs::write(&cfg_path, cfg.render()).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
-    let argv = executor::nextflow::command_line(main_nf, &cfg_path, &nextflow_params(spec, &outdir), &args.passthrough);
-    let line = std::iter::once(nf.display().to_string()).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" ");
-    let _ = std::fs::write(run.dir.join("command.txt"), format!("{line}\n"));
-    if !s.quiet {
-        eprintln!("nextflow: {line}");
-    }
-    let code = executor::nextflow::launch(nf, &argv, &run.dir)?;
-    if code != 0 {
-        eprintln!("nextflow exited with {code}; run folder: {} (.nextflow.log, work/)", run.dir.display());
-        return Ok(ExitStatus::Code(code));
-    }
-    // The pipeline publishes <stem>.<method>.h5ad into outdir; move it where the user asked.
-    let published = outdir.join(default_output(&spec.data, &spec.method).file_name().unwrap_or_default());
-    if !published.is_file() {
-        return Err(Error::Executor {
-            what: "nextflow".into(),
-            detail: format!("it finished, but {} was not published", published.display()),
-            hint: Some(format!("see {}", run.dir.join(".nextflow.log").display())),
-        }
-        .into());
-    }
-    if std::fs::rename(&published, &spec.out).is_err() {
-        std::fs::copy(&published, &spec.out).map_err(|e| Error::Io { path: spec.out.clone(), source: e })?;
-        let _ = std::fs::remove_file(&published);
-    }
-    if !s.quiet {
-        eprintln!("wrote {}; run folder: {} (nextflow.config, pipeline_info/trace.txt)", spec.out.display(), run.dir.display());
-    }
-    Ok(ExitStatus::Success)
+    // The pipeline publishes <stem>.<method>.h5ad into outdir; it is moved where the user asked.
+    let published = executor::nextflow::outdir(run).join(default_output(&spec.data, &spec.method).file_name().unwrap_or_default());
+    Ok(ExitStatus::from_code(executor::nextflow::run_pipeline(p, &nf, &published, &spec.out)?))
 }

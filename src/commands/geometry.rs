@@ -2,11 +2,14 @@
 //! distribution of pairwise distances, the Levina-Bickel intrinsic dimension, and how
 //! much of each cell's neighbourhood in a PCA of X (the same cells) the embedding keeps
 //! at k = 5, 15, 50. Writes geometry.tsv, geometry.json, geometry.svg and geometry.png.
+//! The work is one task (`task`), run where `--executor` says; the input is checked here first.
 
+use std::path::Path;
 use std::time::Instant;
 
 use rand::seq::index::sample;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::anndata::AnnData;
@@ -14,10 +17,19 @@ use crate::cli::GeometryArgs;
 use crate::commands::benchmark::{default_out, read_embedding, write_file};
 use crate::commands::ExitStatus;
 use crate::error::Error;
+use crate::executor::{self, nextflow};
 use crate::metrics::{self, geometry as geo};
 use crate::plots;
 use crate::progress::{reporter, warn};
+use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
+
+/// What the task needs besides data, output and seed (the spec's params).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GeometryOptions {
+    pub embedding: String,
+    pub max_cells: u64,
+}
 
 const KS: [usize; 3] = [5, 15, 50];
 const LID_K: usize = 20;
@@ -75,24 +87,52 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
-pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
-    let t0 = Instant::now();
-    let rep = reporter(s.quiet || !s.progress);
-    let ad = AnnData::open(&a.data)?;
+/// The data, the embedding and its dimension, checked: enough cells for the neighbourhoods.
+fn load(data: &Path, o: &GeometryOptions) -> anyhow::Result<(AnnData, Vec<f32>, usize)> {
+    let ad = AnnData::open(data)?;
     let n = ad.n_obs;
-    let (x, d) = read_embedding(&ad, &a.embedding)?;
+    let (x, d) = read_embedding(&ad, &o.embedding)?;
     let kmax = *KS.last().unwrap();
-    let m = (a.max_cells as usize).min(n);
+    let m = (o.max_cells as usize).min(n);
     if m <= kmax {
         return Err(Error::BadField {
             path: ad.path.clone(),
-            field: format!("obsm/{}", a.embedding),
+            field: format!("obsm/{}", o.embedding),
             detail: format!("{m} cells{}; the neighbourhood measures use up to {kmax} neighbours, so at least {} cells are needed", if m < n { " after --max-cells" } else { "" }, kmax + 1),
             hint: Some(if m < n { "raise --max-cells".into() } else { "describe a larger dataset".into() }),
         }
         .into());
     }
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed ^ 0x9e0);
+    Ok((ad, x, d))
+}
+
+pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
+    let pipeline = executor::preflight(&a.exec)?;
+    let opts = GeometryOptions { embedding: a.embedding.clone(), max_cells: a.max_cells };
+    // the input is checked before any run folder exists; the task reads it again
+    drop(load(&a.data, &opts)?);
+    let out_dir = a.out.clone().unwrap_or_else(|| default_out(&a.data, "geometry"));
+    let run = executor::create_run(s, &a.exec, &out_dir, "geometry")?;
+    let tag = a.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let spec = TaskSpec::new(&run, format!("GEOMETRY ({tag})"), "geometry", "geometry", &a.data, &out_dir, a.seed, options_params(&opts), s.quiet, s.progress)?;
+    let published = nextflow::outdir(&run).join("geometry").join(default_out(&spec.data, "geometry").file_name().unwrap_or_default());
+    let mut params = nextflow::task_params("geometry", None, &spec.data, &run, spec.seed);
+    params.push(("embedding".into(), opts.embedding.clone()));
+    params.push(("max_cells".into(), opts.max_cells.to_string()));
+    executor::run_single(s, &a.exec, pipeline, &run, spec, params, &published)
+}
+
+/// The task: describe the embedding and write the tables and the figure.
+pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
+    let t0 = Instant::now();
+    let rep = reporter(spec.quiet || !spec.progress);
+    let a: GeometryOptions = spec.options()?;
+    let seed = spec.seed;
+    let (ad, x, d) = load(&spec.data, &a)?;
+    let n = ad.n_obs;
+    let kmax = *KS.last().unwrap();
+    let m = (a.max_cells as usize).min(n);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x9e0);
     let mut cells = if m < n { sample(&mut rng, n, m).into_vec() } else { (0..n).collect() };
     cells.sort_unstable();
     let mut xs = Vec::with_capacity(m * d);
@@ -102,7 +142,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
     drop(x);
 
     let p = rep.step("pairwise distances", 1, "sample");
-    let dists: Vec<f64> = geo::sample_pair_distances(&xs, m, d, N_PAIRS, a.seed).into_iter().map(f64::from).collect();
+    let dists: Vec<f64> = geo::sample_pair_distances(&xs, m, d, N_PAIRS, seed).into_iter().map(f64::from).collect();
     p.finish();
     let p = rep.step(&format!("{}-NN (exact)", kmax), 1, "search");
     let nn = metrics::exact_knn(&xs, m, d, kmax + 1);
@@ -115,7 +155,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
 
     // reference space: PCA of X on the same cells, else of the embedding itself
     let p = rep.step("reference PCA", 1, "fit");
-    let (refx, ref_d, ref_how) = match reference_pca(&ad, &cells, a.seed)? {
+    let (refx, ref_d, ref_how) = match reference_pca(&ad, &cells, seed)? {
         Some(r) => r,
         None => {
             warn("X holds no usable values: the neighbourhood reference is a PCA of the embedding itself");
@@ -124,7 +164,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
             let indices: Vec<u32> = (0..m).flat_map(|_| 0..d as u32).collect();
             let nc = 50.min(m - 1).min(d.max(2) - 1).max(1);
             let csr = metrics::prepare::Csr { indptr: &indptr, indices: &indices, data: &csr_data, n_rows: m, n_cols: d };
-            let (pp, _) = metrics::prepare::pca_projections(&csr, nc.min(d), a.seed);
+            let (pp, _) = metrics::prepare::pca_projections(&csr, nc.min(d), seed);
             (pp, nc.min(d), format!("PCA of the embedding itself ({} components; X holds no usable values)", nc.min(d)))
         }
     };
@@ -139,7 +179,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
 
     let mut rows: Vec<(String, String, f64, String)> = vec![
         ("cells_total".into(), String::new(), n as f64, String::new()),
-        ("cells_used".into(), String::new(), m as f64, format!("seeded uniform subsample (seed {})", a.seed)),
+        ("cells_used".into(), String::new(), m as f64, format!("seeded uniform subsample (seed {})", seed)),
         ("dimensions".into(), String::new(), d as f64, String::new()),
         ("pairwise_distance_mean".into(), String::new(), mean, format!("{} sampled pairs", sorted.len())),
         ("pairwise_distance_median".into(), String::new(), quantile(&sorted, 0.5), String::new()),
@@ -159,7 +199,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
         pres.push((k, f, j));
     }
 
-    let out_dir = a.out.clone().unwrap_or_else(|| default_out(&a.data, "geometry"));
+    let out_dir = spec.out.clone();
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::Io { path: out_dir.clone(), source: e })?;
     let mut tsv = String::from("metric\tk\tvalue\tnote\n");
     for (name, k, v, note) in &rows {
@@ -171,9 +211,9 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
     let (le, lc) = geo::histogram(&lid, 50);
     let doc = json!({
         "scfoundry_version": env!("CARGO_PKG_VERSION"),
-        "data": std::path::absolute(&a.data).unwrap_or(a.data.clone()),
+        "data": spec.data,
         "embedding": a.embedding,
-        "seed": a.seed,
+        "seed": seed,
         "max_cells": a.max_cells,
         "reference": ref_how,
         "values": rows.iter().map(|(n, k, v, note)| json!({"metric": n, "k": k, "value": if v.is_finite() { json!(v) } else { serde_json::Value::Null }, "note": note})).collect::<Vec<_>>(),
@@ -181,7 +221,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
         "local_intrinsic_dim_histogram": {"edges": le, "counts": lc, "k": LID_K},
     });
     write_file(&out_dir.join("geometry.json"), serde_json::to_string_pretty(&doc)?.as_bytes())?;
-    let data_name = a.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let data_name = spec.data.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let fig = plots::GeometryFigure {
         title: format!("{data_name} obsm['{}']: {m} of {n} cells, {d} dims; intrinsic dim (Levina-Bickel, k={LID_K}) {lid_global:.1}", a.embedding),
         dist_edges: de,
@@ -194,13 +234,13 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
         reference: ref_how.clone(),
     };
     plots::geometry_figure(&fig, &out_dir.join("geometry.svg"), &out_dir.join("geometry.png"))?;
-    println!("metric\tk\tvalue");
+    let mut stdout = String::from("metric\tk\tvalue\n");
     for (name, k, v, _) in &rows {
-        println!("{name}\t{k}\t{v:.4}");
+        stdout.push_str(&format!("{name}\t{k}\t{v:.4}\n"));
     }
-    if !s.quiet {
-        eprintln!("reference for neighbourhoods: {ref_how}");
-        eprintln!("wrote {} (geometry.tsv, geometry.json, geometry.svg, geometry.png) in {:.1}s", out_dir.display(), t0.elapsed().as_secs_f64());
-    }
-    Ok(ExitStatus::Success)
+    let summary = vec![
+        format!("reference for neighbourhoods: {ref_how}"),
+        format!("wrote {} (geometry.tsv, geometry.json, geometry.svg, geometry.png) in {:.1}s", out_dir.display(), t0.elapsed().as_secs_f64()),
+    ];
+    Ok(TaskResult { output: Some(out_dir), n_obs: m, dim: d, stdout: Some(stdout), summary, ..Default::default() })
 }

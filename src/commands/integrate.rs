@@ -1,11 +1,14 @@
 //! `scfoundry integrate --method harmony`: correct batch effects in an embedding.
 //!
 //! Reads `obsm[--embedding]` and the batch column(s), runs the method, and writes a copy of the
-//! input with `obsm['X_<method>']` and `uns['scfoundry_integrate']` (provenance).
+//! input with `obsm['X_<method>']` and `uns['scfoundry_integrate']` (provenance). The work is one
+//! task (`task`), run where `--executor` says; the input is checked here first.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::anndata::write::{write_rows, PendingOutput};
@@ -14,39 +17,44 @@ use crate::cli::IntegrateArgs;
 use crate::commands::embed::default_output;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context};
+use crate::executor::{self, nextflow};
 use crate::methods::harmony::{harmonize, HarmonyError, HarmonyOptions};
 use crate::progress::warn;
 use crate::registry::Kind;
+use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
 
-pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
-    let m = s.registry.get(&args.method)?.clone();
-    if m.kind != Kind::Integration {
-        return Err(Error::BadOption {
-            option: "--method".into(),
-            detail: format!("{} is an embedding method, not an integration method", m.name),
-            hint: Some(format!("run `scfoundry embed --method {}` first, then integrate its embedding with `--method harmony`", m.name)),
-        }
-        .into());
-    }
-    if args.batch.batch_size.is_some() && !m.honoured("integrate").iter().any(|o| o == "--batch-size") {
-        warn(&format!("{} does not honour --batch-size when integrating; ignored", m.name));
-    }
-    if !m.implemented || m.name != "harmony" {
-        return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
-    }
-    let ad = AnnData::open(&args.data)?;
+/// What the task needs besides data, output, method and seed (the spec's params).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IntegrateOptions {
+    pub embedding: String,
+    pub batch_key: Vec<String>,
+    pub theta: Option<f32>,
+}
+
+/// The embedding and the batch codes, checked.
+struct Loaded {
+    ad: AnnData,
+    z: Vec<f32>,
+    n: usize,
+    d: usize,
+    codes: Vec<Vec<u32>>,
+    n_batches: Vec<usize>,
+}
+
+fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
+    let ad = AnnData::open(data)?;
     if ad.n_obs == 0 {
         return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
     }
-    let (z, n, d) = ad.dense_entry("obsm", &args.embedding)?;
+    let (z, n, d) = ad.dense_entry("obsm", &o.embedding)?;
     if n != ad.n_obs {
-        return Err(Error::BadField { path: ad.path.clone(), field: format!("obsm/{}", args.embedding), detail: format!("has {n} rows but the data has {} cells", ad.n_obs), hint: None }.into());
+        return Err(Error::BadField { path: ad.path.clone(), field: format!("obsm/{}", o.embedding), detail: format!("has {n} rows but the data has {} cells", ad.n_obs), hint: None }.into());
     }
     if let Some(i) = z.iter().position(|v| !v.is_finite()) {
         return Err(Error::BadField {
             path: ad.path.clone(),
-            field: format!("obsm/{}", args.embedding),
+            field: format!("obsm/{}", o.embedding),
             detail: format!("holds a non-finite value at cell {} ({})", i / d, ad.obs_names[i / d]),
             hint: Some("recompute the embedding; Harmony needs finite coordinates".into()),
         }
@@ -55,7 +63,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     let obs = ad.obs()?;
     let mut codes: Vec<Vec<u32>> = Vec::new();
     let mut n_batches = Vec::new();
-    for key in &args.batch_key {
+    for key in &o.batch_key {
         let col = obs.column(key).ok_or_else(|| Error::BadField {
             path: ad.path.clone(),
             field: format!("obs/{key}"),
@@ -85,23 +93,36 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     if n_batches.iter().all(|&b| b < 2) {
         return Err(Error::BadField {
             path: ad.path.clone(),
-            field: format!("obs/{}", args.batch_key.join(",")),
+            field: format!("obs/{}", o.batch_key.join(",")),
             detail: "holds a single batch: there is nothing to integrate".into(),
             hint: Some("pass the column that separates the batches with --batch-key".into()),
         }
         .into());
     }
-    let mut opts = HarmonyOptions { seed: args.seed, ..HarmonyOptions::default() };
-    if let Some(t) = args.theta {
-        opts.theta = vec![t];
-    }
-    let started = Instant::now();
-    let res = harmonize(&z, n, d, &codes, &opts, None).map_err(|e| match e {
-        HarmonyError::Input(msg) => anyhow::Error::from(Error::BadOption { option: "--batch-key / --theta".into(), detail: msg, hint: None }),
-        other => anyhow::Error::from(other),
-    })?;
-    let secs = started.elapsed().as_secs_f64();
+    drop(obs);
+    Ok(Loaded { ad, z, n, d, codes, n_batches })
+}
 
+pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
+    let m = s.registry.get(&args.method)?.clone();
+    if m.kind != Kind::Integration {
+        return Err(Error::BadOption {
+            option: "--method".into(),
+            detail: format!("{} is an embedding method, not an integration method", m.name),
+            hint: Some(format!("run `scfoundry embed --method {}` first, then integrate its embedding with `--method harmony`", m.name)),
+        }
+        .into());
+    }
+    if args.batch.batch_size.is_some() && !m.honoured("integrate").iter().any(|o| o == "--batch-size") {
+        warn(&format!("{} does not honour --batch-size when integrating; ignored", m.name));
+    }
+    if !m.implemented || m.name != "harmony" {
+        return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
+    }
+    let pipeline = executor::preflight(&args.exec)?;
+    let opts = IntegrateOptions { embedding: args.embedding.clone(), batch_key: args.batch_key.clone(), theta: args.theta };
+    // the input is checked before any run folder exists; the task reads it again
+    drop(load(&args.data, &opts)?);
     let out_path = match (&args.out, args.in_place) {
         (_, true) => args.data.clone(),
         (Some(o), false) => o.clone(),
@@ -110,9 +131,43 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     if !args.in_place && std::fs::canonicalize(&out_path).ok() == std::fs::canonicalize(&args.data).ok() && out_path.exists() {
         return Err(Error::BadOption { option: "--out".into(), detail: format!("{} is the input file", out_path.display()), hint: Some("pass --in-place to replace the input on purpose".into()) }.into());
     }
-    drop(obs);
-    let out = PendingOutput::create(&args.data, &out_path)?;
-    let key = format!("X_{}", m.name);
+    let run = executor::create_run(s, &args.exec, &out_path, &m.name)?;
+    let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let name = format!("INTEGRATE_{} ({tag})", m.name.to_uppercase());
+    let spec = TaskSpec::new(&run, name, "integrate", &m.name, &args.data, &out_path, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    let published = nextflow::outdir(&run).join("integrate").join(default_output(&spec.data, &m.name).file_name().unwrap_or_default());
+    let params = nextflow_params(&spec, &opts, &run);
+    executor::run_single(s, &args.exec, pipeline, &run, spec, params, &published)
+}
+
+/// The Nextflow parameters of an integration (names as in nextflow_schema.json).
+pub fn nextflow_params(spec: &TaskSpec, o: &IntegrateOptions, run: &crate::runner::Run) -> Vec<(String, String)> {
+    let mut p = nextflow::task_params("integrate", Some(&spec.method), &spec.data, run, spec.seed);
+    p.push(("embedding".into(), o.embedding.clone()));
+    p.push(("batch_key".into(), o.batch_key.join(",")));
+    if let Some(t) = o.theta {
+        p.push(("theta".into(), t.to_string()));
+    }
+    p
+}
+
+/// The task: run the method and write the output.
+pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
+    let o: IntegrateOptions = spec.options()?;
+    let Loaded { ad, z, n, d, codes, n_batches } = load(&spec.data, &o)?;
+    let mut opts = HarmonyOptions { seed: spec.seed, ..HarmonyOptions::default() };
+    if let Some(t) = o.theta {
+        opts.theta = vec![t];
+    }
+    let started = Instant::now();
+    let res = harmonize(&z, n, d, &codes, &opts, None).map_err(|e| match e {
+        HarmonyError::Input(msg) => anyhow::Error::from(Error::BadOption { option: "--batch-key / --theta".into(), detail: msg, hint: None }),
+        other => anyhow::Error::from(other),
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    drop(ad);
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = format!("X_{}", spec.method);
     let ds = out.create_obsm(&key, n, d)?;
     write_rows(&ds, 0, &res.z_corr, d)?;
     drop(ds);
@@ -120,30 +175,29 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     let mut prov = serde_json::Map::new();
     prov.insert("tool".into(), json!("scfoundry"));
     prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    prov.insert("method".into(), json!(m.name));
-    prov.insert("embedding".into(), json!(args.embedding));
+    prov.insert("method".into(), json!(spec.method));
+    prov.insert("embedding".into(), json!(o.embedding));
     prov.insert("obsm_key".into(), json!(key));
-    prov.insert("batch_key".into(), json!(args.batch_key.join(",")));
-    prov.insert("seed".into(), json!(args.seed));
+    prov.insert("batch_key".into(), json!(o.batch_key.join(",")));
+    prov.insert("seed".into(), json!(spec.seed));
     prov.insert("theta".into(), json!(opts.theta.first().copied().unwrap_or(2.0) as f64));
     prov.insert("iterations".into(), json!(res.iterations));
     prov.insert("converged".into(), json!(res.converged));
     prov.insert("clusters".into(), json!(res.n_clusters));
     prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("command_line".into(), Value::String(std::env::args().collect::<Vec<_>>().join(" ")));
+    prov.insert("run_id".into(), json!(spec.run_id));
+    prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
     crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
     drop(uns);
     out.commit()?;
-    if !s.quiet {
-        eprintln!(
-            "wrote {} with obsm['{key}'] ({n} cells x {d}): harmony on obsm['{}'] over {} ({} batches), {} iterations{} in {secs:.1}s",
-            out_path.display(),
-            args.embedding,
-            args.batch_key.join(", "),
-            n_batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" x "),
-            res.iterations,
-            if res.converged { "" } else { " (not converged: the iteration limit was reached)" },
-        );
-    }
-    Ok(ExitStatus::Success)
+    let summary = format!(
+        "wrote {} with obsm['{key}'] ({n} cells x {d}): harmony on obsm['{}'] over {} ({} batches), {} iterations{} in {secs:.1}s",
+        spec.out.display(),
+        o.embedding,
+        o.batch_key.join(", "),
+        n_batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" x "),
+        res.iterations,
+        if res.converged { "" } else { " (not converged: the iteration limit was reached)" },
+    );
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key), n_obs: n, dim: d, summary: vec![summary], ..Default::default() })
 }

@@ -24,6 +24,14 @@ pub enum ExitStatus {
 }
 
 impl ExitStatus {
+    /// A process's exit code: 0 is success.
+    pub fn from_code(code: i32) -> ExitStatus {
+        if code == 0 {
+            ExitStatus::Success
+        } else {
+            ExitStatus::Code(code)
+        }
+    }
     pub fn code(self) -> i32 {
         match self {
             ExitStatus::Success => 0,

@@ -23,14 +23,17 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let text = std::fs::read_to_string(spec_path).map_err(|e| Error::Io { path: spec_path.into(), source: e })?;
     let spec: TaskSpec = serde_json::from_str(&text)?;
     let dir = spec_path.parent().unwrap_or(Path::new("."));
-    let outcome = match (spec.command.as_str(), spec.method.as_str(), &spec.step) {
-        ("embed", "pca", Step::Embed) => embed_pca(&spec),
-        ("embed", "pca", Step::Fit) => fit_pca(&spec),
-        ("embed", "pca", Step::Project { shard, start, end }) => project_pca(&spec, *shard, *start, *end),
-        ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards),
-        ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir),
-        ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir),
-        (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }),
+    let outcome: anyhow::Result<TaskResult> = match (spec.command.as_str(), spec.method.as_str(), &spec.step) {
+        ("embed", "pca", Step::Embed) => embed_pca(&spec).map_err(Into::into),
+        ("embed", "pca", Step::Fit) => fit_pca(&spec).map_err(Into::into),
+        ("embed", "pca", Step::Project { shard, start, end }) => project_pca(&spec, *shard, *start, *end).map_err(Into::into),
+        ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards).map_err(Into::into),
+        ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir).map_err(Into::into),
+        ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
+        ("integrate", _, Step::Embed) => crate::commands::integrate::task(&spec),
+        ("benchmark", _, Step::Embed) => crate::commands::benchmark::task(&spec),
+        ("geometry", _, Step::Embed) => crate::commands::geometry::task(&spec),
+        (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }.into()),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
     let _ = std::fs::write(dir.join("stats.json"), serde_json::to_string_pretty(&stats)?);
@@ -333,7 +336,7 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
 }
 
 /// The Ensembl ids of the var entries: a var column, or the index for `index`.
@@ -621,7 +624,7 @@ fn fit_pca(spec: &TaskSpec) -> Result<TaskResult> {
     let work = work_dir(spec)?;
     fit.save(&fit_path(&work))?;
     report_phases(&fit.timings);
-    Ok(TaskResult { output: Some(fit_path(&work)), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings })
+    Ok(TaskResult { output: Some(fit_path(&work)), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings, ..Default::default() })
 }
 
 /// Step 2, one per shard: pass 3 over rows `start..end`, written as raw f32.
@@ -648,7 +651,7 @@ fn project_pca(spec: &TaskSpec, shard: usize, start: usize, end: usize) -> Resul
     })?;
     std::fs::write(&tmp, &buf).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
-    Ok(TaskResult { output: Some(path), obsm_key: None, n_obs: end - start, dim: nc, notes: vec![], phases: vec![] })
+    Ok(TaskResult { output: Some(path), obsm_key: None, n_obs: end - start, dim: nc, notes: vec![], phases: vec![], ..Default::default() })
 }
 
 /// Step 3: the output from the fit and the shard files, exactly as `embed_pca` writes it.
@@ -750,5 +753,5 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     drop(uns);
     drop(varm);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![] })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![], ..Default::default() })
 }

@@ -3,17 +3,115 @@
 //!
 //! Every executor runs the same tasks: one `TaskSpec` per task, written to
 //! `runs/<id>/tasks/<n>/task.json` and run by `scfoundry __task`. A sharded embedding is a fit
-//! task, one project task per row shard and a merge task (see `runner::Step`).
+//! task, one project task per row shard and a merge task (see `runner::Step`); integrate,
+//! benchmark and geometry are one task each.
+//!
+//! A command uses this module in four steps: `preflight` (the executor's tools, before any
+//! work), `create_run` (the run folder), then `nextflow::run_pipeline` or `run_plan` (local or
+//! Slurm, which writes trace.txt and report.json); `run_single` does the last two for a
+//! command of one task.
 
 pub mod nextflow;
 pub mod slurm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::error::Result;
+use crate::cli::{ExecutorArgs, ExecutorKind};
+use crate::commands::ExitStatus;
+use crate::error::{Error, Result};
+use crate::progress::warn;
 use crate::runner::{self, shard_ranges, Outcome, Run, Step, TaskSpec};
+use crate::settings::Settings;
+
+/// Check the executor's tools before any work: `nextflow` and the pipeline (returned), or
+/// Slurm's clients. Warns about `--` arguments that the local runner has no use for.
+pub fn preflight(exec: &ExecutorArgs) -> Result<Option<nextflow::Pipeline>> {
+    match exec.executor {
+        ExecutorKind::Nextflow => Ok(Some(nextflow::Pipeline { nextflow: nextflow::find_nextflow()?, main_nf: nextflow::pipeline()? })),
+        ExecutorKind::Slurm => slurm::check_tools().map(|_| None),
+        ExecutorKind::Local => {
+            if !exec.passthrough.is_empty() {
+                warn(&format!("arguments after `--` are for --executor nextflow or slurm; ignored: {}", exec.passthrough.join(" ")));
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// A new run folder under `--runs-dir`, else the workspace's runs/, else runs/ beside `out`;
+/// its path is absolute, so that jobs on other nodes and their logs name the same folder.
+pub fn create_run(s: &Settings, exec: &ExecutorArgs, out: &Path, label: &str) -> Result<Run> {
+    let base = match (&exec.runs_dir, &s.workspace) {
+        (Some(d), _) => d.clone(),
+        (None, Some(ws)) => ws.runs_dir(),
+        (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
+    };
+    let base = std::path::absolute(&base).map_err(|e| Error::Io { path: base.clone(), source: e })?;
+    let mut run = Run::create(&base, label)?;
+    if let Some(ws) = &s.workspace {
+        run.locks = ws.root.join(".locks");
+    }
+    Ok(run)
+}
+
+/// How a plan ended.
+pub enum Finished {
+    /// Every task completed; outcomes in completion order.
+    Completed(Vec<Outcome>),
+    /// A task failed or never ran: exit with this code (what went wrong is printed).
+    Failed(i32),
+}
+
+/// Run a plan with the local runner (at most `max_forks` shards at once) or with Slurm, write
+/// the run's trace.txt and report.json, and on a failure name the task and the run folder.
+pub fn run_plan(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs, max_forks: Option<u64>, quiet: bool) -> Result<Finished> {
+    let outcomes = match exec.executor {
+        ExecutorKind::Slurm => slurm::run(run, tasks, &exec.slurm, max_forks, &exec.passthrough, quiet)?,
+        _ => run_local(run, tasks, max_forks.unwrap_or(1) as usize)?,
+    };
+    let refs: Vec<&Outcome> = outcomes.iter().collect();
+    runner::write_reports(run, &tasks[0], &refs)?;
+    let failed = outcomes.iter().find(|o| o.record.status == "FAILED").or_else(|| outcomes.iter().find(|o| o.exit != 0));
+    if let Some(f) = failed {
+        if tasks.len() > 1 {
+            eprintln!("{} {} (exit {})", f.record.name, f.record.status.to_lowercase(), f.exit);
+        }
+        eprintln!("run folder: {} (task logs, trace.txt)", run.dir.display());
+        return Ok(Finished::Failed(f.exit));
+    }
+    Ok(Finished::Completed(outcomes))
+}
+
+/// A command of one task (integrate, benchmark, geometry) on any executor. `spec` is the task;
+/// with Nextflow, `nf_params` are the pipeline's parameters and `published` is where the
+/// pipeline publishes the output (moved to `spec.out`). The task's stdout and summary lines
+/// are printed here, so that they read the same whether the task ran here or on a node.
+pub fn run_single(s: &Settings, exec: &ExecutorArgs, pipeline: Option<nextflow::Pipeline>, run: &Run, spec: TaskSpec, nf_params: Vec<(String, String)>, published: &Path) -> anyhow::Result<ExitStatus> {
+    if let Some(p) = pipeline {
+        let nf = nextflow::NfRun { run, weights_dir: &s.weights_dir, gpu: None, max_forks: 1, params: nf_params, passthrough: &exec.passthrough, quiet: s.quiet };
+        return Ok(ExitStatus::from_code(nextflow::run_pipeline(&p, &nf, published, &spec.out)?));
+    }
+    let outcomes = match run_plan(run, std::slice::from_ref(&spec), exec, None, s.quiet)? {
+        Finished::Completed(o) => o,
+        Finished::Failed(code) => return Ok(ExitStatus::Code(code)),
+    };
+    let r = outcomes.into_iter().next().and_then(|o| o.result).unwrap_or_default();
+    if let Some(out) = &r.stdout {
+        print!("{out}");
+    }
+    if !s.quiet {
+        for line in &r.summary {
+            eprintln!("{line}");
+        }
+        for n in &r.notes {
+            eprintln!("note: {n}");
+        }
+        eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());
+    }
+    Ok(ExitStatus::Success)
+}
 
 /// The tasks of one embedding, in dependency order: `[embed]`, or `[fit, project.., merge]`.
 pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>) -> Vec<TaskSpec> {

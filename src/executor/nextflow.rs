@@ -8,7 +8,114 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::error::{Error, Result};
+use crate::runner::Run;
 use crate::settings::EnvVars;
+
+/// `nextflow` and the pipeline's main.nf, found before any work.
+pub struct Pipeline {
+    pub nextflow: PathBuf,
+    pub main_nf: PathBuf,
+}
+
+/// One `nextflow run` of a run folder.
+pub struct NfRun<'a> {
+    pub run: &'a Run,
+    pub weights_dir: &'a Path,
+    /// Pin GPU tasks to this device.
+    pub gpu: Option<u32>,
+    pub max_forks: u64,
+    /// The pipeline's parameters (names as in nextflow_schema.json), `--outdir` among them.
+    pub params: Vec<(String, String)>,
+    pub passthrough: &'a [String],
+    pub quiet: bool,
+}
+
+/// Where the pipeline publishes a run's results: `<run>/results`.
+pub fn outdir(run: &Run) -> PathBuf {
+    run.dir.join("results")
+}
+
+/// The parameters every task passes first: `--task`, `--method` (when the task has one),
+/// `--input`, `--outdir` and `--seed`.
+pub fn task_params(task: &str, method: Option<&str>, input: &Path, run: &Run, seed: u64) -> Vec<(String, String)> {
+    let mut p = vec![("task".to_string(), task.to_string())];
+    if let Some(m) = method {
+        p.push(("method".into(), m.to_string()));
+    }
+    p.push(("input".into(), input.display().to_string()));
+    p.push(("outdir".into(), outdir(run).display().to_string()));
+    p.push(("seed".into(), seed.to_string()));
+    p
+}
+
+/// Write the run's config (`<run>/nextflow.config`) and the command line (`command.txt`), run
+/// `nextflow run` in the run folder, then move what the pipeline published at `published` (a
+/// file or a folder) to `dest`. Returns Nextflow's exit code; on a failure it says where to look.
+pub fn run_pipeline(p: &Pipeline, nf: &NfRun, published: &Path, dest: &Path) -> Result<i32> {
+    let run = nf.run;
+    let cfg = crate::nfconfig::NfConfig {
+        gpu_id: nf.gpu,
+        max_forks: nf.max_forks,
+        profiles: crate::nfconfig::all_profiles(),
+        weights_dir: std::path::absolute(nf.weights_dir).map_err(|e| Error::Io { path: nf.weights_dir.into(), source: e })?,
+        work_dir: run.dir.join("work"),
+        outdir: outdir(run),
+        scfoundry: std::env::current_exe().map_err(|e| Error::Io { path: "current executable".into(), source: e })?.display().to_string(),
+        params: vec![],
+        made_by: format!("Written by scfoundry {} for run {}.", env!("CARGO_PKG_VERSION"), run.id),
+    };
+    let cfg_path = run.dir.join("nextflow.config");
+    std::fs::write(&cfg_path, cfg.render()).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
+    let argv = command_line(&p.main_nf, &cfg_path, &nf.params, nf.passthrough);
+    let line = std::iter::once(p.nextflow.display().to_string()).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" ");
+    let _ = std::fs::write(run.dir.join("command.txt"), format!("{line}\n"));
+    if !nf.quiet {
+        eprintln!("nextflow: {line}");
+    }
+    let code = launch(&p.nextflow, &argv, &run.dir)?;
+    if code != 0 {
+        eprintln!("nextflow exited with {code}; run folder: {} (.nextflow.log, work/)", run.dir.display());
+        return Ok(code);
+    }
+    if !published.exists() {
+        return Err(Error::Executor {
+            what: "nextflow".into(),
+            detail: format!("it finished, but {} was not published", published.display()),
+            hint: Some(format!("see {}", run.dir.join(".nextflow.log").display())),
+        });
+    }
+    move_to(published, dest)?;
+    if !nf.quiet {
+        eprintln!("wrote {}; run folder: {} (nextflow.config, results/pipeline_info/trace.txt)", dest.display(), run.dir.display());
+    }
+    Ok(0)
+}
+
+/// Move a file or a folder; across file systems, copy then remove. A folder is merged into an
+/// existing `dest` (files of the same name replaced), as a local run writes into it.
+fn move_to(from: &Path, dest: &Path) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e| Error::Io { path, source: e }
+    };
+    if from.is_dir() {
+        if !dest.exists() && std::fs::rename(from, dest).is_ok() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dest).map_err(io(dest))?;
+        for e in std::fs::read_dir(from).map_err(io(from))? {
+            let e = e.map_err(io(from))?;
+            move_to(&e.path(), &dest.join(e.file_name()))?;
+        }
+        let _ = std::fs::remove_dir(from);
+        return Ok(());
+    }
+    if std::fs::rename(from, dest).is_err() {
+        std::fs::copy(from, dest).map_err(io(dest))?;
+        let _ = std::fs::remove_file(from);
+    }
+    Ok(())
+}
 
 pub const INSTALL_HINT: &str = "install Nextflow (it needs Java 17 or later): `curl -s https://get.nextflow.io | bash`, then move `nextflow` to a folder on your PATH (e.g. ~/.local/bin); or `conda install -c bioconda nextflow` (or mamba). Or run with `--executor local` (the default) or `--executor slurm`";
 

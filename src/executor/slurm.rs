@@ -1,6 +1,6 @@
 //! `--executor slurm`: submit the run's tasks with `sbatch` and follow them to the end.
 //!
-//! An unsharded run is one job. A sharded run is a fit job, a job array with one element per
+//! An unsharded run (an embedding without --shards, integrate, benchmark, geometry) is one job. A sharded run is a fit job, a job array with one element per
 //! row shard (`--dependency=afterok:<fit>`) and a merge job (`--dependency=afterok:<array>`),
 //! all submitted with `--kill-on-invalid-dep=yes` so that a failed step cancels what depends
 //! on it instead of leaving it pending forever. Jobs are followed with `squeue` while they
@@ -25,7 +25,7 @@ use crate::runner::{self, Outcome, Run, Step, TaskSpec};
 #[derive(Debug, Clone)]
 pub struct Job {
     pub id: String,
-    /// `fit`, `project`, `merge` or `embed`.
+    /// `fit`, `project`, `merge`, or the command of an unsharded task (`embed`, `benchmark`..).
     pub label: String,
     /// The log path with Slurm's `%a` for arrays.
     pub log: PathBuf,
@@ -305,7 +305,8 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
     let mut jobs: Vec<Job> = Vec::new();
     let submit_ms = chrono::Utc::now().timestamp_millis();
     let submit = |label: &str, log: PathBuf, array: Option<(usize, Option<u64>)>, task: TaskRef, ids: Vec<u64>, after: Option<&str>, gpu: bool| -> Result<Job> {
-        let name = format!("scf-{}-{label}-{short}", tasks[0].method);
+        let method = &tasks[0].method;
+        let name = if method == label { format!("scf-{label}-{short}") } else { format!("scf-{method}-{label}-{short}") };
         let text = script(&directives(&name, &log, opts, array, gpu), &exe, &run.dir, task);
         let path = sdir.join(format!("{label}.sh"));
         std::fs::write(&path, text).map_err(|e| Error::Io { path: path.clone(), source: e })?;
@@ -316,7 +317,7 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
         let projects: Vec<&TaskSpec> = tasks.iter().filter(|t| matches!(t.step, Step::Project { .. })).collect();
         if projects.is_empty() {
             for t in tasks {
-                let label = if t.step == Step::Fit { "fit" } else { "embed" };
+                let label = if t.step == Step::Fit { "fit" } else { t.command.as_str() };
                 let after = jobs.last().map(|j| j.id.clone());
                 jobs.push(submit(label, logs.join(format!("{label}.out")), None, TaskRef::One(t.task_id), vec![t.task_id], after.as_deref(), true)?);
             }

@@ -72,6 +72,14 @@ pub enum Step {
     Merge { shards: Vec<(usize, usize)> },
 }
 
+/// A command's options as a task spec's `params` (read back with `TaskSpec::options`).
+pub fn options_params<T: Serialize>(opts: &T) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(opts) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// Row ranges of `n` rows in `parts` nearly equal shards (no empty shard).
 pub fn shard_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
     let parts = parts.max(1).min(n.max(1));
@@ -79,6 +87,42 @@ pub fn shard_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
 }
 
 impl TaskSpec {
+    /// The one task of a run (`tasks/1`) for `data`, writing `out`: the whole work, no layer,
+    /// no weights, no GPU. The command line is this process's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(run: &Run, name: String, command: &str, method: &str, data: &Path, out: &Path, seed: u64, params: serde_json::Map<String, serde_json::Value>, quiet: bool, progress: bool) -> Result<TaskSpec> {
+        let abs = |p: &Path| std::path::absolute(p).map_err(|e| Error::Io { path: p.into(), source: e });
+        Ok(TaskSpec {
+            task_id: 1,
+            name,
+            command: command.into(),
+            method: method.into(),
+            data: abs(data)?,
+            out: abs(out)?,
+            layer: None,
+            seed,
+            params,
+            quiet,
+            progress,
+            command_line: std::env::args().collect::<Vec<_>>().join(" "),
+            weights_dir: None,
+            run_id: run.id.clone(),
+            step: Step::Embed,
+            work: None,
+            gpu: None,
+            device: Default::default(),
+        })
+    }
+
+    /// A command's options, stored as the spec's `params` by `options_params`.
+    pub fn options<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(serde_json::Value::Object(self.params.clone())).map_err(|e| Error::BadOption {
+            option: "task spec".into(),
+            detail: format!("the params of {} do not fit `{}`: {e}", self.name, self.command),
+            hint: Some("the spec was written by another version of scfoundry: run the command again".into()),
+        })
+    }
+
     /// Nextflow-style short hash `ab/cdef12` of what the task computes.
     pub fn hash(&self) -> String {
         let mut h = Sha256::new();
@@ -103,6 +147,13 @@ pub struct TaskResult {
     /// Seconds per phase of the task.
     #[serde(default)]
     pub phases: Vec<(String, f64)>,
+    /// What the command prints on stdout (e.g. benchmark's ranked table); the command prints it
+    /// once the task is done, wherever the task ran.
+    #[serde(default)]
+    pub stdout: Option<String>,
+    /// Lines for stderr once the task is done (unless --quiet), e.g. what was written where.
+    #[serde(default)]
+    pub summary: Vec<String>,
 }
 
 /// A run folder.

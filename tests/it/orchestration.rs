@@ -210,9 +210,10 @@ fn fake_nextflow(dir: &Path) -> PathBuf {
     let script = r#"#!/bin/sh
 printf '%s\n' "$@" > "$FAKE_NEXTFLOW_ARGV"
 pwd > "$FAKE_NEXTFLOW_ARGV.cwd"
-input=""; outdir=""; method=""
+input=""; outdir=""; method=""; task=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --task) task=$2; shift ;;
     --input) input=$2; shift ;;
     --outdir) outdir=$2; shift ;;
     --method) method=$2; shift ;;
@@ -220,7 +221,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 stem=$(basename "$input" .h5ad)
-mkdir -p "$outdir" && cp "$input" "$outdir/$stem.$method.h5ad"
+case "$task" in
+  embed) mkdir -p "$outdir" && cp "$input" "$outdir/$stem.$method.h5ad" ;;
+  integrate) mkdir -p "$outdir/integrate" && cp "$input" "$outdir/integrate/$stem.$method.h5ad" ;;
+  *) mkdir -p "$outdir/$task/$stem.$task" && echo "published by the fake nextflow" > "$outdir/$task/$stem.$task/$task.tsv" ;;
+esac
 "#;
     let p = bin.join("nextflow");
     std::fs::write(&p, script).unwrap();
@@ -229,22 +234,31 @@ mkdir -p "$outdir" && cp "$input" "$outdir/$stem.$method.h5ad"
     bin
 }
 
+/// Run scfoundry with the fake `nextflow` first on PATH, recording its argv in `argv_file`.
+fn run_fake_nextflow(ctx: &TestContext, bin: &Path, argv_file: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(ctx.dir.path())
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("FAKE_NEXTFLOW_ARGV", argv_file)
+        .env("SCFOUNDRY_NO_PROGRESS", "1")
+        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn nextflow_command_line_and_passthrough() {
     let ctx = TestContext::new();
     let data = ctx.demo("pbmc68k_counts.h5ad");
     let bin = fake_nextflow(ctx.dir.path());
     let argv_file = ctx.path("argv.txt");
-    let out = Command::new(BIN)
-        .args(["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--out", "res.h5ad", "--seed", "7", "--n-comps", "9", "--gpu", "1"])
-        .args(["--executor", "nextflow", "--", "-with-trace", "trace.txt", "-process.maxForks", "1"])
-        .current_dir(ctx.dir.path())
-        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-        .env("FAKE_NEXTFLOW_ARGV", &argv_file)
-        .env("SCFOUNDRY_NO_PROGRESS", "1")
-        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
-        .output()
-        .unwrap();
+    let out = run_fake_nextflow(
+        &ctx,
+        &bin,
+        &argv_file,
+        &["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--out", "res.h5ad", "--seed", "7", "--n-comps", "9", "--gpu", "1", "--executor", "nextflow", "--", "-with-trace", "trace.txt", "-process.maxForks", "1"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let argv: Vec<String> = std::fs::read_to_string(&argv_file).unwrap().lines().map(String::from).collect();
@@ -284,6 +298,104 @@ fn nextflow_command_line_and_passthrough() {
     assert!(cfg.contains("beforeScript = 'export CUDA_VISIBLE_DEVICES=1'"), "{cfg}");
     assert!(ctx.path("res.h5ad").is_file(), "the published result is moved to --out");
     assert!(std::fs::read_to_string(run_dir.join("command.txt")).unwrap().contains(" -with-trace trace.txt"));
+}
+
+/// The demo batches with a PCA (`pca.h5ad`, obsm['X_pca'], 20 components), made in runs-prep/.
+fn pca_demo(ctx: &TestContext) {
+    ctx.demo("wu2020_tcells.h5ad");
+    ctx.run(&["embed", "-m", "pca", "-d", "wu2020_tcells.h5ad", "-o", "pca.h5ad", "--n-comps", "20", "--runs-dir", "runs-prep"]).success();
+}
+
+/// integrate, benchmark and geometry on `pca.h5ad`: (command, arguments, their --out).
+const ONE_TASK_COMMANDS: [(&str, &[&str], &str); 3] = [
+    ("integrate", &["integrate", "-m", "harmony", "-d", "pca.h5ad", "--batch-key", "batch", "--seed", "3", "--theta", "1.5", "-o", "int.h5ad"], "int.h5ad"),
+    (
+        "benchmark",
+        &["benchmark", "-d", "pca.h5ad", "-e", "X_pca", "--label-key", "cell_type", "--batch-key", "batch", "--metrics", "bio,ilisi", "--batch-max-cells", "150", "--per-cell", "-o", "bench"],
+        "bench",
+    ),
+    ("geometry", &["geometry", "-d", "pca.h5ad", "-e", "X_pca", "--max-cells", "120", "-o", "geo"], "geo"),
+];
+
+#[test]
+fn nextflow_command_lines_of_integrate_benchmark_geometry() {
+    let ctx = TestContext::new();
+    pca_demo(&ctx);
+    let bin = fake_nextflow(ctx.dir.path());
+    let root = std::path::absolute(ctx.dir.path()).unwrap();
+    for (command, args, written) in ONE_TASK_COMMANDS {
+        let argv_file = ctx.path(&format!("argv-{command}.txt"));
+        let runs = format!("runs-{command}");
+        let out = run_fake_nextflow(&ctx, &bin, &argv_file, &[args, &["--executor", "nextflow", "--runs-dir", &runs, "--", "-resume", "-with-report", "report.html"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{command}: {err}");
+        let run_dir = only_run_dir(&ctx.path(&runs));
+        let argv = std::fs::read_to_string(&argv_file).unwrap();
+        let argv = argv.replace(&run_dir.display().to_string(), "[RUN]").replace(&repo().display().to_string(), "[REPO]").replace(&root.display().to_string(), "[TMP]");
+        insta::assert_snapshot!(format!("nextflow_{command}_argv"), argv);
+        // in the run folder, with the run's config; the published result is moved to --out
+        assert_eq!(std::fs::read_to_string(ctx.path(&format!("argv-{command}.txt.cwd"))).unwrap().trim(), run_dir.display().to_string());
+        let cfg = std::fs::read_to_string(run_dir.join("nextflow.config")).unwrap();
+        assert!(cfg.contains(&format!("outdir      = '{}'", run_dir.join("results").display())), "{cfg}");
+        // what the (fake) pipeline published is moved to --out
+        let moved = if command == "integrate" { ctx.path(written) } else { ctx.path(written).join(format!("{command}.tsv")) };
+        assert!(moved.is_file(), "{command}: {} was not moved into place: {err}", moved.display());
+        assert!(err.contains(&format!("wrote {};", root.join(written).display())), "{err}");
+        assert!(std::fs::read_to_string(run_dir.join("command.txt")).unwrap().ends_with(" -resume -with-report report.html\n"));
+    }
+}
+
+#[test]
+fn executors_missing_are_clear_errors_for_every_task_command() {
+    let ctx = TestContext::new();
+    pca_demo(&ctx);
+    for (command, args, _) in ONE_TASK_COMMANDS {
+        for (executor, tool, hint) in [("nextflow", "nextflow", "curl -s https://get.nextflow.io | bash"), ("slurm", "sbatch", "Slurm's client")] {
+            let out = Command::new(BIN)
+                .args(args)
+                .args(["--executor", executor])
+                .current_dir(ctx.dir.path())
+                .env("PATH", ctx.path("empty-bin"))
+                .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+                .output()
+                .unwrap();
+            crate::common::Run::from(out).user_error().stderr_has(&format!("`{tool}` is not on PATH")).stderr_has(hint);
+        }
+        assert!(!ctx.path("runs").exists(), "{command}: no run folder when the executor is missing");
+    }
+}
+
+/// The three commands run as one `scfoundry __task` process of a run folder, recorded in its
+/// trace.txt and report.json as embed's tasks are; `--shards` is embed's only.
+#[test]
+fn integrate_benchmark_geometry_run_as_traced_tasks() {
+    let ctx = TestContext::new();
+    pca_demo(&ctx);
+    for ((command, args, written), name) in ONE_TASK_COMMANDS.into_iter().zip(["INTEGRATE_HARMONY (pca)", "BENCHMARK (pca)", "GEOMETRY (pca)"]) {
+        let runs = format!("runs-{command}");
+        let mut a = args.to_vec();
+        a.extend(["--runs-dir", &runs]);
+        let r = ctx.run(&a);
+        r.success().stderr_has("run folder: ");
+        assert!(ctx.path(written).exists(), "{command}: no output");
+        let dir = only_run_dir(&ctx.path(&runs));
+        let trace = std::fs::read_to_string(dir.join("trace.txt")).unwrap();
+        let rows: Vec<Vec<&str>> = trace.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+        assert_eq!(rows.len(), 1, "{trace}");
+        assert_eq!(rows[0][3], name, "{trace}");
+        assert_eq!((rows[0][4], rows[0][5]), ("COMPLETED", "0"), "{trace}");
+        assert!(rows[0][2].chars().all(|c| c.is_ascii_digit()), "native_id is the task process's pid: {trace}");
+        assert!(rows[0][10] != "-", "peak_rss measured by the task process: {trace}");
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+        assert_eq!(report["command"], command);
+        assert_eq!(report["tasks"][0]["status"], "COMPLETED");
+        let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tasks/1/task.json")).unwrap()).unwrap();
+        assert_eq!(spec["command"], command);
+    }
+    let r = ctx.run(&["benchmark", "-d", "pca.h5ad", "-e", "X_pca", "--label-key", "cell_type", "--batch-key", "batch", "--shards", "2"]);
+    r.user_error().stderr_has("unexpected argument '--shards'");
+    let help = ctx.run(&["geometry", "--help"]);
+    assert!(help.stdout.contains("--executor") && help.stdout.contains("--shards, --gpu and --max-forks are embed's") && !help.stdout.contains("--shards <N>"), "{}", help.stdout);
 }
 
 // ---- scfoundry trace ----------------------------------------------------------------
@@ -433,6 +545,82 @@ fn slurm_missing_is_a_clear_error() {
     crate::common::Run::from(out).user_error().stderr_has("`sbatch` is not on PATH").has_hint();
 }
 
+/// integrate, then benchmark and geometry of the integrated file, locally and as Slurm jobs:
+/// the same bytes, the same tables on stdout, one job each with its log named.
+#[test]
+fn slurm_integrate_benchmark_geometry_equal_the_local_runs() {
+    let Some(conf) = slurm_conf() else { return };
+    let ctx = TestContext::new();
+    pca_demo(&ctx);
+    let slurm = |args: &[&str]| -> (crate::common::Run, Duration) {
+        let started = Instant::now();
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--executor", "slurm", "--runs-dir", "runs-slurm", "--time", "10", "--mem", "500M", "--cpus", "1"])
+            .current_dir(ctx.dir.path())
+            .env("SLURM_CONF", &conf)
+            .env("SCFOUNDRY_NO_PROGRESS", "1")
+            .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+            .output()
+            .unwrap();
+        (crate::common::Run::from(out), started.elapsed())
+    };
+    let local = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--runs-dir", "runs-local"]);
+        let r = ctx.run(&a);
+        r.success();
+        r
+    };
+    let integrate = ["integrate", "-m", "harmony", "-d", "pca.h5ad", "--batch-key", "batch", "--seed", "3"];
+    local(&[&integrate[..], &["-o", "int-local.h5ad"]].concat());
+    let (r, took) = slurm(&[&integrate[..], &["-o", "int-slurm.h5ad"]].concat());
+    r.success().stderr_has("obsm['X_harmony'] (200 cells x 20)");
+    eprintln!("slurm: integrate took {:.1}s", took.as_secs_f64());
+    let harmony = |p: &str| hdf5::File::open(ctx.path(p)).unwrap().dataset("obsm/X_harmony").unwrap().read_raw::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    assert_eq!(harmony("int-local.h5ad"), harmony("int-slurm.h5ad"), "Slurm's X_harmony differs from the local run");
+
+    let bench = ["benchmark", "-d", "int-local.h5ad", "-e", "X_pca,X_harmony", "--label-key", "cell_type", "--batch-key", "batch", "--per-cell"];
+    let lb = local(&[&bench[..], &["-o", "bench-local"]].concat());
+    let (sb, took) = slurm(&[&bench[..], &["-o", "bench-slurm"]].concat());
+    sb.success();
+    eprintln!("slurm: benchmark took {:.1}s", took.as_secs_f64());
+    assert_eq!(lb.stdout, sb.stdout, "the ranked table on stdout");
+    assert!(sb.stdout.starts_with("rank embedding"), "{}", sb.stdout);
+    for f in ["results.tsv", "lisi_per_cell.tsv"] {
+        let a = std::fs::read_to_string(ctx.path("bench-local").join(f)).unwrap();
+        assert_eq!(a, std::fs::read_to_string(ctx.path("bench-slurm").join(f)).unwrap(), "{f} differs");
+        assert!(a.lines().count() > 2);
+    }
+
+    let geo = ["geometry", "-d", "int-local.h5ad", "-e", "X_harmony"];
+    let lg = local(&[&geo[..], &["-o", "geo-local"]].concat());
+    let (sg, _) = slurm(&[&geo[..], &["-o", "geo-slurm"]].concat());
+    sg.success();
+    assert_eq!(lg.stdout, sg.stdout);
+    assert_eq!(std::fs::read_to_string(ctx.path("geo-local/geometry.tsv")).unwrap(), std::fs::read_to_string(ctx.path("geo-slurm/geometry.tsv")).unwrap());
+
+    // one job per command: its trace row, its batch script and its log
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(ctx.path("runs-slurm")).unwrap().map(|e| e.unwrap().path()).collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 3, "{dirs:?}");
+    for (command, r) in [("integrate", &r), ("benchmark", &sb), ("geometry", &sg)] {
+        let dir = dirs.iter().find(|d| d.file_name().unwrap().to_string_lossy().contains(if command == "integrate" { "-harmony-" } else { command })).unwrap();
+        let trace = std::fs::read_to_string(dir.join("trace.txt")).unwrap();
+        let rows: Vec<Vec<&str>> = trace.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+        assert_eq!(rows.len(), 1, "{trace}");
+        assert!(rows[0][4] == "COMPLETED" && rows[0][5] == "0" && rows[0][2].chars().all(|c| c.is_ascii_digit()), "{trace}");
+        let log = dir.join(format!("logs/{command}.out"));
+        r.stderr_has(&format!("job {} COMPLETED exit 0, log {}", rows[0][2], log.display()));
+        assert!(std::fs::read_to_string(&log).unwrap().contains("scfoundry: job "), "the job's log");
+        let script = std::fs::read_to_string(dir.join(format!("slurm/{command}.sh"))).unwrap();
+        for d in ["--time=10", "--mem=500M", "--cpus-per-task=1"] {
+            assert!(script.contains(&format!("#SBATCH {d}\n")), "{script}");
+        }
+        assert!(script.contains("__task"), "{script}");
+    }
+}
+
 // ---- Nextflow files: the real parsers, and rules of our own ----------------------------
 
 #[test]
@@ -466,6 +654,13 @@ fn nextflow_files_pass_the_parsers() {
     };
     std::fs::write(ctx.path("run.config"), cfg.render()).unwrap();
     generated.push(ctx.path("run.config"));
+    // the config a `benchmark --executor nextflow` run writes
+    pca_demo(&ctx);
+    let bin = fake_nextflow(ctx.dir.path());
+    let args = ["benchmark", "-d", "pca.h5ad", "-e", "X_pca", "--label-key", "cell_type", "--batch-key", "batch", "--executor", "nextflow", "--runs-dir", "runs-nf"];
+    let out = run_fake_nextflow(&ctx, &bin, &ctx.path("argv.txt"), &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    generated.push(only_run_dir(&ctx.path("runs-nf")).join("nextflow.config"));
     // reftrace lives in $REFTRACE_PYTHON, else in the test venv ($SCFOUNDRY_TEST_PYTHON)
     let mut cmd = Command::new(repo().join("scripts/validate-nextflow.sh"));
     if std::env::var_os("REFTRACE_PYTHON").is_none() {
@@ -486,7 +681,18 @@ fn nextflow_files_pass_the_parsers() {
     for g in &generated {
         assert!(text.contains(&format!("ok   {}", g.display())), "{} not validated:\n{text}", g.display());
     }
-    for f in ["nextflow.config", "conf/base.config", "conf/modules.config", "conf/test.config", "main.nf", "workflows/scfoundry.nf", "modules/local/embed/main.nf"] {
+    for f in [
+        "nextflow.config",
+        "conf/base.config",
+        "conf/modules.config",
+        "conf/test.config",
+        "main.nf",
+        "workflows/scfoundry.nf",
+        "modules/local/embed/main.nf",
+        "modules/local/integrate/main.nf",
+        "modules/local/benchmark/main.nf",
+        "modules/local/geometry/main.nf",
+    ] {
         assert!(text.contains(&format!("ok   {f}")), "{f} not validated:\n{text}");
     }
 }
@@ -543,7 +749,10 @@ fn every_pipeline_parameter_is_declared_and_documented() {
     assert!(missing.is_empty(), "used but not declared in nextflow.config: {missing:?}");
     assert_eq!(declared, documented, "nextflow.config params vs nextflow_schema.json");
     // what `scfoundry config` and the nextflow executor pass are parameters too
-    for p in ["weights_dir", "outdir", "scfoundry", "gpu_id", "max_forks", "task", "method", "input", "seed", "n_comps", "n_top_genes", "layer", "batch_size"] {
+    for p in [
+        "weights_dir", "outdir", "scfoundry", "gpu_id", "max_forks", "task", "method", "input", "seed", "n_comps", "n_top_genes", "layer", "batch_size", "embedding", "batch_key",
+        "label_key", "theta", "metrics", "batch_max_cells", "per_cell", "min_max_scale", "max_cells",
+    ] {
         assert!(documented.contains(p), "{p} is not in the schema");
     }
 }

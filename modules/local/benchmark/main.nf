@@ -1,6 +1,7 @@
 /*
- * BENCHMARK: Score the embeddings of one .h5ad with the scIB metrics.
- * Runs `scfoundry benchmark` once; task.ext.args (conf/modules.config) adds method options.
+ * BENCHMARK: Score the embeddings (params.embedding, comma-separated obsm keys) of one .h5ad with
+ * the scIB metrics; the results folder holds results.tsv, results.json and the figure.
+ * Runs `scfoundry benchmark` once; task.ext.args (conf/modules.config) adds metric options.
  */
 process BENCHMARK {
     tag "${meta.id}"
@@ -11,7 +12,7 @@ process BENCHMARK {
     tuple val(meta), path(h5ad)
 
     output:
-    tuple val(meta), path("${meta.id}.benchmark.csv"), emit: metrics
+    tuple val(meta), path("${meta.id}.benchmark"), emit: results
     path "versions.yml",                               emit: versions
 
     when:
@@ -23,9 +24,11 @@ process BENCHMARK {
     """
     ${params.scfoundry} ${weights} benchmark \\
         --data ${h5ad} \\
+        --embedding ${params.embedding} \\
         --label-key ${params.label_key} \\
         --batch-key ${params.batch_key} \\
-        --out ${meta.id}.benchmark.csv \\
+        --seed ${params.seed} \\
+        --out ${meta.id}.benchmark \\
         ${args}
 
     cat <<-END_VERSIONS > versions.yml
@@ -36,7 +39,8 @@ process BENCHMARK {
 
     stub:
     """
-    touch ${meta.id}.benchmark.csv
+    mkdir -p ${meta.id}.benchmark
+    touch ${meta.id}.benchmark/results.tsv ${meta.id}.benchmark/results.json
 
     cat <<-END_VERSIONS > versions.yml
     "${task.process}":

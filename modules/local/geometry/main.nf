@@ -1,6 +1,7 @@
 /*
- * GEOMETRY: Describe the geometry of the embeddings of one .h5ad.
- * Runs `scfoundry geometry` once; task.ext.args (conf/modules.config) adds method options.
+ * GEOMETRY: Describe the geometry of one embedding (params.embedding, an obsm key) of one .h5ad;
+ * the results folder holds geometry.tsv, geometry.json and the figure.
+ * Runs `scfoundry geometry` once; task.ext.args (conf/modules.config) adds --max-cells.
  */
 process GEOMETRY {
     tag "${meta.id}"
@@ -11,7 +12,7 @@ process GEOMETRY {
     tuple val(meta), path(h5ad)
 
     output:
-    tuple val(meta), path("${meta.id}.geometry.json"), emit: report
+    tuple val(meta), path("${meta.id}.geometry"), emit: results
     path "versions.yml",                               emit: versions
 
     when:
@@ -23,7 +24,9 @@ process GEOMETRY {
     """
     ${params.scfoundry} ${weights} geometry \\
         --data ${h5ad} \\
-        --out ${meta.id}.geometry.json \\
+        --embedding ${params.embedding} \\
+        --seed ${params.seed} \\
+        --out ${meta.id}.geometry \\
         ${args}
 
     cat <<-END_VERSIONS > versions.yml
@@ -34,7 +37,8 @@ process GEOMETRY {
 
     stub:
     """
-    touch ${meta.id}.geometry.json
+    mkdir -p ${meta.id}.geometry
+    touch ${meta.id}.geometry/geometry.tsv ${meta.id}.geometry/geometry.json
 
     cat <<-END_VERSIONS > versions.yml
     "${task.process}":

@@ -1,6 +1,7 @@
 /*
- * INTEGRATE: Integrate the batches of one .h5ad (harmony, seurat, scvi_denovo).
- * Runs `scfoundry integrate` once; task.ext.args (conf/modules.config) adds method options.
+ * INTEGRATE: Integrate the batches of an embedding of one .h5ad (harmony; seurat and scvi_denovo
+ * are planned). Runs `scfoundry integrate` once; task.ext.args (conf/modules.config) adds
+ * --embedding and --theta.
  */
 process INTEGRATE {
     tag "${meta.id}"
