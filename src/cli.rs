@@ -47,8 +47,9 @@ pub enum Commands {
     Weights(WeightsArgs),
     /// Embed cells with a method; writes a new .h5ad with obsm['X_<method>'] and a run folder.
     Embed(EmbedArgs),
-    /// Transfer labels from a reference to a query (not in this version yet).
-    Transfer(NotYetArgs),
+    /// Transfer labels from a labelled reference to a query: embed both with one method, then a
+    /// weighted kNN vote; writes a copy of the query with the predictions and a report.
+    Transfer(TransferArgs),
     /// Fine-tune a model on labelled cells (not in this version yet).
     Finetune(NotYetArgs),
     /// Integrate batches in an embedding: harmony (seurat and scvi_denovo are planned).
@@ -408,6 +409,69 @@ impl KnobArgs {
 pub const ONE_TASK_HELP: &str = "This command runs as one task, in a run folder (trace.txt, report.json): a process on this \
 machine (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's process \
 (--executor nextflow). It is not split into shards: --shards, --gpu and --max-forks are embed's only.";
+
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  scfoundry transfer --method pca --reference ref.h5ad --query query.h5ad --label-key cell_type")]
+pub struct TransferArgs {
+    /// The embedding method (pca or cellama; see `scfoundry methods`). pca is fitted on the
+    /// reference and the query is projected with that fit; cellama embeds each cell on its own.
+    #[arg(long, short)]
+    pub method: String,
+    /// Labelled reference .h5ad (never modified).
+    #[arg(long, short, value_name = "H5AD")]
+    pub reference: PathBuf,
+    /// Query .h5ad to label (never modified; the result is a copy).
+    #[arg(long, value_name = "H5AD")]
+    pub query: PathBuf,
+    /// obs column of the reference with the labels. When the query has it too, the transfer is
+    /// scored against it (accuracy, macro-F1, per-label table, confusion matrix).
+    #[arg(long, value_name = "COLUMN")]
+    pub label_key: String,
+    /// Reference neighbours in the vote.
+    #[arg(long, short, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    pub k: u64,
+    /// Output .h5ad (default: <query stem>.transfer.h5ad beside the query).
+    #[arg(long, short, value_name = "H5AD")]
+    pub out: Option<PathBuf>,
+    /// Folder for the report: transfer.json, and with query labels per_label.tsv, confusion.tsv,
+    /// confusion.svg/png (default: the output's path without .h5ad).
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<PathBuf>,
+    /// obs column for the predicted labels (default: <label-key>_pred); the confidence goes to
+    /// <that>_confidence.
+    #[arg(long, value_name = "COLUMN")]
+    pub pred_key: Option<String>,
+    /// Read the matrix from layers[NAME] instead of X, in both files.
+    #[arg(long, value_name = "NAME")]
+    pub layer: Option<String>,
+    /// pca: share of the reference's highly variable genes the query must have (by var name);
+    /// missing ones count as zero, with a warning.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = parse_fraction)]
+    pub min_gene_overlap: f64,
+    /// Seed for every random step (recorded in the output's provenance).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+    #[command(flatten)]
+    pub knobs: KnobArgs,
+    /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
+    #[arg(long, value_name = "DIR")]
+    pub runs_dir: Option<PathBuf>,
+    /// At most N tasks at once (default 2: the reference and the query are embedded at once;
+    /// 1 runs them one after the other).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_forks: Option<u64>,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not between 0 and 1"))
+    }
+}
 
 #[derive(Debug, Args)]
 #[command(after_help = ONE_TASK_HELP)]

@@ -105,6 +105,13 @@ pub enum Error {
     #[error("model error while {context}: {detail}")]
     Model { context: String, detail: String },
 
+    #[error(
+        "{query} has {present} of the {total} highly variable genes of the reference {reference} by var name ({:.1}%), fewer than the {:.0}% needed to project it",
+        100.0 * *present as f64 / (*total).max(1) as f64,
+        100.0 * min_fraction
+    )]
+    GeneOverlap { reference: PathBuf, query: PathBuf, present: usize, total: usize, min_fraction: f64, example: String },
+
     #[error("{archive}: unsafe archive member {member:?}: {detail}")]
     UnsafeArchive { archive: PathBuf, member: String, detail: String },
 }
@@ -166,6 +173,9 @@ impl Error {
             Error::Download { hint, .. } => hint.clone(),
             Error::BadWeights { .. } => Some("`scfoundry weights verify` checks the files against their pins; pull again with `scfoundry weights pull --force`".into()),
             Error::Model { .. } => None,
+            Error::GeneOverlap { example, .. } => Some(format!(
+                "both files must name genes the same way (symbols or Ensembl IDs, same case; the reference has e.g. `{example}`, which the query lacks): map the query's var_names first, or lower the bar with --min-gene-overlap"
+            )),
             Error::UnsafeArchive { .. } => Some("the archive tries to write outside its folder; nothing was extracted. Report it to the archive's publisher".into()),
         }
     }

@@ -66,7 +66,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
             WeightsCommand::Path { names } => commands::weights::path(&s, names),
         },
         Commands::Embed(a) => commands::embed::run(&s, a),
-        Commands::Transfer(_) => not_yet("transfer", "embed reference and query with `scfoundry embed` for now"),
+        Commands::Transfer(a) => commands::transfer::run(&s, a),
         Commands::Finetune(_) => not_yet("finetune", "fine-tuning arrives with the transformer models"),
         Commands::Integrate(a) => commands::integrate::run(&s, a),
         Commands::Benchmark(a) => commands::benchmark::run(&s, a),

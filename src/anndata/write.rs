@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use hdf5::{Dataset, File};
 
-use super::h5util::{require_dict, set_encoding};
+use hdf5::types::VarLenUnicode;
+
+use super::h5util::{require_dict, set_encoding, str_array_attr};
 use crate::error::{Error, Hdf5Context, Result};
 
 /// An output file under construction. Dropping it without `commit` removes the temporary file.
@@ -50,6 +52,61 @@ impl PendingOutput {
             .h5ctx(|| format!("creating obsm/{key}"))?;
         set_encoding(&ds, "array", "0.2.0").h5ctx(|| format!("tagging obsm/{key}"))?;
         Ok(ds)
+    }
+
+    /// Add (or replace) a categorical obs column (anndata's `categorical` 0.2.0): `codes` index
+    /// `categories`, -1 marks a missing value.
+    pub fn add_obs_categorical(&self, name: &str, codes: &[i32], categories: &[String]) -> Result<()> {
+        let obs = self.obs_for(name)?;
+        let ctx = || format!("writing obs/{name}");
+        let g = obs.create_group(name).h5ctx(ctx)?;
+        set_encoding(&g, "categorical", "0.2.0").h5ctx(ctx)?;
+        g.new_attr::<bool>().shape(()).create("ordered").h5ctx(ctx)?.write_scalar(&false).h5ctx(ctx)?;
+        // the narrowest signed integer, as pandas stores codes
+        let n = categories.len();
+        if n < i8::MAX as usize {
+            let c: Vec<i8> = codes.iter().map(|&v| v as i8).collect();
+            g.new_dataset::<i8>().shape([c.len()]).create("codes").h5ctx(ctx)?.write_raw(&c).h5ctx(ctx)?;
+        } else if n < i16::MAX as usize {
+            let c: Vec<i16> = codes.iter().map(|&v| v as i16).collect();
+            g.new_dataset::<i16>().shape([c.len()]).create("codes").h5ctx(ctx)?.write_raw(&c).h5ctx(ctx)?;
+        } else {
+            g.new_dataset::<i32>().shape([codes.len()]).create("codes").h5ctx(ctx)?.write_raw(codes).h5ctx(ctx)?;
+        }
+        let cats: Vec<VarLenUnicode> = categories.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect::<hdf5::Result<_>>().h5ctx(ctx)?;
+        let ds = g.new_dataset::<VarLenUnicode>().shape([cats.len()]).create("categories").h5ctx(ctx)?;
+        ds.write_raw(&cats).h5ctx(ctx)?;
+        set_encoding(&ds, "string-array", "0.2.0").h5ctx(ctx)?;
+        Ok(())
+    }
+
+    /// Add (or replace) a float32 obs column (anndata's `array` 0.2.0).
+    pub fn add_obs_f32(&self, name: &str, values: &[f32]) -> Result<()> {
+        let obs = self.obs_for(name)?;
+        let ctx = || format!("writing obs/{name}");
+        let ds = obs.new_dataset::<f32>().shape([values.len()]).create(name).h5ctx(ctx)?;
+        ds.write_raw(values).h5ctx(ctx)?;
+        set_encoding(&ds, "array", "0.2.0").h5ctx(ctx)?;
+        Ok(())
+    }
+
+    /// The obs group with `name` free and listed last in `column-order` (kept in place when it
+    /// was already listed, so a replaced column keeps its position).
+    fn obs_for(&self, name: &str) -> Result<hdf5::Group> {
+        let obs = self.file().group("obs").h5ctx(|| "opening obs".into())?;
+        if obs.link_exists(name) {
+            obs.unlink(name).h5ctx(|| format!("replacing obs/{name}"))?;
+        }
+        let mut order = str_array_attr(&obs, "column-order").unwrap_or_default();
+        if !order.iter().any(|c| c == name) {
+            order.push(name.to_string());
+        }
+        if obs.attr("column-order").is_ok() {
+            obs.delete_attr("column-order").h5ctx(|| "replacing obs column-order".into())?;
+        }
+        let v: Vec<VarLenUnicode> = order.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect::<hdf5::Result<_>>().h5ctx(|| "obs column-order".into())?;
+        obs.new_attr::<VarLenUnicode>().shape([v.len()]).create("column-order").and_then(|a| a.write_raw(&v)).h5ctx(|| "writing obs column-order".into())?;
+        Ok(obs)
     }
 
     /// Close the HDF5 handle and rename the finished file onto its destination.

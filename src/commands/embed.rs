@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use crate::anndata::AnnData;
-use crate::cli::{EmbedArgs, ExecutorKind};
+use crate::cli::{BatchArgs, EmbedArgs, ExecutorKind, KnobArgs};
 use crate::executor::{self, nextflow::{NfRun, Pipeline}, Finished};
 use crate::commands::ExitStatus;
 use crate::error::Error;
@@ -22,28 +22,34 @@ pub fn default_output(data: &Path, method: &str) -> PathBuf {
 
 /// Warn about options the method does not honour; return the method parameters in effect.
 pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String, Value> {
+    resolve_method_params(s, m, "embed", &args.batch, &args.knobs)
+}
+
+/// As `resolve_params`, for any command (`embed`, `transfer`) and its batch and knob options.
+pub fn resolve_method_params(s: &Settings, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> Map<String, Value> {
     let mut params = Map::new();
-    let honoured = m.honoured("embed");
-    if let Some(b) = args.batch.batch_size {
+    let honoured = m.honoured(command);
+    let verb = match command { "embed" => "embedding", "transfer" => "transferring labels", other => other };
+    if let Some(b) = batch.batch_size {
         if honoured.iter().any(|o| o == "--batch-size") {
             params.insert("batch_size".into(), json!(b));
         } else {
-            warn(&format!("{} does not honour --batch-size when embedding; ignored", m.name));
+            warn(&format!("{} does not honour --batch-size when {verb}; ignored", m.name));
         }
     } else if honoured.iter().any(|o| o == "--batch-size") {
         if let Some(b) = s.registry.default_batch(m) {
             params.insert("batch_size".into(), json!(b));
         }
     }
-    if let Some(f) = &args.knobs.obs_features {
+    if let Some(f) = &knobs.obs_features {
         if m.knob("--obs-features").is_none() {
             warn(&format!("{} does not honour --obs-features; ignored", m.name));
         } else {
             params.insert("obs_features".into(), json!(f));
         }
     }
-    let given = args.knobs.given();
-    let values = args.knobs.given_values();
+    let given = knobs.given();
+    let values = knobs.given_values();
     let all = given.iter().map(|(f, v)| (*f, json!(v))).chain(values);
     for (flag, v) in all {
         if m.knob(flag).is_none() {

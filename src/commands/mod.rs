@@ -11,6 +11,7 @@ pub mod methods;
 pub mod not_yet;
 pub mod task;
 pub mod trace;
+pub mod transfer;
 pub mod weights;
 
 /// How a command ended.

@@ -30,6 +30,9 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards).map_err(Into::into),
         ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir).map_err(Into::into),
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
+        ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
+        ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
+        ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),
         ("integrate", _, Step::Embed) => crate::commands::integrate::task(&spec),
         ("benchmark", _, Step::Embed) => crate::commands::benchmark::task(&spec),
         ("geometry", _, Step::Embed) => crate::commands::geometry::task(&spec),
@@ -251,8 +254,24 @@ pub fn encode_with_backoff(
     }
 }
 
-fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
-    let rep = reporter(!spec.progress);
+/// What a cellama task needs: the data, its sentences' parts and the loaded encoder.
+struct CellamaJob {
+    ad: AnnData,
+    x: crate::anndata::Matrix,
+    top: usize,
+    obs: Vec<(String, Vec<String>)>,
+    enc: Encoder,
+    model_dir: PathBuf,
+    shas: serde_json::Map<String, Value>,
+    notes: Vec<String>,
+    /// The CPU or the GPU runtime, the batch in effect and the out-of-memory back-off so far.
+    dev: TaskDevice,
+    batch: usize,
+    backoff: Option<crate::gpu::backoff::BackoffReport>,
+    task_dir: PathBuf,
+}
+
+fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let shas = verified_weights("cellama", &dir, cellama::REQUIRED_ENTRIES)?;
     let ad = AnnData::open(&spec.data)?;
@@ -275,18 +294,19 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let dev = TaskDevice::start(spec)?;
     let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
-    let mut batch = param_u64(spec, "batch_size", cellama::BATCH_SIZE as u64).max(1) as usize;
-    let mut backoff = None;
-    let dim = enc.hidden;
+    let batch = param_u64(spec, "batch_size", cellama::BATCH_SIZE as u64).max(1) as usize;
+    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, dev, batch, backoff: None, task_dir: task_dir.to_path_buf() })
+}
 
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
-    let key = "X_cellama";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("cellama: encode", ad.n_obs as u64, "cells");
+/// Encode every cell; `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
+/// Adds a note when sentences were truncated.
+fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
+    let (enc, x, dim) = (&job.enc, &job.x, job.enc.hidden);
+    let p = rep.step("cellama: encode", job.ad.n_obs as u64, "cells");
     let mut truncated = 0usize;
     for (s, e) in x.blocks(1_000_000) {
         let b = x.read_rows(s, e)?;
-        let sentences = cellama_sentences(&b, &ad.var_names, &obs, top);
+        let sentences = cellama_sentences(&b, &job.ad.var_names, &job.obs, job.top);
         let mut rows = Vec::with_capacity(sentences.len() * dim);
         for snt in &sentences {
             if enc.token_ids(snt)?.len() >= enc.max_seq_length {
@@ -295,9 +315,9 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         }
         let encoded = encode_with_backoff(
             sentences.len(),
-            &mut batch,
-            &mut backoff,
-            dev.allocator(),
+            &mut job.batch,
+            &mut job.backoff,
+            job.dev.allocator(),
             |r| enc.encode(&sentences[r]),
             |r, v| {
                 rows.extend(v);
@@ -305,26 +325,38 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             },
         );
         if let Err(e) = encoded {
-            dev.write_report(task_dir, backoff.clone());
+            job.dev.write_report(&job.task_dir, job.backoff.clone());
             return Err(e);
         }
-        write_rows(&ds, s, &rows, dim)?;
+        sink(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if truncated > 0 {
-        notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
+        job.notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
     }
+    if let Some(b) = &job.backoff {
+        job.notes.push(b.message(job.dev.allocator(), false));
+    }
+    job.dev.write_report(&job.task_dir, job.backoff.clone());
+    Ok(())
+}
+
+fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let mut job = cellama_prepare(spec, task_dir)?;
+    let dim = job.enc.hidden;
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_cellama";
+    let ds = out.create_obsm(key, job.ad.n_obs, dim)?;
+    cellama_encode(&mut job, rep.as_ref(), |s, rows| write_rows(&ds, s, rows, dim))?;
+    drop(ds);
+    let CellamaJob { ad, x, enc, model_dir, shas, notes, batch, .. } = job;
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("batch_size".into(), json!(batch));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
-    if let Some(b) = &backoff {
-        notes.push(b.message(dev.allocator(), spec.params.contains_key("batch_size")));
-    }
-    dev.write_report(task_dir, backoff.clone());
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
     params.insert("pooling".into(), json!("mean, L2-normalised"));
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
@@ -754,4 +786,90 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     drop(varm);
     out.commit()?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![], ..Default::default() })
+}
+
+// ---- label transfer: embeddings of the reference and the query as raw f32 files ----------
+
+/// Write rows x dim little-endian f32 to `path` through a temporary file.
+fn write_f32_file(path: &Path, values: &[f32]) -> Result<()> {
+    let tmp = path.with_extension("f32.tmp");
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.into(), source: e })?;
+    }
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
+}
+
+/// The fit of a transfer: PCA fitted on the reference (`spec.data`), saved to `spec.out`.
+fn transfer_fit_pca(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let l = load(spec)?;
+    let names = Names { obs: &l.ad.obs_names, var: &l.ad.var_names };
+    let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
+    if let Some(d) = spec.out.parent() {
+        std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.into(), source: e })?;
+    }
+    fit.save(&spec.out)?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings })
+}
+
+/// Project `spec.data` (the reference or the query) with the reference's fit, genes aligned
+/// by var name; write the embedding to `spec.out`.
+fn transfer_embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let l = load(spec)?;
+    let param_path = |k: &str| spec.params.get(k).and_then(Value::as_str).map(PathBuf::from);
+    let missing = |k: &str| Error::BadOption { option: "task spec".into(), detail: format!("a transfer task needs `{k}`"), hint: None };
+    let reference = param_path("reference").ok_or_else(|| missing("reference"))?;
+    let fit_file = param_path("fit").ok_or_else(|| missing("fit"))?;
+    let fit = PcaFit::load(&fit_file)?;
+    let ref_var = if reference == spec.data { l.ad.var_names.clone() } else { AnnData::open(&reference)?.var_names };
+    let map = pca::align_genes(&fit, &ref_var, &l.ad.var_names);
+    let m = fit.hvg_genes.len();
+    let min = spec.params.get("min_gene_overlap").and_then(Value::as_f64).unwrap_or(DEFAULT_MIN_GENE_OVERLAP);
+    let present = m - map.missing.len();
+    if map.present_fraction(m) < min {
+        return Err(Error::GeneOverlap { reference, query: spec.data.clone(), present, total: m, min_fraction: min, example: map.missing.first().cloned().unwrap_or_default() });
+    }
+    let mut notes = l.notes.clone();
+    if !map.missing.is_empty() {
+        let shown: Vec<&str> = map.missing.iter().take(5).map(String::as_str).collect();
+        let msg = format!(
+            "{} of the reference's {m} highly variable genes are missing from {} and count as zero there (e.g. {}{})",
+            map.missing.len(),
+            spec.data.display(),
+            shown.join(", "),
+            if map.missing.len() > shown.len() { ", ..." } else { "" }
+        );
+        crate::progress::warn(&msg);
+        notes.push(msg);
+    }
+    let names = Names { obs: &l.ad.obs_names, var: &l.ad.var_names };
+    let sf = pca::size_factors(&l.x, &names, &l.opts)?;
+    let nc = fit.variance.len();
+    let mut emb = vec![0f32; l.ad.n_obs * nc];
+    pca::transform_mapped(&l.x, &fit, &map, &sf, &l.opts, rep.as_ref(), |start, rows| {
+        emb[start * nc..start * nc + rows.len()].copy_from_slice(rows);
+        Ok(())
+    })?;
+    write_f32_file(&spec.out, &emb)?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_pca".into()), n_obs: l.ad.n_obs, dim: nc, notes, phases: vec![] })
+}
+
+/// Share of the reference's highly variable genes the query must have (by var name).
+pub const DEFAULT_MIN_GENE_OVERLAP: f64 = 0.5;
+
+/// Embed `spec.data` with cellama (per cell, nothing fitted); write it to `spec.out`.
+fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let mut job = cellama_prepare(spec, task_dir)?;
+    let dim = job.enc.hidden;
+    let mut emb = vec![0f32; job.ad.n_obs * dim];
+    cellama_encode(&mut job, rep.as_ref(), |start, rows| {
+        emb[start * dim..start * dim + rows.len()].copy_from_slice(rows);
+        Ok(())
+    })?;
+    write_f32_file(&spec.out, &emb)?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![] })
 }

@@ -194,3 +194,33 @@ pub fn run_local(run: &Run, tasks: &[TaskSpec], max_forks: usize) -> Result<Vec<
     }
     Ok(outcomes)
 }
+
+/// Run stages of independent tasks with the local runner: the stages one after the other, the
+/// tasks of a stage at once (at most `max_forks`). Stops after a stage in which a task failed;
+/// outcomes in task order.
+pub fn run_stages(run: &Run, stages: &[Vec<TaskSpec>], max_forks: usize) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::new();
+    for stage in stages {
+        let next = AtomicUsize::new(0);
+        let done: Mutex<Vec<(usize, Result<Outcome>)>> = Mutex::new(Vec::new());
+        std::thread::scope(|sc| {
+            for _ in 0..max_forks.max(1).min(stage.len()) {
+                sc.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(t) = stage.get(i) else { return };
+                    let o = runner::run_task(run, t);
+                    done.lock().unwrap().push((i, o));
+                });
+            }
+        });
+        let mut done = done.into_inner().unwrap();
+        done.sort_by_key(|d| d.0);
+        for (_, o) in done {
+            outcomes.push(o?);
+        }
+        if outcomes.iter().any(|o| o.exit != 0) {
+            break;
+        }
+    }
+    Ok(outcomes)
+}

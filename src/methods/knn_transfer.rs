@@ -19,9 +19,9 @@
 //! reference rows, keeping a bounded top-k per query row; memory is O(block^2 + n_query k),
 //! never n_query x n_ref.
 //!
-//! Scores follow scikit-learn: `accuracy_score`, `f1_score(average="macro")` over the labels
-//! present in the truth or the prediction, `confusion_matrix` (rows: truth, columns:
-//! prediction).
+//! Scores (in `metrics::classification`, re-exported here) follow scikit-learn:
+//! `accuracy_score`, `f1_score(average="macro")` over the labels present in the truth or the
+//! prediction, `confusion_matrix` (rows: truth, columns: prediction).
 
 use rayon::prelude::*;
 
@@ -162,50 +162,8 @@ pub fn kernel_weights(dist: &[f64]) -> Vec<f64> {
     w.iter().map(|v| v / total).collect()
 }
 
-/// Fraction of cells whose prediction equals the truth (sklearn's `accuracy_score`).
-pub fn accuracy(truth: &[u32], predicted: &[u32]) -> f64 {
-    assert_eq!(truth.len(), predicted.len());
-    if truth.is_empty() {
-        return 0.0;
-    }
-    truth.iter().zip(predicted).filter(|(a, b)| a == b).count() as f64 / truth.len() as f64
-}
-
-/// Confusion matrix, n_labels x n_labels row-major: entry (t, p) counts cells of true label t
-/// predicted as p (sklearn's `confusion_matrix(labels=range(n_labels))`).
-pub fn confusion_matrix(truth: &[u32], predicted: &[u32], n_labels: usize) -> Vec<u64> {
-    assert_eq!(truth.len(), predicted.len());
-    let mut m = vec![0u64; n_labels * n_labels];
-    for (&t, &p) in truth.iter().zip(predicted) {
-        m[t as usize * n_labels + p as usize] += 1;
-    }
-    m
-}
-
-/// Macro-averaged F1 over the labels present in the truth or the prediction (sklearn's
-/// `f1_score(average="macro")`): per label 2 tp / (2 tp + fp + fn), then the plain mean.
-pub fn macro_f1(truth: &[u32], predicted: &[u32]) -> f64 {
-    assert_eq!(truth.len(), predicted.len());
-    let n_labels = truth.iter().chain(predicted).map(|&l| l as usize + 1).max().unwrap_or(0);
-    let m = confusion_matrix(truth, predicted, n_labels);
-    let (mut sum, mut present) = (0.0, 0usize);
-    for l in 0..n_labels {
-        let tp = m[l * n_labels + l] as f64;
-        let row: u64 = m[l * n_labels..(l + 1) * n_labels].iter().sum();
-        let col: u64 = (0..n_labels).map(|t| m[t * n_labels + l]).sum();
-        if row == 0 && col == 0 {
-            continue;
-        }
-        present += 1;
-        let (fneg, fpos) = (row as f64 - tp, col as f64 - tp);
-        sum += 2.0 * tp / (2.0 * tp + fpos + fneg);
-    }
-    if present == 0 {
-        0.0
-    } else {
-        sum / present as f64
-    }
-}
+// The scores live with the other metrics, as pure functions; re-exported for callers here.
+pub use crate::metrics::classification::{accuracy, confusion_matrix, macro_f1};
 
 #[cfg(test)]
 mod tests {

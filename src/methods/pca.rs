@@ -455,15 +455,101 @@ pub fn transform_rows(
     rep: &dyn Reporter,
     start: usize,
     end: usize,
+    sink: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let mut hvg_index = vec![u32::MAX; x.n_cols];
+    for (h, &j) in fit.hvg_genes.iter().enumerate() {
+        hvg_index[j] = h as u32;
+    }
+    project_rows(x, fit, &hvg_index, &fit.size_factors, opts, rep, start, end, sink)
+}
+
+/// How the genes of other data (a query) map onto a fit's highly variable genes, by var name.
+#[derive(Debug, Clone)]
+pub struct GeneMap {
+    /// Per column of the other data: its HVG position in the fit, or u32::MAX.
+    pub hvg_index: Vec<u32>,
+    /// Names of the fit's HVGs that the other data lacks (they count as zero there).
+    pub missing: Vec<String>,
+}
+
+impl GeneMap {
+    /// Share of the fit's HVGs present in the other data.
+    pub fn present_fraction(&self, n_hvg: usize) -> f64 {
+        if n_hvg == 0 {
+            return 0.0;
+        }
+        (n_hvg - self.missing.len()) as f64 / n_hvg as f64
+    }
+}
+
+/// Map `var` (the other data's gene names) onto the HVGs of a fit made on data whose gene
+/// names are `fit_var`.
+pub fn align_genes(fit: &PcaFit, fit_var: &[String], var: &[String]) -> GeneMap {
+    let pos: std::collections::HashMap<&str, usize> = var.iter().enumerate().map(|(j, n)| (n.as_str(), j)).collect();
+    let mut hvg_index = vec![u32::MAX; var.len()];
+    let mut missing = Vec::new();
+    for (h, &g) in fit.hvg_genes.iter().enumerate() {
+        let name = fit_var.get(g).map(String::as_str).unwrap_or("");
+        match pos.get(name) {
+            Some(&j) => hvg_index[j] = h as u32,
+            None => missing.push(name.to_string()),
+        }
+    }
+    GeneMap { hvg_index, missing }
+}
+
+/// Per-cell size factors of `x` (total counts over all its genes / target_sum, in float32 as
+/// `fit` computes them), checking that the values are raw counts. Data projected with another
+/// data's fit is normalised by its own totals, as `sc.pp.normalize_total` on it would.
+pub fn size_factors(x: &Matrix, names: &Names, opts: &PcaOptions) -> Result<Vec<f32>> {
+    let mut sf = vec![0f32; x.n_rows];
+    for (s, e) in x.blocks(opts.block_nnz) {
+        let b = x.read_rows(s, e)?;
+        check_block(&b, x, names, opts.check_counts)?;
+        sf[s..e].par_iter_mut().enumerate().for_each(|(i, out)| {
+            let (_, vals) = b.row(i);
+            let total: f64 = vals.iter().map(|&v| v as f64).sum();
+            let total = total as f32;
+            let total = if total == 0.0 { 1.0 } else { total };
+            *out = total / opts.target_sum;
+        });
+    }
+    Ok(sf)
+}
+
+/// Project every row of other data with a fit: its genes mapped by `map`, normalised by its own
+/// `size_factors`. Genes of the fit that the data lacks contribute zero.
+pub fn transform_mapped(
+    x: &Matrix,
+    fit: &PcaFit,
+    map: &GeneMap,
+    size_factors: &[f32],
+    opts: &PcaOptions,
+    rep: &dyn Reporter,
+    sink: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    assert_eq!(map.hvg_index.len(), x.n_cols, "gene map is for other data");
+    assert_eq!(size_factors.len(), x.n_rows, "one size factor per row");
+    project_rows(x, fit, &map.hvg_index, size_factors, opts, rep, 0, x.n_rows, sink)
+}
+
+/// Pass 3 proper: `hvg_index` maps columns of `x` to HVG positions, `sf` holds one size factor
+/// per row of `x`.
+#[allow(clippy::too_many_arguments)]
+fn project_rows(
+    x: &Matrix,
+    fit: &PcaFit,
+    hvg_index: &[u32],
+    sf_all: &[f32],
+    opts: &PcaOptions,
+    rep: &dyn Reporter,
+    start: usize,
+    end: usize,
     mut sink: impl FnMut(usize, &[f32]) -> Result<()>,
 ) -> Result<()> {
     let nc = fit.variance.len();
     let m = fit.hvg_genes.len();
-    let g = x.n_cols;
-    let mut hvg_index = vec![u32::MAX; g];
-    for (h, &j) in fit.hvg_genes.iter().enumerate() {
-        hvg_index[j] = h as u32;
-    }
     // V transposed: m x nc, so a gene's loadings are contiguous (float32: the output is float32)
     let mut vt = vec![0.0f32; m * nc];
     for c in 0..nc {
@@ -480,7 +566,7 @@ pub fn transform_rows(
     });
     for (s, e) in blocks {
         let b = x.read_rows(s, e)?;
-        let sf = &fit.size_factors[s..e];
+        let sf = &sf_all[s..e];
         let mut out = vec![0f32; (e - s) * nc];
         out.par_chunks_mut(nc).enumerate().for_each(|(i, row)| {
             row.iter_mut().for_each(|a| *a = 0.0);
@@ -599,6 +685,29 @@ mod tests {
         let h = hvg_seurat(&mean, &var, 4);
         assert!(h.dispersions[0].is_nan());
         assert!(!h.selected[0]);
+    }
+
+    #[test]
+    fn genes_align_by_name_and_missing_ones_are_listed() {
+        let fit = PcaFit {
+            n_obs: 2,
+            hvg_genes: vec![0, 2, 3],
+            hvg: hvg_seurat(&[1.0, 1.0, 1.0, 1.0], &[1.0, 2.0, 3.0, 4.0], 3),
+            mean: vec![0.0; 3],
+            components: vec![0.0; 3],
+            variance: vec![1.0],
+            variance_ratio: vec![1.0],
+            size_factors: vec![1.0, 1.0],
+            target_sum: 1e4,
+            timings: vec![],
+        };
+        let fit_var: Vec<String> = ["A", "B", "C", "D"].iter().map(|s| s.to_string()).collect();
+        // the query has C and A (in another order) and an extra gene, but not D
+        let var: Vec<String> = ["X", "C", "A"].iter().map(|s| s.to_string()).collect();
+        let map = align_genes(&fit, &fit_var, &var);
+        assert_eq!(map.hvg_index, vec![u32::MAX, 1, 0]);
+        assert_eq!(map.missing, vec!["D".to_string()]);
+        assert!((map.present_fraction(3) - 2.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 pub mod aggregate;
 pub mod benchmark;
+pub mod classification;
 pub mod clustering;
 pub mod graph_connectivity;
 pub mod isolated_labels;

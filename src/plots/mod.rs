@@ -5,7 +5,9 @@
 //!   conservation and batch correction, circles sized and coloured by value with PRGn
 //!   normalised per column at mean +- 2.5 sd as plottable's `normed_cmap`, aggregate
 //!   scores as YlGnBu bars);
-//! - [`geometry_figure`]: the three panels of `scfoundry geometry`.
+//! - [`geometry_figure`]: the three panels of `scfoundry geometry`;
+//! - [`confusion_figure`]: the confusion matrix of `scfoundry transfer` (counts, coloured by
+//!   the share of each true label).
 //!
 //! SVG text needs no font. The PNG needs a TrueType font, read once at run time (DejaVu
 //! Sans from the usual system folders, or $SCFOUNDRY_FONT); without one the PNG is skipped
@@ -370,6 +372,111 @@ pub fn geometry_figure(g: &GeometryFigure, svg: &Path, png: &Path) -> anyhow::Re
         let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
         draw_geometry(&root, g, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
         root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
+    }
+    Ok(())
+}
+
+/// What the confusion-matrix figure of `scfoundry transfer` shows.
+pub struct ConfusionFigure {
+    pub title: String,
+    pub subtitle: String,
+    /// Labels of the rows (truth) and columns (prediction), the same list.
+    pub labels: Vec<String>,
+    /// n x n row-major counts: row = true label, column = predicted label.
+    pub counts: Vec<u64>,
+}
+
+/// matplotlib's Blues.
+const BLUES: [&str; 9] = ["#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b"];
+
+fn short_label(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(max - 1).collect::<String>())
+    }
+}
+
+/// Layout of the confusion figure in unscaled pixels: (label column width, header height, cell).
+fn confusion_layout(c: &ConfusionFigure) -> (f64, f64, f64) {
+    let longest = c.labels.iter().map(|l| short_label(l, 30).chars().count()).max().unwrap_or(4) as f64;
+    let label_w = 30.0 + 6.6 * longest;
+    (label_w, 80.0 + 6.6 * longest, 34.0)
+}
+
+fn confusion_size(c: &ConfusionFigure) -> (f64, f64) {
+    let (label_w, header_h, cell) = confusion_layout(c);
+    let n = c.labels.len() as f64;
+    let w = 20.0 + label_w + cell * n + 150.0;
+    let title_w = 40.0 + 8.5 * c.title.len().max(c.subtitle.len() * 7 / 10) as f64;
+    (w.max(title_w), header_h + cell * n + 40.0)
+}
+
+fn draw_confusion<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &ConfusionFigure, s: f64) -> DrawResult {
+    let px = |v: f64| (v * s).round() as i32;
+    let font = |size: f64| (FAMILY, size * s).into_font();
+    root.fill(&WHITE).map_err(e)?;
+    let grey = RGBColor(90, 90, 90);
+    let n = c.labels.len();
+    let (label_w, header_h, cell) = confusion_layout(c);
+    let (x0, y0) = (20.0 + label_w, header_h);
+    let text = |txt: &str, x: f64, y: f64, size: f64, color: &RGBColor, h: HPos, bold: bool| {
+        let f = if bold { font(size).style(FontStyle::Bold) } else { font(size) };
+        root.draw(&Text::new(txt.to_string(), (px(x), px(y)), f.color(color).pos(Pos::new(h, VPos::Center)))).map_err(e)
+    };
+    text(&c.title, 20.0, 20.0, 16.0, &BLACK, HPos::Left, true)?;
+    text(&c.subtitle, 20.0, 42.0, 11.5, &grey, HPos::Left, false)?;
+    // column headers (predicted), rotated to read upwards
+    text("predicted label", x0 + cell * n as f64 / 2.0, 64.0, 12.0, &BLACK, HPos::Center, true)?;
+    for (j, l) in c.labels.iter().enumerate() {
+        let f = font(11.0).transform(FontTransform::Rotate270).color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
+        root.draw(&Text::new(short_label(l, 30), (px(x0 + cell * (j as f64 + 0.5)), px(header_h - 6.0)), f)).map_err(e)?;
+    }
+    // row headers (truth)
+    text("true label", 20.0, header_h - 12.0, 12.0, &BLACK, HPos::Left, true)?;
+    let row_total: Vec<u64> = (0..n).map(|i| c.counts[i * n..(i + 1) * n].iter().sum()).collect();
+    for (i, l) in c.labels.iter().enumerate() {
+        let cy = y0 + cell * (i as f64 + 0.5);
+        text(&short_label(l, 30), x0 - 8.0, cy, 11.0, &BLACK, HPos::Right, false)?;
+        for j in 0..n {
+            let v = c.counts[i * n + j];
+            let frac = if row_total[i] > 0 { v as f64 / row_total[i] as f64 } else { 0.0 };
+            let col = cmap(&BLUES, frac);
+            let (cx0, cy0) = (x0 + cell * j as f64, y0 + cell * i as f64);
+            root.draw(&Rectangle::new([(px(cx0), px(cy0)), (px(cx0 + cell), px(cy0 + cell))], col.filled())).map_err(e)?;
+            if i == j {
+                root.draw(&Rectangle::new([(px(cx0), px(cy0)), (px(cx0 + cell), px(cy0 + cell))], ShapeStyle { color: RGBColor(40, 40, 40).to_rgba(), filled: false, stroke_width: s.round().max(1.0) as u32 })).map_err(e)?;
+            }
+            if v > 0 {
+                let tc = if is_dark(&col) { WHITE } else { BLACK };
+                text(&v.to_string(), cx0 + cell / 2.0, cy0 + cell / 2.0, 10.5, &tc, HPos::Center, false)?;
+            }
+        }
+        // support and recall beside the row
+        let recall = if row_total[i] > 0 { format!("{:.2}", c.counts[i * n + i] as f64 / row_total[i] as f64) } else { "-".into() };
+        text(&format!("n={}  recall {recall}", row_total[i]), x0 + cell * n as f64 + 8.0, cy, 10.5, &grey, HPos::Left, false)?;
+    }
+    // frame
+    let (x1, y1) = (x0 + cell * n as f64, y0 + cell * n as f64);
+    root.draw(&Rectangle::new([(px(x0), px(y0)), (px(x1), px(y1))], ShapeStyle { color: BLACK.to_rgba(), filled: false, stroke_width: s.round().max(1.0) as u32 })).map_err(e)?;
+    text("colour: share of the row (true label); the diagonal is outlined", x0, y1 + 18.0, 10.5, &grey, HPos::Left, false)?;
+    Ok(())
+}
+
+/// Write the confusion matrix as SVG and PNG (PNG at twice the resolution).
+pub fn confusion_figure(c: &ConfusionFigure, svg: &Path, png: &Path) -> anyhow::Result<()> {
+    let (w, h) = confusion_size(c);
+    {
+        let root = SVGBackend::new(svg, (w.ceil() as u32, h.ceil() as u32)).into_drawing_area();
+        draw_confusion(&root, c, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
+        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
+    }
+    if font_ready() {
+        let root = BitMapBackend::new(png, ((w * 2.0).ceil() as u32, (h * 2.0).ceil() as u32)).into_drawing_area();
+        draw_confusion(&root, c, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
+        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
+    } else {
+        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the PNG figure is skipped, the SVG is written");
     }
     Ok(())
 }

@@ -19,5 +19,6 @@ mod pca;
 mod orchestration;
 mod registry;
 mod runner;
+mod transfer;
 mod weights_pull;
 mod workspace;

@@ -114,5 +114,5 @@ fn help_explains_every_command() {
 #[test]
 fn commands_not_built_yet_fail_plainly() {
     let ctx = TestContext::new();
-    ctx.run(&["transfer", "--data", "x.h5ad"]).user_error().stderr_has("not implemented").has_hint();
+    ctx.run(&["finetune", "--data", "x.h5ad"]).user_error().stderr_has("not implemented").has_hint();
 }

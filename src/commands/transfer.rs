@@ -1,0 +1,501 @@
+//! `scfoundry transfer`: label a query from a labelled reference.
+//!
+//! 1. Both files are embedded with one method, as tasks of the local runner in a run folder
+//!    (trace.txt, report.json): for pca a fit on the reference (HVGs, means, loadings), then
+//!    the reference and the query projected with that fit at once (query genes aligned by var
+//!    name, missing ones zero); for cellama the two embeddings at once (nothing is fitted).
+//! 2. The labels move by the weighted kNN vote of `methods::knn_transfer` (scArches), with a
+//!    confidence per cell.
+//! 3. A copy of the query gets `obs['<label>_pred']` (categorical), `obs['<label>_pred_confidence']`
+//!    (float32), the query's embedding in obsm and `uns['scfoundry']`; the report folder gets
+//!    transfer.json and, when the query has the label column, the scores (accuracy, macro-F1,
+//!    per-label table, confusion matrix as TSV and figure).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::cli::TransferArgs;
+use crate::commands::benchmark::write_file;
+use crate::commands::embed::resolve_method_params;
+use crate::commands::ExitStatus;
+use crate::error::{Error, Hdf5Context};
+use crate::executor;
+use crate::methods::knn_transfer;
+use crate::metrics::classification::{accuracy, confusion_matrix, macro_f1, per_label};
+use crate::progress::warn;
+use crate::registry::Kind;
+use crate::runner::{self, Run, Step, TaskSpec};
+use crate::settings::Settings;
+
+/// Methods whose embeddings `transfer` can compute today.
+const TRANSFER_METHODS: &[&str] = &["pca", "cellama"];
+
+/// Default output: `<query stem>.transfer.h5ad` beside the query.
+pub fn default_output(query: &Path) -> PathBuf {
+    let stem = query.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "query".into());
+    query.with_file_name(format!("{stem}.transfer.h5ad"))
+}
+
+/// Labels of an obs column: the values (None = missing) and the sorted distinct labels.
+struct Labels {
+    values: Vec<Option<String>>,
+    categories: Vec<String>,
+}
+
+fn read_labels(ad: &AnnData, key: &str, role: &str) -> Result<Option<Labels>, Error> {
+    let obs = ad.obs()?;
+    let Some(col) = obs.column(key) else {
+        if role == "query" {
+            return Ok(None);
+        }
+        let have = obs.names();
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: format!("obs/{key}"),
+            detail: format!("is missing: the {role} has no label column `{key}`"),
+            hint: Some(if have.is_empty() {
+                "the reference has no obs columns at all: add the labels first (`adata.obs['cell_type'] = ...`)".into()
+            } else {
+                format!("pass --label-key with one of the obs columns of this file: {}", have.join(", "))
+            }),
+        });
+    };
+    let values = col.as_labels().ok_or_else(|| Error::BadField {
+        path: ad.path.clone(),
+        field: format!("obs/{key}"),
+        detail: format!("is a {} column; labels must be categorical, string or integer", col.kind()),
+        hint: Some(format!("convert it first, e.g. `adata.obs['{key}'] = adata.obs['{key}'].astype(str).astype('category')`")),
+    })?;
+    let mut categories: Vec<String> = values.iter().flatten().cloned().collect();
+    categories.sort();
+    categories.dedup();
+    Ok(Some(Labels { values, categories }))
+}
+
+/// Read a task's embedding file (rows x dim little-endian f32).
+fn read_f32_file(path: &Path, rows: usize, dim: usize) -> Result<Vec<f32>, Error> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+    if bytes.len() != rows * dim * 4 {
+        return Err(Error::BadField {
+            path: path.into(),
+            field: "embedding".into(),
+            detail: format!("holds {} bytes, expected {rows} x {dim} x 4", bytes.len()),
+            hint: Some("the embedding task did not finish; run the transfer again".into()),
+        });
+    }
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::path::absolute(b)) {
+        (Ok(x), Ok(y)) => x == y || std::fs::canonicalize(b).map(|z| z == x).unwrap_or(false),
+        _ => false,
+    }
+}
+
+pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
+    let t0 = Instant::now();
+    let m = s.registry.get(&a.method)?.clone();
+    if m.kind != Kind::Embedding {
+        return Err(Error::BadOption {
+            option: "--method".into(),
+            detail: format!("{} is an integration method: it corrects an existing embedding and cannot embed a new query, so it cannot transfer labels", m.name),
+            hint: Some(format!("pass an embedding method ({}); `scfoundry methods` lists them", TRANSFER_METHODS.join(", "))),
+        }
+        .into());
+    }
+    let mut params = resolve_method_params(s, &m, "transfer", &a.batch, &a.knobs);
+    if !m.implemented || !TRANSFER_METHODS.contains(&m.name.as_str()) {
+        return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
+    }
+    if m.name != "pca" && a.min_gene_overlap != 0.5 {
+        warn(&format!("{} embeds each cell on its own and fits nothing to the reference; --min-gene-overlap applies to pca and is ignored", m.name));
+    }
+    if m.name == "cellama" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+    }
+    let pred_key = a.pred_key.clone().unwrap_or_else(|| format!("{}_pred", a.label_key));
+    let conf_key = format!("{pred_key}_confidence");
+    if pred_key == a.label_key {
+        return Err(Error::BadOption {
+            option: "--pred-key".into(),
+            detail: format!("`{pred_key}` is the label column itself; the predictions would overwrite the query's labels"),
+            hint: Some("choose another column name, or leave --pred-key out for `<label-key>_pred`".into()),
+        }
+        .into());
+    }
+
+    // Everything cheap is checked before a run folder exists.
+    let rad = AnnData::open(&a.reference)?;
+    rad.check_usable()?;
+    rad.matrix(a.layer.as_deref())?;
+    let ref_labels = read_labels(&rad, &a.label_key, "reference")?.expect("the reference's labels are required");
+    let labelled: Vec<usize> = (0..rad.n_obs).filter(|&i| ref_labels.values[i].is_some()).collect();
+    if labelled.is_empty() {
+        return Err(Error::BadField {
+            path: rad.path.clone(),
+            field: format!("obs/{}", a.label_key),
+            detail: "has no value in any cell".into(),
+            hint: Some("label the reference first, or pass --label-key with another column".into()),
+        }
+        .into());
+    }
+    if labelled.len() < rad.n_obs {
+        warn(&format!(
+            "{} of the {} reference cells have no `{}` and are left out of the vote",
+            rad.n_obs - labelled.len(),
+            rad.n_obs,
+            a.label_key
+        ));
+    }
+    if a.k as usize > labelled.len() {
+        return Err(Error::BadOption {
+            option: "-k".into(),
+            detail: format!("k = {} but the reference {} has {} labelled cell(s)", a.k, a.reference.display(), labelled.len()),
+            hint: Some(format!("pass `-k {}` or fewer (15 is usual), or use a larger reference", labelled.len())),
+        }
+        .into());
+    }
+    let qad = AnnData::open(&a.query)?;
+    qad.check_usable()?;
+    qad.matrix(a.layer.as_deref())?;
+    let query_labels = match read_labels(&qad, &a.label_key, "query") {
+        Ok(l) => l,
+        Err(e) => {
+            warn(&format!("the query's `{}` cannot be used as truth, so the transfer is not scored: {e}", a.label_key));
+            None
+        }
+    };
+    let query_labels = query_labels.filter(|l| {
+        let any = l.values.iter().any(Option::is_some);
+        if !any {
+            warn(&format!("the query's `{}` has no value in any cell, so the transfer is not scored", a.label_key));
+        }
+        any
+    });
+    let qobs = qad.obs()?;
+    if qobs.column(&pred_key).is_some() || qobs.column(&conf_key).is_some() {
+        warn(&format!("the query already has obs `{pred_key}` or `{conf_key}`; the output replaces them (the input is not touched)"));
+    }
+    let obsm_key = format!("X_{}", m.name);
+    if qad.group_keys("obsm").contains(&obsm_key) {
+        warn(&format!("the query already has obsm['{obsm_key}']; the output replaces it with the query's {} embedding of this transfer", m.name));
+    }
+    let (n_ref, n_query) = (rad.n_obs, qad.n_obs);
+    drop((rad, qad, qobs));
+
+    let out = a.out.clone().unwrap_or_else(|| default_output(&a.query));
+    for (input, what) in [(&a.query, "query"), (&a.reference, "reference")] {
+        if same_file(input, &out) {
+            return Err(Error::BadOption {
+                option: "--out".into(),
+                detail: format!("{} is the {what} file; transfer never modifies its inputs", out.display()),
+                hint: Some("choose another --out".into()),
+            }
+            .into());
+        }
+    }
+    let report_dir = a.report_dir.clone().unwrap_or_else(|| out.with_extension(""));
+    let runs_base = match (&a.runs_dir, &s.workspace) {
+        (Some(d), _) => d.clone(),
+        (None, Some(ws)) => ws.runs_dir(),
+        (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
+    };
+    let runs_base = std::path::absolute(&runs_base)?;
+    let mut run = Run::create(&runs_base, &format!("transfer-{}", m.name))?;
+    if let Some(ws) = &s.workspace {
+        run.locks = ws.root.join(".locks");
+    }
+    let work = run.dir.join("work");
+    let reference = std::path::absolute(&a.reference)?;
+    let query = std::path::absolute(&a.query)?;
+    params.insert("reference".into(), json!(reference.display().to_string()));
+    if m.name == "pca" {
+        params.insert("fit".into(), json!(work.join("pca_fit.json").display().to_string()));
+        params.insert("min_gene_overlap".into(), json!(a.min_gene_overlap));
+    }
+    let max_forks = a.max_forks.unwrap_or(2) as usize;
+    let tag = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let base = TaskSpec {
+        task_id: 0,
+        name: String::new(),
+        command: "transfer".into(),
+        method: m.name.clone(),
+        data: reference.clone(),
+        out: PathBuf::new(),
+        layer: a.layer.clone(),
+        seed: a.seed,
+        params,
+        quiet: s.quiet,
+        progress: s.progress,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        run_id: run.id.clone(),
+        weights_dir: Some(std::path::absolute(&s.weights_dir)?),
+        step: Step::Embed,
+        work: Some(work.clone()),
+        gpu: None,
+    };
+    let process = m.name.to_uppercase();
+    let mut stages: Vec<Vec<TaskSpec>> = Vec::new();
+    if m.name == "pca" {
+        stages.push(vec![TaskSpec {
+            task_id: 1,
+            name: format!("TRANSFER_FIT_{process} ({}, reference)", tag(&reference)),
+            out: work.join("pca_fit.json"),
+            step: Step::Fit,
+            ..base.clone()
+        }]);
+    }
+    let first = stages.len() as u64 + 1;
+    // two tasks drawing bars at once would garble the terminal
+    let bars = s.progress && max_forks == 1;
+    stages.push(vec![
+        TaskSpec {
+            task_id: first,
+            name: format!("TRANSFER_EMBED_{process} ({}, reference)", tag(&reference)),
+            data: reference.clone(),
+            out: work.join("reference.f32"),
+            progress: bars,
+            ..base.clone()
+        },
+        TaskSpec {
+            task_id: first + 1,
+            name: format!("TRANSFER_EMBED_{process} ({}, query)", tag(&query)),
+            data: query.clone(),
+            out: work.join("query.f32"),
+            progress: bars,
+            ..base.clone()
+        },
+    ]);
+    let outcomes = executor::run_stages(&run, &stages, max_forks)?;
+    let report_spec = TaskSpec { data: query.clone(), ..base.clone() };
+    let refs: Vec<&runner::Outcome> = outcomes.iter().collect();
+    runner::write_reports(&run, &report_spec, &refs)?;
+    if let Some(f) = outcomes.iter().find(|o| o.exit != 0) {
+        eprintln!("{} {} (exit {})", f.record.name, f.record.status.to_lowercase(), f.exit);
+        eprintln!("run folder: {} (task logs, trace.txt)", run.dir.display());
+        return Ok(ExitStatus::Code(f.exit));
+    }
+    let n_embed = outcomes.len();
+    let (ref_res, q_res) = (outcomes[n_embed - 2].result.clone().unwrap_or_default(), outcomes[n_embed - 1].result.clone().unwrap_or_default());
+    let dim = ref_res.dim;
+    if q_res.dim != dim || ref_res.n_obs != n_ref || q_res.n_obs != n_query {
+        return Err(Error::Executor {
+            what: "the embedding tasks".into(),
+            detail: format!("reported {} x {} and {} x {}, expected {n_ref} and {n_query} cells of one width", ref_res.n_obs, ref_res.dim, q_res.n_obs, q_res.dim),
+            hint: Some(format!("see {}", run.dir.display())),
+        }
+        .into());
+    }
+    let ref_emb = read_f32_file(&work.join("reference.f32"), n_ref, dim)?;
+    let q_emb = read_f32_file(&work.join("query.f32"), n_query, dim)?;
+
+    // The vote, on the labelled reference cells.
+    let t_vote = Instant::now();
+    let cats = &ref_labels.categories;
+    let ref_codes: Vec<u32> = labelled.iter().map(|&i| cats.binary_search(ref_labels.values[i].as_ref().unwrap()).unwrap() as u32).collect();
+    let ref_sub: Vec<f32> = labelled.iter().flat_map(|&i| ref_emb[i * dim..(i + 1) * dim].iter().copied()).collect();
+    let t = knn_transfer::transfer(&ref_sub, labelled.len(), &q_emb, n_query, dim, &ref_codes, cats.len(), a.k as usize);
+    let vote_s = t_vote.elapsed().as_secs_f64();
+
+    // Scores, when the query has labels.
+    let scores = query_labels.as_ref().map(|ql| Scores::new(cats, &t.predicted, ql));
+
+    // The output: a copy of the query with the predictions and the embedding.
+    let pending = PendingOutput::create(&a.query, &out)?;
+    let codes: Vec<i32> = t.predicted.iter().map(|&c| c as i32).collect();
+    pending.add_obs_categorical(&pred_key, &codes, cats)?;
+    pending.add_obs_f32(&conf_key, &t.confidence)?;
+    let ds = pending.create_obsm(&obsm_key, n_query, dim)?;
+    write_rows(&ds, 0, &q_emb, dim)?;
+    drop(ds);
+    let mut prov = serde_json::Map::new();
+    prov.insert("tool".into(), json!("scfoundry"));
+    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    prov.insert("command".into(), json!("transfer"));
+    prov.insert("command_line".into(), json!(base.command_line));
+    prov.insert("method".into(), json!(m.name));
+    prov.insert("obsm_key".into(), json!(obsm_key));
+    prov.insert("seed".into(), json!(a.seed));
+    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
+    prov.insert("run_id".into(), json!(run.id));
+    prov.insert("input".into(), json!(query.display().to_string()));
+    prov.insert("reference".into(), json!(reference.display().to_string()));
+    prov.insert("label_key".into(), json!(a.label_key));
+    prov.insert("pred_key".into(), json!(pred_key));
+    prov.insert("confidence_key".into(), json!(conf_key));
+    prov.insert("k".into(), json!(a.k));
+    prov.insert("vote".into(), json!("scArches weighted_knn_transfer: exact Euclidean kNN, weights exp(-d / (2 / std(d))^2)"));
+    let mut p = base.params.clone();
+    p.remove("fit");
+    prov.insert("parameters".into(), Value::Object(p));
+    if let Some(sc) = &scores {
+        prov.insert("accuracy".into(), json!(sc.accuracy));
+        prov.insert("macro_f1".into(), json!(sc.macro_f1));
+    }
+    {
+        let f = pending.file();
+        let uns = crate::anndata::h5util::require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+        crate::commands::task::write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    }
+    pending.commit()?;
+
+    // The report.
+    std::fs::create_dir_all(&report_dir).map_err(|e| Error::Io { path: report_dir.clone(), source: e })?;
+    let mut predicted_counts = serde_json::Map::new();
+    for (l, name) in cats.iter().enumerate() {
+        let n = t.predicted.iter().filter(|&&p| p as usize == l).count();
+        predicted_counts.insert(name.clone(), json!(n));
+    }
+    let mean_conf = t.confidence.iter().map(|&c| c as f64).sum::<f64>() / n_query.max(1) as f64;
+    let mut notes: Vec<String> = outcomes.iter().filter_map(|o| o.result.as_ref()).flat_map(|r| r.notes.clone()).collect();
+    notes.dedup();
+    let mut doc = json!({
+        "tool": "scfoundry",
+        "version": env!("CARGO_PKG_VERSION"),
+        "method": m.name,
+        "reference": reference,
+        "query": query,
+        "output": std::path::absolute(&out)?,
+        "label_key": a.label_key,
+        "pred_key": pred_key,
+        "confidence_key": conf_key,
+        "k": a.k,
+        "embedding": { "obsm_key": obsm_key, "dim": dim },
+        "n_reference": n_ref,
+        "n_reference_labelled": labelled.len(),
+        "n_query": n_query,
+        "reference_labels": cats,
+        "predicted_counts": predicted_counts,
+        "mean_confidence": mean_conf,
+        "run_id": run.id,
+        "run_folder": run.dir,
+        "vote_seconds": vote_s,
+        "notes": notes,
+        "scored": scores.is_some(),
+    });
+    if let Some(sc) = &scores {
+        sc.write(&report_dir, &mut doc, &m.name, a.k, &a.label_key)?;
+    }
+    write_file(&report_dir.join("transfer.json"), serde_json::to_string_pretty(&doc)?.as_bytes())?;
+
+    if !s.quiet {
+        let wall = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "labelled {n_query} query cells from {} reference cells ({} labels) with {} and k = {} in {wall:.1}s; mean confidence {mean_conf:.3}",
+            labelled.len(),
+            cats.len(),
+            m.name,
+            a.k
+        );
+        if let Some(sc) = &scores {
+            eprintln!(
+                "against the query's `{}` ({} cells): accuracy {:.4}, macro-F1 {:.4}{}",
+                a.label_key,
+                sc.truth.len(),
+                sc.accuracy,
+                sc.macro_f1,
+                if sc.unseen.is_empty() { String::new() } else { format!("; {} query label(s) are not in the reference: {}", sc.unseen.len(), sc.unseen.join(", ")) }
+            );
+        }
+        eprintln!("wrote {} (obs['{pred_key}'], obs['{conf_key}'], obsm['{obsm_key}'])", out.display());
+        let files = if scores.is_some() { "transfer.json, per_label.tsv, confusion.tsv, confusion.svg, confusion.png" } else { "transfer.json" };
+        eprintln!("report: {} ({files})", report_dir.display());
+        eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());
+    }
+    Ok(ExitStatus::Success)
+}
+
+/// The scores of a transfer against the query's own labels.
+struct Scores {
+    /// Sorted union of the reference's labels and the query's.
+    labels: Vec<String>,
+    /// Codes into `labels` of the query cells that have a label, and their predictions.
+    truth: Vec<u32>,
+    predicted: Vec<u32>,
+    accuracy: f64,
+    macro_f1: f64,
+    /// Query labels the reference does not have (never predictable).
+    unseen: Vec<String>,
+    /// Query cells without a label (left out of the scores).
+    unlabelled: usize,
+}
+
+impl Scores {
+    fn new(ref_cats: &[String], predicted: &[u32], ql: &Labels) -> Scores {
+        let mut labels: Vec<String> = ref_cats.iter().chain(&ql.categories).cloned().collect();
+        labels.sort();
+        labels.dedup();
+        let code = |l: &str| labels.binary_search_by(|x| x.as_str().cmp(l)).unwrap() as u32;
+        let (mut truth, mut pred) = (Vec::new(), Vec::new());
+        for (i, v) in ql.values.iter().enumerate() {
+            if let Some(l) = v {
+                truth.push(code(l));
+                pred.push(code(&ref_cats[predicted[i] as usize]));
+            }
+        }
+        let unseen = ql.categories.iter().filter(|c| ref_cats.binary_search(c).is_err()).cloned().collect();
+        let unlabelled = ql.values.len() - truth.len();
+        Scores { accuracy: accuracy(&truth, &pred), macro_f1: macro_f1(&truth, &pred), labels, truth, predicted: pred, unseen, unlabelled }
+    }
+
+    /// per_label.tsv, confusion.tsv, the figure; the scores into `doc`.
+    fn write(&self, dir: &Path, doc: &mut Value, method: &str, k: u64, label_key: &str) -> anyhow::Result<()> {
+        let per = per_label(&self.truth, &self.predicted);
+        let mut tsv = String::from("label\tprecision\trecall\tf1\tsupport\tpredicted\tin_reference\n");
+        let mut rows = Vec::new();
+        for sc in &per {
+            let name = &self.labels[sc.label as usize];
+            let in_ref = !self.unseen.contains(name);
+            tsv.push_str(&format!("{name}\t{:.6}\t{:.6}\t{:.6}\t{}\t{}\t{in_ref}\n", sc.precision, sc.recall, sc.f1, sc.support, sc.predicted));
+            rows.push(json!({ "label": name, "precision": sc.precision, "recall": sc.recall, "f1": sc.f1, "support": sc.support, "predicted": sc.predicted, "in_reference": in_ref }));
+        }
+        write_file(&dir.join("per_label.tsv"), tsv.as_bytes())?;
+        // the confusion matrix over the labels present in the truth or the prediction (as sklearn)
+        let present: Vec<u32> = per.iter().map(|s| s.label).collect();
+        let full = confusion_matrix(&self.truth, &self.predicted, self.labels.len());
+        let n = present.len();
+        let nl = self.labels.len();
+        let counts: Vec<u64> = present.iter().flat_map(|&t| present.iter().map(move |&p| (t, p))).map(|(t, p)| full[t as usize * nl + p as usize]).collect();
+        let names: Vec<String> = present.iter().map(|&l| self.labels[l as usize].clone()).collect();
+        let mut ctsv = String::from("true\\predicted");
+        for l in &names {
+            ctsv.push_str(&format!("\t{l}"));
+        }
+        ctsv.push('\n');
+        for (i, l) in names.iter().enumerate() {
+            ctsv.push_str(l);
+            for j in 0..n {
+                ctsv.push_str(&format!("\t{}", counts[i * n + j]));
+            }
+            ctsv.push('\n');
+        }
+        write_file(&dir.join("confusion.tsv"), ctsv.as_bytes())?;
+        let fig = crate::plots::ConfusionFigure {
+            title: format!("Label transfer with {method}: {label_key}"),
+            subtitle: format!(
+                "{} query cells, k = {k}: accuracy {:.3}, macro-F1 {:.3}{}",
+                self.truth.len(),
+                self.accuracy,
+                self.macro_f1,
+                if self.unseen.is_empty() { String::new() } else { format!(" ({} label(s) not in the reference)", self.unseen.len()) }
+            ),
+            labels: names.clone(),
+            counts: counts.clone(),
+        };
+        crate::plots::confusion_figure(&fig, &dir.join("confusion.svg"), &dir.join("confusion.png"))?;
+        doc["accuracy"] = json!(self.accuracy);
+        doc["macro_f1"] = json!(self.macro_f1);
+        doc["n_scored"] = json!(self.truth.len());
+        doc["n_query_unlabelled"] = json!(self.unlabelled);
+        doc["labels_not_in_reference"] = json!(self.unseen);
+        doc["per_label"] = json!(rows);
+        doc["confusion"] = json!({ "labels": names, "rows": "true label", "columns": "predicted label", "counts": counts.chunks(n.max(1)).map(|r| r.to_vec()).collect::<Vec<_>>() });
+        doc["implementation"] = json!("scikit-learn definitions: accuracy_score, f1_score(average='macro'), precision_recall_fscore_support(zero_division=0), confusion_matrix");
+        Ok(())
+    }
+}
