@@ -90,7 +90,7 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
     if spec.kind == DeviceKind::Cpu && gpu_flags {
         warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
     }
-    if spec.kind == DeviceKind::Cuda && args.exec.executor == ExecutorKind::Local {
+    if spec.kind == DeviceKind::Cuda && args.exec.base.executor == ExecutorKind::Local {
         // the task sees only the pinned GPU (CUDA_VISIBLE_DEVICES): check the physical device here
         let here = crate::gpu::DeviceSpec { ordinal: args.exec.gpu.unwrap_or(0) as usize, ..spec.clone() };
         crate::gpu::preflight(&here).map_err(Error::Gpu)?;

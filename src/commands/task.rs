@@ -543,7 +543,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
 }
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,
@@ -811,7 +811,7 @@ fn transfer_fit_pca(spec: &TaskSpec) -> Result<TaskResult> {
         std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.into(), source: e })?;
     }
     fit.save(&spec.out)?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: None, n_obs: l.ad.n_obs, dim: fit.variance.len(), notes: l.notes, phases: fit.timings, ..Default::default() })
 }
 
 /// Project `spec.data` (the reference or the query) with the reference's fit, genes aligned
@@ -854,7 +854,7 @@ fn transfer_embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
         Ok(())
     })?;
     write_f32_file(&spec.out, &emb)?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_pca".into()), n_obs: l.ad.n_obs, dim: nc, notes, phases: vec![] })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_pca".into()), n_obs: l.ad.n_obs, dim: nc, notes, phases: vec![], ..Default::default() })
 }
 
 /// Share of the reference's highly variable genes the query must have (by var name).
@@ -871,5 +871,5 @@ fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
         Ok(())
     })?;
     write_f32_file(&spec.out, &emb)?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![] })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![], ..Default::default() })
 }

@@ -238,6 +238,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         step: Step::Embed,
         work: Some(work.clone()),
         gpu: None,
+        device: Default::default(),
     };
     let process = m.name.to_uppercase();
     let mut stages: Vec<Vec<TaskSpec>> = Vec::new();
