@@ -42,6 +42,13 @@ pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String,
             params.insert("obs_features".into(), json!(f));
         }
     }
+    if let Some(c) = &args.knobs.gene_col {
+        if m.knob("--gene-col").is_none() {
+            warn(&format!("{} does not honour --gene-col; ignored", m.name));
+        } else {
+            params.insert("gene_col".into(), json!(c));
+        }
+    }
     let given = args.knobs.given();
     for (flag, v) in &given {
         if m.knob(flag).is_none() {
@@ -87,6 +94,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     // Validate what is cheap before any run folder exists: weights first (the usual miss).
     if m.name == "cellama" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+    }
+    if m.name == "scgpt" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?;
     }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;

@@ -5,3 +5,4 @@ pub mod cellama;
 pub mod harmony;
 pub mod knn_transfer;
 pub mod pca;
+pub mod scgpt;

@@ -17,5 +17,6 @@ mod pca;
 mod orchestration;
 mod registry;
 mod runner;
+mod scgpt;
 mod weights_pull;
 mod workspace;
