@@ -354,6 +354,7 @@ pub struct KnobArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub n_top_genes: Option<u64>,
     /// scprint: maximum genes per cell (default 4000; memory roughly linear in it).
+    /// scgpt: maximum tokens per cell with <cls> (default 1200); longer cells are sampled.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_len: Option<u64>,
     /// uce: transformer layers to run (default 33; changes the model computed).
@@ -378,6 +379,9 @@ pub struct KnobArgs {
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
+    /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).
+    #[arg(long, value_name = "COL")]
+    pub gene_col: Option<String>,
 }
 
 impl KnobArgs {

@@ -48,6 +48,13 @@ pub fn resolve_method_params(s: &Settings, m: &Method, command: &str, batch: &Ba
             params.insert("obs_features".into(), json!(f));
         }
     }
+    if let Some(c) = &knobs.gene_col {
+        if m.knob("--gene-col").is_none() {
+            warn(&format!("{} does not honour --gene-col; ignored", m.name));
+        } else {
+            params.insert("gene_col".into(), json!(c));
+        }
+    }
     let given = knobs.given();
     let values = knobs.given_values();
     let all = given.iter().map(|(f, v)| (*f, json!(v))).chain(values);
@@ -127,6 +134,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
                 crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES)?;
             }
         }
+    }
+    if m.name == "scgpt" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?;
     }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;

@@ -30,6 +30,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "pca", Step::Merge { shards }) => merge_pca(&spec, shards).map_err(Into::into),
         ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir).map_err(Into::into),
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
+        ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),
@@ -544,6 +545,141 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     drop(uns);
     out.commit()?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
+
+/// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
+/// (embed_data's `gene_col`; "index" means var_names, as upstream).
+pub fn scgpt_gene_names(ad: &AnnData, gene_col: &str) -> Result<Vec<Option<String>>> {
+    if gene_col.is_empty() || gene_col == "index" {
+        return Ok(ad.var_names.iter().cloned().map(Some).collect());
+    }
+    let var = ad.var()?;
+    let col = var.column(gene_col).ok_or_else(|| Error::BadOption {
+        option: "--gene-col".into(),
+        detail: format!("var has no column `{gene_col}`; var columns: {}", if var.names().is_empty() { "(none)".to_string() } else { var.names().join(", ") }),
+        hint: Some("leave --gene-col out to match var_names".into()),
+    })?;
+    col.as_labels().ok_or_else(|| Error::BadOption {
+        option: "--gene-col".into(),
+        detail: format!("var column `{gene_col}` is {}, not gene symbols", col.kind()),
+        hint: None,
+    })
+}
+
+fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    use crate::methods::scgpt::{self, Model};
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("scgpt", &dir, scgpt::REQUIRED_ENTRIES)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let max_len = param_u64(spec, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize;
+    let mut batch = param_u64(spec, "batch_size", scgpt::DEFAULT_BATCH_SIZE as u64).max(1) as usize;
+    let mut backoff = None;
+    let gene_col = spec.params.get("gene_col").and_then(Value::as_str).unwrap_or("index").to_string();
+    let model_dir = scgpt::model_dir(&dir, &Manifest::load()?);
+    let dev = TaskDevice::start(spec)?;
+    let model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let names = scgpt_gene_names(&ad, &gene_col)?;
+    let gene_ids = scgpt::match_genes(&names, &model.vocab);
+    let matched = gene_ids.iter().filter(|g| g.is_some()).count();
+    let source = if gene_col == "index" { "var_names".to_string() } else { format!("var['{gene_col}']") };
+    if matched == 0 {
+        let example = names.iter().flatten().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: source.clone(),
+            detail: format!("none of the {} genes is in scGPT's vocabulary ({} entries), e.g. {example}", names.len(), model.vocab.n_entries()),
+            hint: Some("scGPT matches gene symbols (e.g. CD3E); pass --gene-col with the var column that holds them".into()),
+        });
+    }
+    if matched < names.len() {
+        notes.push(format!("{matched} of {} genes ({source}) are in scGPT's vocabulary; the others are left out, as upstream's embed_data does", names.len()));
+    }
+    let dim = model.dim();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_scgpt";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("scgpt: embed", ad.n_obs as u64, "cells");
+    let (mut sampled, mut empty) = (0usize, Vec::new());
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let cells: Vec<scgpt::Cell> = (0..b.n_rows())
+            .map(|i| {
+                let (idx, vals) = b.row(i);
+                model.tokenizer.cell(idx, vals, &gene_ids, spec.seed, s + i)
+            })
+            .collect();
+        sampled += cells.iter().filter(|c| c.sampled).count();
+        empty.extend(cells.iter().enumerate().filter(|(_, c)| c.genes.len() == 1).map(|(i, _)| s + i));
+        // longest first, halving the batch on CUDA out-of-memory; rows back in input order
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
+        let mut rows = vec![0f32; cells.len() * dim];
+        let done = encode_with_backoff(
+            order.len(),
+            &mut batch,
+            &mut backoff,
+            dev.allocator(),
+            |r| model.embed_padded(&order[r].iter().map(|&i| &cells[i]).collect::<Vec<_>>()),
+            |r, v| {
+                for (k, &i) in order[r.clone()].iter().enumerate() {
+                    rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
+                }
+                p.inc(r.len() as u64);
+            },
+        );
+        if let Err(e) = done {
+            dev.write_report(task_dir, backoff.clone());
+            return Err(e);
+        }
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if sampled > 0 {
+        notes.push(format!("{sampled} cell(s) had more than {} genes and were sampled to --max-len {max_len} (seeded by --seed, as upstream samples at random)", max_len - 1));
+    }
+    if !empty.is_empty() {
+        let shown: Vec<&str> = empty.iter().take(5).map(|&i| ad.obs_names[i].as_str()).collect();
+        notes.push(format!(
+            "{} cell(s) express no gene of the vocabulary ({}{}): embedded from <cls> alone, so they share one embedding (upstream's embed_data fails on them)",
+            empty.len(),
+            shown.join(", "),
+            if empty.len() > shown.len() { ", ..." } else { "" }
+        ));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    if let Some(b) = &backoff {
+        notes.push(b.message(dev.allocator(), true));
+    }
+    dev.write_report(task_dir, backoff.clone());
+    params.insert("gene_col".into(), json!(gene_col));
+    params.insert("batch_size".into(), json!(batch));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("genes_matched".into(), json!(matched));
+    params.insert("n_bins".into(), json!(model.args.n_bins));
+    params.insert("input_emb_style".into(), json!(model.args.input_emb_style));
+    params.insert("pad_value".into(), json!(model.args.pad_value as f64));
+    params.insert("cell_embedding".into(), json!("<cls> output, L2-normalised"));
+    params.insert("rng".into(), json!("numpy MT19937 per cell, seeded with (seed + cell row) mod 2^32: bin ties, then sampling"));
+    params.insert("cells_sampled".into(), json!(sampled));
+    params.insert("cells_without_vocab_genes".into(), json!(empty.len()));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
 }
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,

@@ -19,6 +19,7 @@ mod pca;
 mod orchestration;
 mod registry;
 mod runner;
+mod scgpt;
 mod transfer;
 mod weights_pull;
 mod workspace;

@@ -1,0 +1,776 @@
+//! scGPT: Cui H, Wang C, Maan H, et al., "scGPT: toward building a foundation model for
+//! single-cell multi-omics using generative AI", Nature Methods 21:1470-1480 (2024),
+//! doi:10.1038/s41592-024-02201-0; upstream code https://github.com/bowang-lab/scGPT
+//! (`scgpt/model/model.py` TransformerModel, `scgpt/tasks/cell_emb.py` embed_data and
+//! get_batch_cell_embeddings, `scgpt/data_collator.py` DataCollator, `scgpt/preprocess.py`
+//! binning; read at v0.2.4, the PyPI release, and at the repository head of 2025).
+//!
+//! A checkpoint folder holds `best_model.pt` (a PyTorch state_dict, read as data by candle's
+//! pickle reader: nothing in it is executed), `vocab.json` ({gene symbol: id}) and `args.json`
+//! (the training arguments). Embedding a cell, as embed_data does:
+//! - genes are matched to the vocabulary by symbol (var_names, or a var column), and genes
+//!   outside it are dropped; `<pad>`, `<cls>`, `<eoc>` are appended to the vocabulary when absent;
+//! - the cell's non-zero genes, in var order, follow a `<cls>` token whose value is `pad_value`
+//!   (args.json; -2 for the whole-human checkpoint);
+//! - the values (as float32) are binned per cell into `n_bins` (51) bins: edges are the
+//!   `np.quantile` of the cell's non-zero values at `linspace(0, 1, n_bins - 1)`, and a value is
+//!   digitized against them; where a value equals one or more edges its bin is drawn uniformly
+//!   among the tied bins (`_digitize(side="both")`, `np.random.rand`);
+//! - a cell longer than `max_length` (1200) keeps `<cls>` and a random `max_length - 1` of its
+//!   genes (DataCollator with `sampling=True`, `torch.randperm`);
+//! - the transformer's output at `<cls>` is the cell embedding, L2-normalised.
+//!
+//! Randomness: upstream draws the tie-breaking and the sampling from unseeded global RNGs
+//! (numpy's, in DataLoader workers, and torch's), so its embeddings are not reproducible. We draw
+//! both from numpy's legacy MT19937 seeded per cell with `(seed + cell index) mod 2^32`: the tie
+//! draws are `np.random.rand` exactly as upstream consumes them, and the sampling is
+//! `np.random.permutation(n - 1)[:max_length - 1]` in place of `torch.randperm`. With the same
+//! seeds numpy gives identical bins and genes (tests/fixtures/scgpt/, scripts/scgpt_reference.py).
+//!
+//! The model (embed_data builds it with `pre_norm=False`): GeneEncoder (embedding, LayerNorm)
+//! plus the value encoder (`input_emb_style` continuous: Linear(1, d), ReLU, Linear(d, d),
+//! LayerNorm over values clamped at 512; category: embedding + LayerNorm; scaling: the gene
+//! embedding times the value), then `nlayers` post-norm `nn.TransformerEncoderLayer`s (ReLU, LayerNorm
+//! eps 1e-5) with the padding positions masked as keys. Checkpoints trained with flash-attn
+//! name the attention `self_attn.Wqkv` (and `self_attn._impl.*` in newer flash-attn);
+//! they are renamed to `in_proj_*` as upstream's `load_pretrained` does. Upstream embeds under
+//! CUDA autocast (float16 matmuls on GPU); we compute in float32.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The weights entries embedding reads (weights.toml).
+pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-human-vocab", "scgpt-whole-human-args"];
+/// The entry whose folder is the checkpoint folder.
+pub const MODEL_ENTRY: &str = "scgpt-whole-human-model";
+/// embed_data's `max_length`: genes per cell including `<cls>`.
+pub const DEFAULT_MAX_LEN: usize = 1200;
+/// embed_data's `batch_size`.
+pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// DataCollator bins into 51 (hard-coded upstream; args.json's `n_bins` where it says otherwise).
+pub const DEFAULT_N_BINS: usize = 51;
+/// ContinuousValueEncoder's `max_value`.
+const MAX_VALUE: f32 = 512.0;
+const SPECIALS: [&str; 3] = ["<pad>", "<cls>", "<eoc>"];
+/// Attention scores per forward chunk (floats), to bound memory at long cells.
+const MAX_SCORES: usize = 1 << 27;
+
+fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
+    move |e| Error::Model { context: context.into(), detail: e.to_string() }
+}
+
+// ------------------------------------------------------------------------------------- args
+
+/// The fields of args.json that embedding reads (names as upstream writes them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Args {
+    pub embsize: usize,
+    pub nheads: usize,
+    pub d_hid: usize,
+    pub nlayers: usize,
+    pub pad_token: String,
+    pub pad_value: f32,
+    pub n_bins: usize,
+    pub input_emb_style: String,
+}
+
+impl Args {
+    pub fn load(path: &Path) -> Result<Args> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        Args::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Args> {
+        let bad = |field: &str, detail: String| Error::BadField {
+            path: path.into(),
+            field: field.into(),
+            detail,
+            hint: Some("args.json comes with the checkpoint (best_model.pt, vocab.json, args.json in one folder); see docs/scgpt.md".into()),
+        };
+        let v: Value = serde_json::from_str(text).map_err(|e| bad("(json)", e.to_string()))?;
+        let obj = v.as_object().ok_or_else(|| bad("(json)", "is not a JSON object".into()))?;
+        let uint = |k: &str| -> Result<usize> {
+            match obj.get(k) {
+                None => Err(bad(k, "missing (scGPT's embed_data reads it)".into())),
+                Some(x) => x.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| bad(k, format!("must be a positive integer, found {x}"))),
+            }
+        };
+        let (embsize, nheads, d_hid, nlayers) = (uint("embsize")?, uint("nheads")?, uint("d_hid")?, uint("nlayers")?);
+        if embsize % nheads != 0 {
+            return Err(bad("nheads", format!("embsize {embsize} is not divisible by nheads {nheads}")));
+        }
+        let pad_token = match obj.get("pad_token") {
+            None => return Err(bad("pad_token", "missing (scGPT's embed_data reads it)".into())),
+            Some(x) => x.as_str().ok_or_else(|| bad("pad_token", format!("must be a string, found {x}")))?.to_string(),
+        };
+        let pad_value = match obj.get("pad_value") {
+            None => return Err(bad("pad_value", "missing (scGPT's embed_data reads it)".into())),
+            Some(x) => x.as_f64().ok_or_else(|| bad("pad_value", format!("must be a number, found {x}")))? as f32,
+        };
+        let n_bins = match obj.get("n_bins") {
+            None => DEFAULT_N_BINS,
+            Some(_) => uint("n_bins")?,
+        };
+        if n_bins < 3 {
+            return Err(bad("n_bins", format!("{n_bins} is too few bins (scGPT uses 51)")));
+        }
+        let input_emb_style = match obj.get("input_emb_style") {
+            None => "continuous".to_string(),
+            Some(x) => x.as_str().ok_or_else(|| bad("input_emb_style", format!("must be a string, found {x}")))?.to_string(),
+        };
+        if !["continuous", "category", "scaling"].contains(&input_emb_style.as_str()) {
+            return Err(bad("input_emb_style", format!("`{input_emb_style}` is not one of continuous, category, scaling")));
+        }
+        Ok(Args { embsize, nheads, d_hid, nlayers, pad_token, pad_value, n_bins, input_emb_style })
+    }
+}
+
+// ------------------------------------------------------------------------------------ vocab
+
+/// vocab.json with the special tokens appended as embed_data does.
+#[derive(Debug, Clone)]
+pub struct Vocab {
+    ids: HashMap<String, u32>,
+    /// Number of token ids (largest id + 1).
+    pub len: usize,
+    /// Special tokens that vocab.json lacked and were appended.
+    pub appended: Vec<String>,
+}
+
+impl Vocab {
+    pub fn load(path: &Path) -> Result<Vocab> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        Vocab::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Vocab> {
+        let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
+        let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let obj = v.as_object().ok_or_else(|| bad("is not a JSON object {gene: id}".into()))?;
+        let mut ids = HashMap::with_capacity(obj.len() + 3);
+        let mut seen: HashMap<u32, &str> = HashMap::with_capacity(obj.len());
+        let mut len = 0usize;
+        for (k, x) in obj {
+            let id = x.as_u64().filter(|&i| i < u32::MAX as u64).ok_or_else(|| bad(format!("the id of {k:?} is {x}, not a non-negative integer")))? as u32;
+            if let Some(other) = seen.insert(id, k) {
+                return Err(bad(format!("{other:?} and {k:?} have the same id {id}")));
+            }
+            ids.insert(k.clone(), id);
+            len = len.max(id as usize + 1);
+        }
+        let mut appended = Vec::new();
+        for s in SPECIALS {
+            if !ids.contains_key(s) {
+                ids.insert(s.to_string(), len as u32);
+                len += 1;
+                appended.push(s.to_string());
+            }
+        }
+        Ok(Vocab { ids, len, appended })
+    }
+
+    pub fn get(&self, token: &str) -> Option<u32> {
+        self.ids.get(token).copied()
+    }
+
+    /// Number of entries (genes and special tokens).
+    pub fn n_entries(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// Each gene's id in the vocabulary (None: not in it, dropped as embed_data does).
+pub fn match_genes(names: &[Option<String>], vocab: &Vocab) -> Vec<Option<u32>> {
+    names.iter().map(|n| n.as_deref().and_then(|n| vocab.get(n))).collect()
+}
+
+// -------------------------------------------------------------------------------------- RNG
+
+/// numpy's legacy `RandomState` (MT19937): `np.random.seed(s)` for a 32-bit `s`, and the draws
+/// `rand` and `permutation` make.
+pub struct Mt19937 {
+    mt: [u32; 624],
+    pos: usize,
+}
+
+impl Mt19937 {
+    /// `np.random.seed(seed)` (mt19937_seed: Knuth's linear recurrence).
+    pub fn new(seed: u32) -> Mt19937 {
+        let mut mt = [0u32; 624];
+        mt[0] = seed;
+        for i in 1..624 {
+            mt[i] = 1812433253u32.wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30)).wrapping_add(i as u32);
+        }
+        Mt19937 { mt, pos: 624 }
+    }
+
+    fn generate(&mut self) {
+        const UPPER: u32 = 0x8000_0000;
+        const LOWER: u32 = 0x7fff_ffff;
+        const MATRIX_A: u32 = 0x9908_b0df;
+        for i in 0..624 {
+            let y = (self.mt[i] & UPPER) | (self.mt[(i + 1) % 624] & LOWER);
+            let mag = if y & 1 == 1 { MATRIX_A } else { 0 };
+            self.mt[i] = self.mt[(i + 397) % 624] ^ (y >> 1) ^ mag;
+        }
+        self.pos = 0;
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        if self.pos >= 624 {
+            self.generate();
+        }
+        let mut y = self.mt[self.pos];
+        self.pos += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+
+    /// One `np.random.rand()` draw: 53 random bits in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67108864.0 + b) / 9007199254740992.0
+    }
+
+    /// numpy's `random_interval(max)`: uniform in 0..=max by masked rejection.
+    fn interval(&mut self, max: u32) -> u32 {
+        if max == 0 {
+            return 0;
+        }
+        let mut mask = max;
+        for s in [1, 2, 4, 8, 16] {
+            mask |= mask >> s;
+        }
+        loop {
+            let v = self.next_u32() & mask;
+            if v <= max {
+                return v;
+            }
+        }
+    }
+
+    /// `np.random.permutation(n)` (legacy shuffle of `arange(n)`, Fisher-Yates from the end).
+    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
+        let mut a: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = self.interval(i as u32) as usize;
+            a.swap(i, j);
+        }
+        a
+    }
+}
+
+/// The RNG of cell `cell` (its row in the data) for run seed `seed`.
+pub fn cell_rng(seed: u64, cell: usize) -> Mt19937 {
+    Mt19937::new((seed.wrapping_add(cell as u64) & 0xffff_ffff) as u32)
+}
+
+// ---------------------------------------------------------------------------------- binning
+
+/// `np.quantile(values, np.linspace(0, 1, n_edges))` for float32 values (numpy 1.x, linear
+/// method): the difference of neighbours in float32, the interpolation in float64.
+pub fn quantile_edges(values: &[f32], n_edges: usize) -> Vec<f64> {
+    let mut s = values.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    let last = (n - 1) as f64;
+    let step = 1.0 / (n_edges - 1) as f64;
+    (0..n_edges)
+        .map(|i| {
+            let q = if i == n_edges - 1 { 1.0 } else { i as f64 * step };
+            let vi = last * q;
+            if vi >= last {
+                return s[n - 1] as f64;
+            }
+            let p = vi.floor();
+            let gamma = vi - p;
+            let (a, b) = (s[p as usize], s[p as usize + 1]);
+            let diff = (b - a) as f64;
+            if gamma >= 0.5 {
+                b as f64 - diff * (1.0 - gamma)
+            } else {
+                a as f64 + diff * gamma
+            }
+        })
+        .collect()
+}
+
+/// Upstream's `binning(row, n_bins)` of a cell's non-zero values: digitize against the
+/// per-cell quantile edges, a value equal to edges drawn uniformly among them (one
+/// `np.random.rand` per value, in order).
+pub fn bin_values(values: &[f32], n_bins: usize, rng: &mut Mt19937) -> Vec<f32> {
+    if values.is_empty() {
+        return vec![];
+    }
+    let edges = quantile_edges(values, n_bins - 1);
+    values
+        .iter()
+        .map(|&v| {
+            let x = v as f64;
+            let left = edges.partition_point(|&e| e <= x) as i64; // np.digitize(x, bins)
+            let right = edges.partition_point(|&e| e < x) as i64; // np.digitize(x, bins, right=True)
+            let r = rng.next_f64();
+            (r * (right - left) as f64 + left as f64).ceil() as f32
+        })
+        .collect()
+}
+
+// ----------------------------------------------------------------------------- tokenization
+
+/// How cells become model input: ids of the special tokens, `pad_value`, bins and length.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    pub cls_id: u32,
+    pub pad_id: u32,
+    pub pad_value: f32,
+    pub n_bins: usize,
+    pub max_len: usize,
+}
+
+/// One cell as the model sees it: `<cls>` first, then genes with their bins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    pub genes: Vec<u32>,
+    pub values: Vec<f32>,
+    /// The cell had more genes than `max_len` and was sampled.
+    pub sampled: bool,
+}
+
+impl Tokenizer {
+    /// A cell from its sparse row (`indices`, `values` over var), the vocab id of each gene
+    /// (`gene_ids`), the run seed and the cell's row number.
+    pub fn cell(&self, indices: &[u32], values: &[f32], gene_ids: &[Option<u32>], seed: u64, row: usize) -> Cell {
+        let mut pairs: Vec<(u32, u32, f32)> = indices
+            .iter()
+            .zip(values)
+            .filter(|(_, &v)| v != 0.0)
+            .filter_map(|(&j, &v)| gene_ids.get(j as usize).copied().flatten().map(|id| (j, id, v)))
+            .collect();
+        pairs.sort_by_key(|p| p.0); // np.nonzero order: var order
+        let mut genes = Vec::with_capacity(pairs.len() + 1);
+        let mut vals = Vec::with_capacity(pairs.len() + 1);
+        genes.push(self.cls_id);
+        vals.push(self.pad_value);
+        if pairs.is_empty() {
+            return Cell { genes, values: vals, sampled: false };
+        }
+        let mut rng = cell_rng(seed, row);
+        let raw: Vec<f32> = pairs.iter().map(|p| p.2).collect();
+        genes.extend(pairs.iter().map(|p| p.1));
+        vals.extend(bin_values(&raw, self.n_bins, &mut rng));
+        if genes.len() > self.max_len {
+            let perm = rng.permutation(genes.len() - 1);
+            let keep: Vec<usize> = std::iter::once(0).chain(perm.into_iter().take(self.max_len - 1).map(|i| i + 1)).collect();
+            genes = keep.iter().map(|&i| genes[i]).collect();
+            vals = keep.iter().map(|&i| vals[i]).collect();
+            return Cell { genes, values: vals, sampled: true };
+        }
+        Cell { genes, values: vals, sampled: false }
+    }
+}
+
+// ------------------------------------------------------------------------------ checkpoint
+
+/// The upstream key of a checkpoint key: flash-attn names renamed to nn.MultiheadAttention's,
+/// as `load_pretrained(use_fast_transformer=False)` does.
+pub fn upstream_key(k: &str) -> String {
+    k.replace("self_attn._impl.Wqkv.", "self_attn.in_proj_")
+        .replace("self_attn.Wqkv.", "self_attn.in_proj_")
+        .replace("self_attn._impl.out_proj.", "self_attn.out_proj.")
+}
+
+/// The tensors of best_model.pt (a PyTorch zip checkpoint holding a state_dict), renamed by
+/// `upstream_key`. Read as data with candle's pickle reader.
+pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>> {
+    if !path.is_file() {
+        return Err(Error::MissingFile { path: path.into() });
+    }
+    let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
+    let tensors = candle_core::pickle::read_all(path).map_err(|e| bad(format!("not a PyTorch state_dict checkpoint: {e}")))?;
+    if tensors.is_empty() {
+        return Err(bad("holds no tensors (expected a PyTorch state_dict saved by torch.save)".into()));
+    }
+    let mut out = HashMap::with_capacity(tensors.len());
+    for (k, t) in tensors {
+        let k = upstream_key(k.strip_prefix("module.").unwrap_or(&k));
+        out.insert(k, t);
+    }
+    Ok(out)
+}
+
+struct Attention {
+    in_proj: Linear,
+    out_proj: Linear,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Attention> {
+        let w = vb.get((3 * d, d), "in_proj_weight")?;
+        let b = vb.get(3 * d, "in_proj_bias")?;
+        let out_proj = candle_nn::linear(d, d, vb.pp("out_proj"))?;
+        Ok(Attention { in_proj: Linear::new(w, Some(b)), out_proj, heads, head_dim: d / heads })
+    }
+
+    /// x: (b, L, d); mask: (b, 1, 1, L) additive (0 or -inf at padding keys).
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, l, d) = x.dims3()?;
+        let qkv = self.in_proj.forward(x)?;
+        let split = |i: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(2, i * d, d)?.reshape((b, l, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous()
+        };
+        let q = (split(0)? * (1.0 / (self.head_dim as f64).sqrt()))?;
+        let (k, v) = (split(1)?, split(2)?);
+        let scores = q.matmul(&k.t()?)?.broadcast_add(mask)?;
+        let p = candle_nn::ops::softmax_last_dim(&scores)?;
+        let o = p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?;
+        self.out_proj.forward(&o)
+    }
+}
+
+/// nn.TransformerEncoderLayer(batch_first=True, norm_first=False, activation=relu).
+struct EncoderLayer {
+    attn: Attention,
+    linear1: Linear,
+    linear2: Linear,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+}
+
+impl EncoderLayer {
+    fn new(a: &Args, vb: VarBuilder) -> candle_core::Result<EncoderLayer> {
+        let d = a.embsize;
+        Ok(EncoderLayer {
+            attn: Attention::new(d, a.nheads, vb.pp("self_attn"))?,
+            linear1: candle_nn::linear(d, a.d_hid, vb.pp("linear1"))?,
+            linear2: candle_nn::linear(a.d_hid, d, vb.pp("linear2"))?,
+            norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
+            norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let x = self.norm1.forward(&(x + self.attn.forward(x, mask)?)?)?;
+        let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
+        self.norm2.forward(&(x + h)?)
+    }
+}
+
+enum ValueEncoder {
+    /// ContinuousValueEncoder: Linear(1, d), ReLU, Linear(d, d), LayerNorm.
+    Continuous { linear1: Linear, linear2: Linear, norm: LayerNorm },
+    /// CategoryValueEncoder: Embedding(n_input_bins, d), LayerNorm.
+    Category { embedding: Embedding, norm: LayerNorm, n: usize },
+    /// "scaling": the gene embedding times the value.
+    Scaling,
+}
+
+/// scGPT's TransformerModel as `_encode` runs it (the decoders are not needed for embedding).
+pub struct Model {
+    pub args: Args,
+    pub vocab: Vocab,
+    embedding: Embedding,
+    enc_norm: LayerNorm,
+    values: ValueEncoder,
+    layers: Vec<EncoderLayer>,
+    device: Device,
+    pub tokenizer: Tokenizer,
+    /// Checkpoint tensors that embedding does not use (decoders and such), for diagnostics.
+    pub unused_keys: Vec<String>,
+}
+
+/// The checkpoint files of a scGPT folder.
+pub fn folder_files(dir: &Path) -> [PathBuf; 3] {
+    [dir.join("best_model.pt"), dir.join("vocab.json"), dir.join("args.json")]
+}
+
+impl Model {
+    /// Load a checkpoint folder (best_model.pt, vocab.json, args.json).
+    pub fn load(dir: &Path, max_len: usize) -> Result<Model> {
+        Self::load_on(dir, max_len, Device::Cpu)
+    }
+
+    /// As `load`, with the weights on `device` (the CPU or a device of the GPU runtime).
+    pub fn load_on(dir: &Path, max_len: usize, device: Device) -> Result<Model> {
+        let [pt, vocab_path, args_path] = folder_files(dir);
+        for p in [&args_path, &vocab_path, &pt] {
+            if !p.is_file() {
+                return Err(Error::MissingFile { path: p.clone() });
+            }
+        }
+        let args = Args::load(&args_path)?;
+        let vocab = Vocab::load(&vocab_path)?;
+        let tensors = read_checkpoint(&pt)?;
+        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path)
+    }
+
+    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path) -> Result<Model> {
+        let bad = |detail: String| Error::BadWeights { path: pt.into(), detail };
+        let pad_id = vocab.get(&args.pad_token).ok_or_else(|| Error::BadField {
+            path: args_path.into(),
+            field: "pad_token".into(),
+            detail: format!("{:?} is not in {}", args.pad_token, vocab_path.display()),
+            hint: None,
+        })?;
+        let cls_id = vocab.get("<cls>").expect("appended");
+        // The gene table must fit the vocabulary: upstream's non-strict load would silently
+        // keep a random table where the shapes disagree.
+        let emb = tensors.get("encoder.embedding.weight").ok_or_else(|| bad(missing_key("encoder.embedding.weight", &tensors)))?;
+        let (rows, cols) = emb.dims2().map_err(|e| bad(e.to_string()))?;
+        if rows != vocab.len || cols != args.embsize {
+            return Err(bad(format!(
+                "encoder.embedding.weight is {rows} x {cols}, but {} has {} tokens (with {:?} appended) and args.json says embsize {}: the three files are not one checkpoint",
+                vocab_path.display(),
+                vocab.len,
+                vocab.appended,
+                args.embsize
+            )));
+        }
+        let mut needed: Vec<String> = vec!["encoder.embedding.weight".into(), "encoder.enc_norm.weight".into(), "encoder.enc_norm.bias".into()];
+        match args.input_emb_style.as_str() {
+            "continuous" => {
+                for p in ["linear1", "linear2", "norm"] {
+                    needed.push(format!("value_encoder.{p}.weight"));
+                    needed.push(format!("value_encoder.{p}.bias"));
+                }
+            }
+            "category" => needed.extend(["value_encoder.embedding.weight", "value_encoder.enc_norm.weight", "value_encoder.enc_norm.bias"].map(String::from)),
+            _ => {}
+        }
+        for i in 0..args.nlayers {
+            for p in ["self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"] {
+                needed.push(format!("transformer_encoder.layers.{i}.{p}"));
+            }
+        }
+        for k in &needed {
+            if !tensors.contains_key(k) {
+                return Err(bad(missing_key(k, &tensors)));
+            }
+        }
+        if tensors.contains_key(&format!("transformer_encoder.layers.{}.linear1.weight", args.nlayers)) {
+            return Err(bad(format!("holds more than the {} layers args.json's nlayers says", args.nlayers)));
+        }
+        let mut unused_keys: Vec<String> = tensors.keys().filter(|k| !needed.contains(k)).cloned().collect();
+        unused_keys.sort();
+        let n_cat = tensors.get("value_encoder.embedding.weight").and_then(|t| t.dims2().ok()).map(|d| d.0).unwrap_or(0);
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let build = || -> candle_core::Result<(Embedding, LayerNorm, ValueEncoder, Vec<EncoderLayer>)> {
+            let d = args.embsize;
+            let embedding = candle_nn::embedding(vocab.len, d, vb.pp("encoder.embedding"))?;
+            let enc_norm = candle_nn::layer_norm(d, 1e-5, vb.pp("encoder.enc_norm"))?;
+            let ve = vb.pp("value_encoder");
+            let values = match args.input_emb_style.as_str() {
+                "continuous" => ValueEncoder::Continuous {
+                    linear1: candle_nn::linear(1, d, ve.pp("linear1"))?,
+                    linear2: candle_nn::linear(d, d, ve.pp("linear2"))?,
+                    norm: candle_nn::layer_norm(d, 1e-5, ve.pp("norm"))?,
+                },
+                "category" => ValueEncoder::Category {
+                    embedding: candle_nn::embedding(n_cat, d, ve.pp("embedding"))?,
+                    norm: candle_nn::layer_norm(d, 1e-5, ve.pp("enc_norm"))?,
+                    n: n_cat,
+                },
+                _ => ValueEncoder::Scaling,
+            };
+            let layers = (0..args.nlayers).map(|i| EncoderLayer::new(&args, vb.pp(format!("transformer_encoder.layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            Ok((embedding, enc_norm, values, layers))
+        };
+        let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
+        let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
+        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.args.embsize
+    }
+
+    /// The L2-normalised `<cls>` outputs of cells padded to one length: row-major n x embsize.
+    pub fn embed_padded(&self, cells: &[&Cell]) -> Result<Vec<f32>> {
+        if cells.is_empty() {
+            return Ok(vec![]);
+        }
+        let ctx = model_err("running the scGPT transformer");
+        let n = cells.len();
+        let l = cells.iter().map(|c| c.genes.len()).max().unwrap_or(1);
+        let mut ids = Vec::with_capacity(n * l);
+        let mut vals = Vec::with_capacity(n * l);
+        let mut mask = Vec::with_capacity(n * l);
+        for c in cells {
+            let pad = l - c.genes.len();
+            ids.extend_from_slice(&c.genes);
+            ids.extend(std::iter::repeat_n(self.tokenizer.pad_id, pad));
+            vals.extend_from_slice(&c.values);
+            vals.extend(std::iter::repeat_n(self.tokenizer.pad_value, pad));
+        }
+        // src_key_padding_mask = genes == <pad> (as get_batch_cell_embeddings)
+        for &g in &ids {
+            mask.push(if g == self.tokenizer.pad_id { f32::NEG_INFINITY } else { 0.0 });
+        }
+        let ids = Tensor::from_vec(ids, (n, l), &self.device).map_err(&ctx)?;
+        let vals = Tensor::from_vec(vals, (n, l), &self.device).map_err(&ctx)?;
+        let mask = Tensor::from_vec(mask, (n, 1, 1, l), &self.device).map_err(&ctx)?;
+        let src = self.enc_norm.forward(&self.embedding.forward(&ids).map_err(&ctx)?).map_err(&ctx)?;
+        let x = match &self.values {
+            ValueEncoder::Continuous { linear1, linear2, norm } => {
+                let v = vals.unsqueeze(2).and_then(|v| v.minimum(MAX_VALUE)).map_err(&ctx)?;
+                let h = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+                (src + h).map_err(&ctx)?
+            }
+            ValueEncoder::Category { embedding, norm, n: nc } => {
+                let flat = vals.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)?;
+                if let Some(bad) = flat.iter().find(|&&v| v < 0.0 || v as usize >= *nc) {
+                    return Err(Error::Model { context: "encoding values".into(), detail: format!("value {bad} is outside the {nc} categories of value_encoder.embedding (is pad_value negative?)") });
+                }
+                let cat = vals.to_dtype(DType::U32).map_err(&ctx)?;
+                let h = embedding.forward(&cat).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+                (src + h).map_err(&ctx)?
+            }
+            ValueEncoder::Scaling => src.broadcast_mul(&vals.unsqueeze(2).map_err(&ctx)?).map_err(&ctx)?,
+        };
+        // in chunks of cells, to bound the attention scores' memory
+        let per_cell = self.args.nheads * l * l;
+        let chunk = (MAX_SCORES / per_cell.max(1)).max(1);
+        let mut cls = Vec::new();
+        let mut start = 0;
+        while start < n {
+            let m = chunk.min(n - start);
+            let mut h = x.narrow(0, start, m).map_err(&ctx)?;
+            let mk = mask.narrow(0, start, m).map_err(&ctx)?;
+            for layer in &self.layers {
+                h = layer.forward(&h, &mk).map_err(&ctx)?;
+            }
+            cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)).map_err(&ctx)?);
+            start += m;
+        }
+        let cls = Tensor::cat(&cls, 0).map_err(&ctx)?;
+        // cell_embeddings / np.linalg.norm(cell_embeddings, axis=1, keepdims=True)
+        let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
+        let out = cls.broadcast_div(&norm).map_err(&ctx)?;
+        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+    }
+
+    /// Embed cells in batches of `batch_size`, longest first so that each batch pads little;
+    /// rows come back in the cells' order. `progress` is told of each batch's size.
+    pub fn embed(&self, cells: &[Cell], batch_size: usize, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let d = self.dim();
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
+        let mut out = vec![0f32; cells.len() * d];
+        for batch in order.chunks(batch_size.max(1)) {
+            let refs: Vec<&Cell> = batch.iter().map(|&i| &cells[i]).collect();
+            let rows = self.embed_padded(&refs)?;
+            for (k, &i) in batch.iter().enumerate() {
+                out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
+            }
+            progress(batch.len());
+        }
+        Ok(out)
+    }
+}
+
+fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {
+    let mut some: Vec<&String> = tensors.keys().collect();
+    some.sort();
+    let shown: Vec<&str> = some.iter().take(6).map(|s| s.as_str()).collect();
+    format!(
+        "has no tensor `{k}` (a scGPT TransformerModel state_dict has it; flash-attn's self_attn.Wqkv names are accepted). It holds {} tensors: {}{}",
+        tensors.len(),
+        shown.join(", "),
+        if tensors.len() > shown.len() { ", ..." } else { "" }
+    )
+}
+
+/// The checkpoint folder for a weights folder, from the manifest entry of best_model.pt.
+pub fn model_dir(weights_dir: &Path, manifest: &crate::weights::Manifest) -> PathBuf {
+    let file = manifest.weights.get(MODEL_ENTRY).map(|e| e.file.clone()).unwrap_or_else(|| "scgpt/whole_human/best_model.pt".into());
+    weights_dir.join(file).parent().map(Path::to_path_buf).unwrap_or_else(|| weights_dir.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mt19937_matches_numpy() {
+        // the first outputs of MT19937 seeded with 5489 (the reference implementation's default)
+        let mut r = Mt19937::new(5489);
+        assert_eq!(r.next_u32(), 3499211612);
+        assert_eq!(r.next_u32(), 581869302);
+        // np.random.seed(0); np.random.rand() == 0.5488135039273248
+        let mut r = Mt19937::new(0);
+        assert_eq!(r.next_f64(), 0.5488135039273248);
+        assert_eq!(r.next_f64(), 0.7151893663724195);
+    }
+
+    #[test]
+    fn quantiles_as_numpy() {
+        // np.quantile(np.float32([1, 2, 3, 4]), np.linspace(0, 1, 5)) == [1, 1.75, 2.5, 3.25, 4]
+        assert_eq!(quantile_edges(&[4.0, 1.0, 3.0, 2.0], 5), vec![1.0, 1.75, 2.5, 3.25, 4.0]);
+        assert_eq!(quantile_edges(&[7.0], 4), vec![7.0; 4]);
+    }
+
+    #[test]
+    fn binning_spreads_ties_and_keeps_range() {
+        let vals: Vec<f32> = (0..200).map(|i| (i % 7 + 1) as f32).collect();
+        let mut r = Mt19937::new(3);
+        let b = bin_values(&vals, 51, &mut r);
+        assert!(b.iter().all(|&x| (1.0..=50.0).contains(&x)));
+        // a single value equals all 50 edges: its bin is drawn from 1..=50
+        let b = bin_values(&[5.0], 51, &mut Mt19937::new(1))[0];
+        assert!((1.0..=50.0).contains(&b));
+        // distinct values: the largest is in bin 50, the smallest in bin 1 or 0..
+        let b = bin_values(&[1.0, 2.0, 3.0], 51, &mut Mt19937::new(1));
+        assert_eq!(b[2], 50.0);
+    }
+
+    #[test]
+    fn flash_attention_keys_are_renamed() {
+        assert_eq!(upstream_key("transformer_encoder.layers.3.self_attn.Wqkv.weight"), "transformer_encoder.layers.3.self_attn.in_proj_weight");
+        assert_eq!(upstream_key("transformer_encoder.layers.0.self_attn.Wqkv.bias"), "transformer_encoder.layers.0.self_attn.in_proj_bias");
+        assert_eq!(upstream_key("transformer_encoder.layers.0.self_attn._impl.Wqkv.bias"), "transformer_encoder.layers.0.self_attn.in_proj_bias");
+        assert_eq!(upstream_key("transformer_encoder.layers.0.self_attn._impl.out_proj.weight"), "transformer_encoder.layers.0.self_attn.out_proj.weight");
+        assert_eq!(upstream_key("transformer_encoder.layers.0.self_attn.out_proj.weight"), "transformer_encoder.layers.0.self_attn.out_proj.weight");
+        assert_eq!(upstream_key("encoder.embedding.weight"), "encoder.embedding.weight");
+    }
+
+    #[test]
+    fn args_name_the_missing_field() {
+        let p = Path::new("ckpt/args.json");
+        let e = Args::parse(r#"{"embsize": 8, "nheads": 2, "nlayers": 1, "pad_token": "<pad>", "pad_value": -2}"#, p).unwrap_err();
+        assert_eq!(e.to_string(), "ckpt/args.json: d_hid: missing (scGPT's embed_data reads it)");
+        let a = Args::parse(r#"{"embsize": 8, "nheads": 2, "d_hid": 4, "nlayers": 1, "pad_token": "<pad>", "pad_value": -2}"#, p).unwrap();
+        assert_eq!((a.n_bins, a.input_emb_style.as_str(), a.pad_value), (51, "continuous", -2.0));
+    }
+
+    #[test]
+    fn vocab_appends_missing_specials() {
+        let v = Vocab::parse(r#"{"A": 0, "<pad>": 1, "B": 2}"#, Path::new("v.json")).unwrap();
+        assert_eq!((v.get("<cls>"), v.get("<eoc>"), v.len), (Some(3), Some(4), 5));
+        assert!(Vocab::parse(r#"{"A": 0, "B": 0}"#, Path::new("v.json")).is_err());
+    }
+
+    #[test]
+    fn tokenizer_prepends_cls_and_samples_long_cells() {
+        let t = Tokenizer { cls_id: 9, pad_id: 8, pad_value: -2.0, n_bins: 51, max_len: 3 };
+        let ids = [Some(0), None, Some(2), Some(3), Some(4)];
+        // unsorted indices, a stored zero, a gene outside the vocab
+        let c = t.cell(&[2, 0, 1, 4], &[5.0, 1.0, 7.0, 0.0], &ids, 0, 0);
+        assert_eq!(c.genes, vec![9, 0, 2]);
+        assert_eq!(c.values[0], -2.0);
+        assert!(!c.sampled);
+        let c = t.cell(&[0, 2, 3, 4], &[1.0, 2.0, 3.0, 4.0], &ids, 0, 0);
+        assert_eq!((c.genes.len(), c.genes[0], c.sampled), (3, 9, true));
+        let empty = t.cell(&[1], &[3.0], &ids, 0, 0);
+        assert_eq!((empty.genes, empty.values), (vec![9], vec![-2.0]));
+    }
+}
