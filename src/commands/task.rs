@@ -679,7 +679,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);
     out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new() })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
 }
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,

@@ -511,10 +511,11 @@ impl Model {
         let args = Args::load(&args_path)?;
         let vocab = Vocab::load(&vocab_path)?;
         let tensors = read_checkpoint(&pt)?;
-        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path)
+        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device)
     }
 
-    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path) -> Result<Model> {
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device) -> Result<Model> {
         let bad = |detail: String| Error::BadWeights { path: pt.into(), detail };
         let pad_id = vocab.get(&args.pad_token).ok_or_else(|| Error::BadField {
             path: args_path.into(),
