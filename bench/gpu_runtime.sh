@@ -74,6 +74,18 @@ log "errors: no such device"
 run "$BIN" embed -m cellama -d "$W/cells.h5ad" -o "$W/nodev.h5ad" --device cuda --gpu 7
 echo "$?" >"$W/nodev.exit"
 
+log "geneformer and scgpt on the GPU (the small parity checkpoints of tests/fixtures)"
+unset SCFOUNDRY_MANIFEST
+GF=tests/fixtures/geneformer
+run "$BIN" embed -m geneformer -d $GF/pbmc68k_50.h5ad -o "$W/gf-cpu.h5ad" --model-dir $GF/v1 --runs-dir "$W/runs/gf-cpu"
+run "$BIN" embed -m geneformer -d $GF/pbmc68k_50.h5ad -o "$W/gf-gpu.h5ad" --model-dir $GF/v1 --runs-dir "$W/runs/gf-gpu" \
+  --device cuda --allocator pool --initial-pool-size 256MiB --maximum-pool-size 1GiB
+mkdir -p "$W/sg/scgpt/whole_human" && cp tests/fixtures/scgpt/tiny/* "$W/sg/scgpt/whole_human/"
+run "$BIN" --weights-dir "$W/sg" embed -m scgpt -d "$W/cells.h5ad" -o "$W/sg-cpu.h5ad" --runs-dir "$W/runs/sg-cpu"
+run "$BIN" --weights-dir "$W/sg" embed -m scgpt -d "$W/cells.h5ad" -o "$W/sg-gpu.h5ad" --runs-dir "$W/runs/sg-gpu" \
+  --device cuda --allocator managed-pool --maximum-pool-size 2GiB
+export SCFOUNDRY_MANIFEST=$W/manifest.toml
+
 log check
 python3 bench/gpu_runtime_check.py "$W" | tee "$OUT/check.json"
 CHECK=${PIPESTATUS[0]}

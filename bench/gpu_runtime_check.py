@@ -100,6 +100,22 @@ if check(bud is not None, "budget: no gpu.json"):
     summary["budget"]["max_abs_diff_vs_cpu"] = d
     check(d < 1e-4, f"budget: embedding differs by {d}")
 
+summary["models"] = {}
+for name, key, mode in [("gf", "X_geneformer", "pool"), ("sg", "X_scgpt", "managed-pool")]:
+    try:
+        with h5py.File(f"{W}/{name}-cpu.h5ad", "r") as f:
+            c = f[f"obsm/{key}"][()]
+        with h5py.File(f"{W}/{name}-gpu.h5ad", "r") as f:
+            g = f[f"obsm/{key}"][()]
+        ok = ~np.isnan(c).any(axis=1)
+        rel = float((np.linalg.norm(g[ok] - c[ok], axis=1) / np.linalg.norm(c[ok], axis=1)).max())
+        gj = gpu(f"{name}-gpu")
+        summary["models"][key] = {"cells": int(c.shape[0]), "max_rel_err_gpu_vs_cpu": rel, "allocator": gj and gj["allocator"], "peak_bytes": gj and gj["stats"]["peak_bytes"], "pointer_checks": gj and gj["pointer_checks"]}
+        check(rel < 1e-4, f"{key}: GPU differs from CPU by {rel} relative")
+        check(gj is not None and gj["pointer_checks"]["mismatched"] == 0, f"{key}: pointer checks {gj and gj['pointer_checks']}")
+    except Exception as e:  # noqa: BLE001
+        check(False, f"{key}: {e}")
+
 summary["failures"] = failures
 print(json.dumps(summary, indent=1))
 sys.exit(1 if failures else 0)
