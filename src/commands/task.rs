@@ -223,35 +223,77 @@ impl TaskDevice {
     }
 }
 
-/// Embed `n` items in batches on a device, halving the batch on CUDA out-of-memory (see
-/// `gpu/backoff.rs`); `current` carries the batch size from one block of rows to the next.
-pub fn encode_with_backoff(
-    n: usize,
-    current: &mut usize,
-    total: &mut Option<crate::gpu::backoff::BackoffReport>,
-    allocator: crate::gpu::AllocatorKind,
-    mut f: impl FnMut(std::ops::Range<usize>) -> Result<Vec<f32>>,
-    mut done: impl FnMut(std::ops::Range<usize>, Vec<f32>),
-) -> Result<()> {
-    use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
-    let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
-    match run_batched(n, *current, is_oom, &mut f, &mut done) {
-        Ok(None) => Ok(()),
-        Ok(Some(r)) => {
-            *current = r.final_batch;
-            *total = Some(match total.take() {
-                Some(t) => BackoffReport { requested: t.requested, final_batch: r.final_batch, retries: t.retries + r.retries },
-                None => r,
-            });
-            Ok(())
+/// Batched model runs on a task's device: the batch size in effect and the out-of-memory
+/// back-off so far, carried from one block of rows to the next (see `gpu/backoff.rs`).
+pub struct Batches {
+    pub dev: TaskDevice,
+    size: usize,
+    backoff: Option<crate::gpu::backoff::BackoffReport>,
+    task_dir: PathBuf,
+}
+
+impl Batches {
+    pub fn new(dev: TaskDevice, size: usize, task_dir: &Path) -> Batches {
+        Batches { dev, size: size.max(1), backoff: None, task_dir: task_dir.to_path_buf() }
+    }
+
+    /// The batch size in effect (smaller than asked after a back-off).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that
+    /// order in batches, halving the batch on CUDA out-of-memory; cells not in `order` keep
+    /// `fill`. `progress` hears of each finished batch. On an error the cost report is written.
+    pub fn run(
+        &mut self,
+        n: usize,
+        dim: usize,
+        order: &[usize],
+        fill: f32,
+        mut forward: impl FnMut(&[usize]) -> Result<Vec<f32>>,
+        mut progress: impl FnMut(usize),
+    ) -> Result<Vec<f32>> {
+        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
+        let mut rows = vec![fill; n * dim];
+        let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
+        let done = |r: std::ops::Range<usize>, v: Vec<f32>| {
+            for (k, &i) in order[r.clone()].iter().enumerate() {
+                rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
+            }
+            progress(r.len());
+        };
+        let outcome = run_batched(order.len(), self.size, is_oom, |r| forward(&order[r]), done);
+        let allocator = self.dev.allocator();
+        let err = match outcome {
+            Ok(None) => return Ok(rows),
+            Ok(Some(r)) => {
+                self.size = r.final_batch;
+                self.backoff = Some(match self.backoff.take() {
+                    Some(t) => BackoffReport { requested: t.requested, final_batch: r.final_batch, retries: t.retries + r.retries },
+                    None => r,
+                });
+                return Ok(rows);
+            }
+            Err(BackoffError::OutOfMemoryAtOne(e)) => crate::gpu::GpuError::OutOfMemory {
+                allocator: allocator.to_string(),
+                detail: e.to_string(),
+                hint: format!("the model itself does not fit: free the GPU, raise --gpu-memory-limit, or use --allocator managed{}", extra_hint(allocator)),
+            }
+            .into(),
+            Err(BackoffError::Other(e)) => e,
+        };
+        self.dev.write_report(&self.task_dir, self.backoff.clone());
+        Err(err)
+    }
+
+    /// After the last batch: the back-off note (`batch_flag`: the method honours --batch-size)
+    /// and the cost report.
+    pub fn finish(&self, notes: &mut Vec<String>, batch_flag: bool) {
+        if let Some(b) = &self.backoff {
+            notes.push(b.message(self.dev.allocator(), batch_flag));
         }
-        Err(BackoffError::OutOfMemoryAtOne(e)) => Err(crate::gpu::GpuError::OutOfMemory {
-            allocator: allocator.to_string(),
-            detail: e.to_string(),
-            hint: format!("the model itself does not fit: free the GPU, raise --gpu-memory-limit, or use --allocator managed{}", extra_hint(allocator)),
-        }
-        .into()),
-        Err(BackoffError::Other(e)) => Err(e),
+        self.dev.write_report(&self.task_dir, self.backoff.clone());
     }
 }
 
@@ -265,11 +307,7 @@ struct CellamaJob {
     model_dir: PathBuf,
     shas: serde_json::Map<String, Value>,
     notes: Vec<String>,
-    /// The CPU or the GPU runtime, the batch in effect and the out-of-memory back-off so far.
-    dev: TaskDevice,
-    batch: usize,
-    backoff: Option<crate::gpu::backoff::BackoffReport>,
-    task_dir: PathBuf,
+    batches: Batches,
 }
 
 fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
@@ -295,8 +333,8 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     let dev = TaskDevice::start(spec)?;
     let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
-    let batch = param_u64(spec, "batch_size", cellama::BATCH_SIZE as u64).max(1) as usize;
-    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, dev, batch, backoff: None, task_dir: task_dir.to_path_buf() })
+    let batches = Batches::new(dev, param_u64(spec, "batch_size", cellama::BATCH_SIZE as u64) as usize, task_dir);
+    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches })
 }
 
 /// Encode every cell; `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
@@ -308,37 +346,21 @@ fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, mut
     for (s, e) in x.blocks(1_000_000) {
         let b = x.read_rows(s, e)?;
         let sentences = cellama_sentences(&b, &job.ad.var_names, &job.obs, job.top);
-        let mut rows = Vec::with_capacity(sentences.len() * dim);
         for snt in &sentences {
             if enc.token_ids(snt)?.len() >= enc.max_seq_length {
                 truncated += 1;
             }
         }
-        let encoded = encode_with_backoff(
-            sentences.len(),
-            &mut job.batch,
-            &mut job.backoff,
-            job.dev.allocator(),
-            |r| enc.encode(&sentences[r]),
-            |r, v| {
-                rows.extend(v);
-                p.inc(r.len() as u64);
-            },
-        );
-        if let Err(e) = encoded {
-            job.dev.write_report(&job.task_dir, job.backoff.clone());
-            return Err(e);
-        }
+        // in input order: each batch is a run of consecutive sentences
+        let order: Vec<usize> = (0..sentences.len()).collect();
+        let rows = job.batches.run(sentences.len(), dim, &order, 0.0, |idx| enc.encode(&sentences[idx[0]..idx[0] + idx.len()]), |k| p.inc(k as u64))?;
         sink(s, &rows)?;
     }
     p.finish();
     if truncated > 0 {
         job.notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
     }
-    if let Some(b) = &job.backoff {
-        job.notes.push(b.message(job.dev.allocator(), false));
-    }
-    job.dev.write_report(&job.task_dir, job.backoff.clone());
+    job.batches.finish(&mut job.notes, false);
     Ok(())
 }
 
@@ -351,7 +373,8 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let ds = out.create_obsm(key, job.ad.n_obs, dim)?;
     cellama_encode(&mut job, rep.as_ref(), |s, rows| write_rows(&ds, s, rows, dim))?;
     drop(ds);
-    let CellamaJob { ad, x, enc, model_dir, shas, notes, batch, .. } = job;
+    let batch = job.batches.size();
+    let CellamaJob { ad, x, enc, model_dir, shas, notes, .. } = job;
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
@@ -429,8 +452,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let emb_layer = spec.params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1) as i32;
     let emb_mode = EmbMode::parse(spec.params.get("emb_mode").and_then(Value::as_str).unwrap_or("cell"))?;
     let column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(geneformer::DEFAULT_GENE_COLUMN).to_string();
-    let mut batch = param_u64(spec, "batch_size", geneformer::DEFAULT_BATCH_SIZE as u64).max(1) as usize;
-    let mut backoff = None;
+    let batch = param_u64(spec, "batch_size", geneformer::DEFAULT_BATCH_SIZE as u64).max(1) as usize;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -439,6 +461,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let dict = geneformer::Dictionaries::find(&model_dir)?;
     let model = Geneformer::load_on(&model_dir, dict, emb_layer, emb_mode, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
+    let mut batches = Batches::new(dev, batch, task_dir);
     if given_dir.is_some() {
         for p in [&model.weights_path, &model.dict.token_path, &model.dict.median_path] {
             let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
@@ -485,24 +508,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             // longest first, halving the batch on CUDA out-of-memory; rows back in input order
             let order = geneformer::length_order(&cells);
             p.inc((cells.len() - order.len()) as u64);
-            let mut rows = vec![f32::NAN; cells.len() * dim];
-            let done = encode_with_backoff(
-                order.len(),
-                &mut batch,
-                &mut backoff,
-                dev.allocator(),
-                |r| model.forward_batch(order[r].iter().map(|&i| cells[i].as_slice()).collect()),
-                |r, v| {
-                    for (k, &i) in order[r.clone()].iter().enumerate() {
-                        rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
-                    }
-                    p.inc(r.len() as u64);
-                },
-            );
-            if let Err(e) = done {
-                dev.write_report(task_dir, backoff.clone());
-                return Err(e);
-            }
+            let rows = batches.run(cells.len(), dim, &order, f32::NAN, |idx| model.forward_batch(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
             write_rows(&ds, start, &rows, dim)?;
         }
     }
@@ -514,16 +520,13 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     if truncated > 0 {
         notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens and were truncated, as upstream", model.input_size));
     }
-    if let Some(b) = &backoff {
-        notes.push(b.message(dev.allocator(), true));
-    }
-    dev.write_report(task_dir, backoff.clone());
+    batches.finish(&mut notes, true);
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("gene_column".into(), json!(column));
-    params.insert("batch_size".into(), json!(batch));
+    params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("emb_layer".into(), json!(emb_layer));
     params.insert("emb_mode".into(), json!(emb_mode.name()));
@@ -576,13 +579,13 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
     let max_len = param_u64(spec, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize;
-    let mut batch = param_u64(spec, "batch_size", scgpt::DEFAULT_BATCH_SIZE as u64).max(1) as usize;
-    let mut backoff = None;
+    let batch = param_u64(spec, "batch_size", scgpt::DEFAULT_BATCH_SIZE as u64) as usize;
     let gene_col = spec.params.get("gene_col").and_then(Value::as_str).unwrap_or("index").to_string();
     let model_dir = scgpt::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
     let model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
+    let mut batches = Batches::new(dev, batch, task_dir);
     let names = scgpt_gene_names(&ad, &gene_col)?;
     let gene_ids = scgpt::match_genes(&names, &model.vocab);
     let matched = gene_ids.iter().filter(|g| g.is_some()).count();
@@ -618,24 +621,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         // longest first, halving the batch on CUDA out-of-memory; rows back in input order
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let mut rows = vec![0f32; cells.len() * dim];
-        let done = encode_with_backoff(
-            order.len(),
-            &mut batch,
-            &mut backoff,
-            dev.allocator(),
-            |r| model.embed_padded(&order[r].iter().map(|&i| &cells[i]).collect::<Vec<_>>()),
-            |r, v| {
-                for (k, &i) in order[r.clone()].iter().enumerate() {
-                    rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
-                }
-                p.inc(r.len() as u64);
-            },
-        );
-        if let Err(e) = done {
-            dev.write_report(task_dir, backoff.clone());
-            return Err(e);
-        }
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed_padded(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
@@ -656,12 +642,9 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
-    if let Some(b) = &backoff {
-        notes.push(b.message(dev.allocator(), true));
-    }
-    dev.write_report(task_dir, backoff.clone());
+    batches.finish(&mut notes, true);
     params.insert("gene_col".into(), json!(gene_col));
-    params.insert("batch_size".into(), json!(batch));
+    params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("genes_matched".into(), json!(matched));
     params.insert("n_bins".into(), json!(model.args.n_bins));
