@@ -11,8 +11,10 @@ fn main() {
     for p in entries {
         println!("cargo:rerun-if-changed={}", p.display());
         let stem = p.file_stem().unwrap().to_string_lossy().to_string();
-        let abs = std::fs::canonicalize(&p).unwrap();
-        writeln!(out, "    ({stem:?}, include_str!({:?})),", abs.display().to_string()).unwrap();
+        // relative to the manifest, so that a build folder shared between checkouts (worktrees,
+        // CI's cached target) never includes another checkout's files
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        writeln!(out, "    ({stem:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/methods/{name}\"))),").unwrap();
     }
     out.push_str("];\n");
     let dest = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("methods_builtin.rs");

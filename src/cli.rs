@@ -68,6 +68,49 @@ pub enum Commands {
     /// Internal: run one task of a run folder.
     #[command(name = "__task", hide = true)]
     Task { spec: PathBuf },
+    /// Internal (benchmarks): cells per second of the transformer encoder at a full-size shape
+    /// with random weights, over a file of real token lengths (bench/encoder_throughput.sh).
+    #[command(name = "__bench-encoder", hide = true)]
+    BenchEncoder(BenchEncoderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEncoderArgs {
+    /// Encoder layers.
+    #[arg(long)]
+    pub layers: usize,
+    /// Model width (d_model).
+    #[arg(long)]
+    pub hidden: usize,
+    #[arg(long)]
+    pub heads: usize,
+    /// Feed-forward width.
+    #[arg(long)]
+    pub ffn: usize,
+    /// Longest sequence (longer cells are cut, as the tokenizers do).
+    #[arg(long)]
+    pub max_len: usize,
+    /// Token lengths, one integer per line (cells are drawn from it in order, cycling).
+    #[arg(long, value_name = "FILE")]
+    pub lengths: PathBuf,
+    /// Cells to run.
+    #[arg(long, default_value_t = 2048)]
+    pub cells: usize,
+    /// Cells per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// bf16, f16 or f32.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// `sorted`: cells by length, so a batch pads little; `file`: as they come.
+    #[arg(long, default_value = "sorted")]
+    pub order: String,
+    /// Timed passes over the cells (after one untimed warm-up batch); the best is reported.
+    #[arg(long, default_value_t = 2)]
+    pub repeat: usize,
 }
 
 #[derive(Debug, Args)]
@@ -419,8 +462,9 @@ machine (--executor local, the default), one sbatch job (--executor slurm) or th
 pub struct TransferArgs {
     /// The embedding method (pca or cellama; see `scfoundry methods`). pca is fitted on the
     /// reference and the query is projected with that fit; cellama embeds each cell on its own.
-    #[arg(long, short)]
-    pub method: String,
+    /// Optional with --embedding (then it only names the method in the provenance).
+    #[arg(long, short, required_unless_present = "embedding")]
+    pub method: Option<String>,
     /// Labelled reference .h5ad (never modified).
     #[arg(long, short, value_name = "H5AD")]
     pub reference: PathBuf,
@@ -448,6 +492,10 @@ pub struct TransferArgs {
     /// Read the matrix from layers[NAME] instead of X, in both files.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Vote in obsm[KEY], which both files already hold (from `scfoundry embed` or another
+    /// tool, e.g. X_scVI), instead of embedding them: no embedding task runs.
+    #[arg(long, value_name = "KEY")]
+    pub embedding: Option<String>,
     /// pca: share of the reference's highly variable genes the query must have (by var name);
     /// missing ones count as zero, with a warning.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = parse_fraction)]
@@ -459,13 +507,13 @@ pub struct TransferArgs {
     pub batch: BatchArgs,
     #[command(flatten)]
     pub knobs: KnobArgs,
-    /// Folder for run folders (default: the workspace's runs/, else runs/ beside the output).
-    #[arg(long, value_name = "DIR")]
-    pub runs_dir: Option<PathBuf>,
-    /// At most N tasks at once (default 2: the reference and the query are embedded at once;
-    /// 1 runs them one after the other).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// At most N tasks at once in the local runner (default 2: the reference and the query are
+    /// embedded at once; 1 runs them one after the other). Slurm runs the two jobs as it
+    /// schedules them; Nextflow as its executor does.
+    #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
+    #[command(flatten)]
+    pub exec: ExecutorArgs,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

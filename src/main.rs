@@ -74,6 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Config(a) => commands::config::run(&s, a),
         Commands::Trace(a) => commands::trace::run(a),
         Commands::Doctor(a) => commands::doctor::run(&s, a),
+        Commands::BenchEncoder(a) => commands::bench_encoder::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

@@ -37,16 +37,30 @@ workflow SCFOUNDRY {
         ch_versions = ch_versions.mix(EMBED.out.versions)
 
     } else if (task_kind == 'transfer') {
-        // the reference and the query are embedded by two concurrent tasks
         require_param('reference')
         require_param('query')
-        EMBED_REFERENCE ( h5ad_channel(params.reference, 'reference'), params.method )
-        EMBED_QUERY     ( h5ad_channel(params.query, 'query'), params.method )
-        ch_pairs = EMBED_REFERENCE.out.h5ad
-            .combine(EMBED_QUERY.out.h5ad)
-            .map { ref_meta, ref, query_meta, query -> [ [ id: "${query_meta.id}_from_${ref_meta.id}" ], ref, query ] }
-        TRANSFER ( ch_pairs, params.method )
-        ch_versions = ch_versions.mix(EMBED_REFERENCE.out.versions, EMBED_QUERY.out.versions, TRANSFER.out.versions)
+        require_param('label_key')
+        ch_reference = h5ad_channel(params.reference, 'reference')
+        ch_query     = h5ad_channel(params.query, 'query')
+        def pair_id = { ref_meta, query_meta -> [ id: "${query_meta.id}_from_${ref_meta.id}" ] }
+        if (params.method == 'pca') {
+            // pca is fitted on the reference and the query projected with that fit: one task
+            ch_pairs = ch_reference
+                .combine(ch_query)
+                .map { ref_meta, ref, query_meta, query -> [ pair_id(ref_meta, query_meta), ref, query ] }
+            TRANSFER ( ch_pairs, params.method, '' )
+        } else {
+            // a model that embeds each cell on its own: the reference and the query are
+            // embedded by two concurrent tasks, and the vote uses their obsm['X_<method>']
+            EMBED_REFERENCE ( ch_reference, params.method )
+            EMBED_QUERY     ( ch_query, params.method )
+            ch_pairs = EMBED_REFERENCE.out.h5ad
+                .combine(EMBED_QUERY.out.h5ad)
+                .map { ref_meta, ref, query_meta, query -> [ pair_id(ref_meta, query_meta), ref, query ] }
+            TRANSFER ( ch_pairs, params.method, "X_${params.method}" )
+            ch_versions = ch_versions.mix(EMBED_REFERENCE.out.versions, EMBED_QUERY.out.versions)
+        }
+        ch_versions = ch_versions.mix(TRANSFER.out.versions)
 
     } else if (task_kind == 'finetune') {
         require_param('input')

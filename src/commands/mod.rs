@@ -1,5 +1,6 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
+pub mod bench_encoder;
 pub mod config;
 pub mod doctor;
 pub mod benchmark;

@@ -176,16 +176,17 @@ impl TaskDevice {
 
     /// Write `gpu.json` (peak device memory, allocator, pointer checks, back-off) into the
     /// task folder; nothing on the CPU.
-    pub fn write_report(&self, dir: &Path, backoff: Option<crate::gpu::backoff::BackoffReport>) {
+    pub fn write_report(&self, dir: &Path, backoff: Option<crate::gpu::backoff::BackoffReport>, batch_size: Option<usize>) {
         #[cfg(feature = "cuda")]
         if let Some(rt) = &self.runtime {
             let _ = self.device.synchronize();
             let mut r = rt.resource.report(&rt.name);
             r.backoff = backoff;
+            r.batch_size = batch_size.map(|b| b as u64);
             let _ = std::fs::write(dir.join(crate::gpu::GpuReport::FILE), serde_json::to_string_pretty(&r).unwrap_or_default());
         }
         #[cfg(not(feature = "cuda"))]
-        let _ = (dir, backoff);
+        let _ = (dir, backoff, batch_size);
     }
 
     /// Call once the model's weights are on the device: the report separates them from batches.
@@ -203,7 +204,7 @@ impl TaskDevice {
         if !crate::gpu::is_out_of_memory(&e.to_string()) {
             return e;
         }
-        self.write_report(dir, None);
+        self.write_report(dir, None, None);
         let allocator = self.allocator();
         let hint = match allocator {
             crate::gpu::AllocatorKind::Pool | crate::gpu::AllocatorKind::ManagedPool => {
@@ -283,7 +284,7 @@ impl Batches {
             .into(),
             Err(BackoffError::Other(e)) => e,
         };
-        self.dev.write_report(&self.task_dir, self.backoff.clone());
+        self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
         Err(err)
     }
 
@@ -293,7 +294,7 @@ impl Batches {
         if let Some(b) = &self.backoff {
             notes.push(b.message(self.dev.allocator(), batch_flag));
         }
-        self.dev.write_report(&self.task_dir, self.backoff.clone());
+        self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
     }
 }
 

@@ -18,12 +18,12 @@ use serde_json::{json, Value};
 
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::cli::TransferArgs;
+use crate::cli::{ExecutorKind, TransferArgs};
 use crate::commands::benchmark::write_file;
 use crate::commands::embed::resolve_method_params;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context};
-use crate::executor;
+use crate::executor::{self, nextflow};
 use crate::methods::knn_transfer;
 use crate::metrics::classification::{accuracy, confusion_matrix, macro_f1, per_label};
 use crate::progress::warn;
@@ -99,25 +99,51 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     let t0 = Instant::now();
-    let m = s.registry.get(&a.method)?.clone();
-    if m.kind != Kind::Embedding {
-        return Err(Error::BadOption {
-            option: "--method".into(),
-            detail: format!("{} is an integration method: it corrects an existing embedding and cannot embed a new query, so it cannot transfer labels", m.name),
-            hint: Some(format!("pass an embedding method ({}); `scfoundry methods` lists them", TRANSFER_METHODS.join(", "))),
+    let m = match &a.method {
+        Some(name) => Some(s.registry.get(name)?.clone()),
+        None => None,
+    };
+    if let Some(m) = &m {
+        if m.kind != Kind::Embedding {
+            return Err(Error::BadOption {
+                option: "--method".into(),
+                detail: format!("{} is an integration method: it corrects an existing embedding and cannot embed a new query, so it cannot transfer labels", m.name),
+                hint: Some(format!("pass an embedding method ({}); `scfoundry methods` lists them", TRANSFER_METHODS.join(", "))),
+            }
+            .into());
         }
-        .into());
     }
-    let mut params = resolve_method_params(s, &m, "transfer", &a.batch, &a.knobs);
-    if !m.implemented || !TRANSFER_METHODS.contains(&m.name.as_str()) {
-        return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
-    }
-    if m.name != "pca" && a.min_gene_overlap != 0.5 {
-        warn(&format!("{} embeds each cell on its own and fits nothing to the reference; --min-gene-overlap applies to pca and is ignored", m.name));
-    }
-    if m.name == "cellama" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
-    }
+    let mut params = match &m {
+        Some(m) => resolve_method_params(s, m, "transfer", &a.batch, &a.knobs),
+        None => serde_json::Map::new(),
+    };
+    // With --embedding nothing is embedded: the vote runs here, on what both files hold.
+    let precomputed = a.embedding.clone();
+    let pipeline = if precomputed.is_some() {
+        if a.exec.executor != ExecutorKind::Local {
+            warn(&format!("--embedding: nothing is embedded, so there is no task for --executor {}; the vote runs here", if a.exec.executor == ExecutorKind::Slurm { "slurm" } else { "nextflow" }));
+        }
+        for (given, flag) in [(a.layer.is_some(), "--layer"), (a.min_gene_overlap != 0.5, "--min-gene-overlap"), (a.max_forks.is_some(), "--max-forks")] {
+            if given {
+                warn(&format!("{flag} applies when transfer embeds the files; with --embedding it is ignored"));
+            }
+        }
+        None
+    } else {
+        let m = m.as_ref().expect("clap requires --method without --embedding");
+        if !m.implemented || !TRANSFER_METHODS.contains(&m.name.as_str()) {
+            return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
+        }
+        if m.name != "pca" && a.min_gene_overlap != 0.5 {
+            warn(&format!("{} embeds each cell on its own and fits nothing to the reference; --min-gene-overlap applies to pca and is ignored", m.name));
+        }
+        let pipeline = executor::preflight(&a.exec)?;
+        if m.name == "cellama" {
+            crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+        }
+        pipeline
+    };
+    let method_name = m.as_ref().map(|m| m.name.clone()).unwrap_or_else(|| "precomputed".into());
     let pred_key = a.pred_key.clone().unwrap_or_else(|| format!("{}_pred", a.label_key));
     let conf_key = format!("{pred_key}_confidence");
     if pred_key == a.label_key {
@@ -132,7 +158,9 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     // Everything cheap is checked before a run folder exists.
     let rad = AnnData::open(&a.reference)?;
     rad.check_usable()?;
-    rad.matrix(a.layer.as_deref())?;
+    if precomputed.is_none() {
+        rad.matrix(a.layer.as_deref())?;
+    }
     let ref_labels = read_labels(&rad, &a.label_key, "reference")?.expect("the reference's labels are required");
     let labelled: Vec<usize> = (0..rad.n_obs).filter(|&i| ref_labels.values[i].is_some()).collect();
     if labelled.is_empty() {
@@ -162,7 +190,9 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     }
     let qad = AnnData::open(&a.query)?;
     qad.check_usable()?;
-    qad.matrix(a.layer.as_deref())?;
+    if precomputed.is_none() {
+        qad.matrix(a.layer.as_deref())?;
+    }
     let query_labels = match read_labels(&qad, &a.label_key, "query") {
         Ok(l) => l,
         Err(e) => {
@@ -181,9 +211,26 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     if qobs.column(&pred_key).is_some() || qobs.column(&conf_key).is_some() {
         warn(&format!("the query already has obs `{pred_key}` or `{conf_key}`; the output replaces them (the input is not touched)"));
     }
-    let obsm_key = format!("X_{}", m.name);
-    if qad.group_keys("obsm").contains(&obsm_key) {
-        warn(&format!("the query already has obsm['{obsm_key}']; the output replaces it with the query's {} embedding of this transfer", m.name));
+    let obsm_key = precomputed.clone().unwrap_or_else(|| format!("X_{method_name}"));
+    let given = match &precomputed {
+        Some(key) => Some((embedding_of(&rad, key)?, embedding_of(&qad, key)?)),
+        None => {
+            if qad.group_keys("obsm").contains(&obsm_key) {
+                warn(&format!("the query already has obsm['{obsm_key}']; the output replaces it with the query's {method_name} embedding of this transfer"));
+            }
+            None
+        }
+    };
+    if let Some(((_, dr), (_, dq))) = &given {
+        if dr != dq {
+            return Err(Error::BadField {
+                path: qad.path.clone(),
+                field: format!("obsm/{obsm_key}"),
+                detail: format!("is {dq} wide but the reference's is {dr} wide"),
+                hint: Some("embed both files with the same method and settings".into()),
+            }
+            .into());
+        }
     }
     let (n_ref, n_query) = (rad.n_obs, qad.n_obs);
     drop((rad, qad, qobs));
@@ -200,100 +247,58 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         }
     }
     let report_dir = a.report_dir.clone().unwrap_or_else(|| out.with_extension(""));
-    let runs_base = match (&a.runs_dir, &s.workspace) {
-        (Some(d), _) => d.clone(),
-        (None, Some(ws)) => ws.runs_dir(),
-        (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
-    };
-    let runs_base = std::path::absolute(&runs_base)?;
-    let mut run = Run::create(&runs_base, &format!("transfer-{}", m.name))?;
-    if let Some(ws) = &s.workspace {
-        run.locks = ws.root.join(".locks");
-    }
-    let work = run.dir.join("work");
     let reference = std::path::absolute(&a.reference)?;
     let query = std::path::absolute(&a.query)?;
-    params.insert("reference".into(), json!(reference.display().to_string()));
-    if m.name == "pca" {
-        params.insert("fit".into(), json!(work.join("pca_fit.json").display().to_string()));
-        params.insert("min_gene_overlap".into(), json!(a.min_gene_overlap));
+    if let Some(p) = pipeline {
+        return run_nextflow(s, a, p, &method_name, &reference, &query, &out, &report_dir);
     }
-    let max_forks = a.max_forks.unwrap_or(2) as usize;
-    let tag = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    let base = TaskSpec {
-        task_id: 0,
-        name: String::new(),
-        command: "transfer".into(),
-        method: m.name.clone(),
-        data: reference.clone(),
-        out: PathBuf::new(),
-        layer: a.layer.clone(),
-        seed: a.seed,
-        params,
-        quiet: s.quiet,
-        progress: s.progress,
-        command_line: std::env::args().collect::<Vec<_>>().join(" "),
-        run_id: run.id.clone(),
-        weights_dir: Some(std::path::absolute(&s.weights_dir)?),
-        step: Step::Embed,
-        work: Some(work.clone()),
-        gpu: None,
-        device: Default::default(),
-    };
-    let process = m.name.to_uppercase();
-    let mut stages: Vec<Vec<TaskSpec>> = Vec::new();
-    if m.name == "pca" {
-        stages.push(vec![TaskSpec {
-            task_id: 1,
-            name: format!("TRANSFER_FIT_{process} ({}, reference)", tag(&reference)),
-            out: work.join("pca_fit.json"),
-            step: Step::Fit,
-            ..base.clone()
-        }]);
-    }
-    let first = stages.len() as u64 + 1;
-    // two tasks drawing bars at once would garble the terminal
-    let bars = s.progress && max_forks == 1;
-    stages.push(vec![
-        TaskSpec {
-            task_id: first,
-            name: format!("TRANSFER_EMBED_{process} ({}, reference)", tag(&reference)),
-            data: reference.clone(),
-            out: work.join("reference.f32"),
-            progress: bars,
-            ..base.clone()
-        },
-        TaskSpec {
-            task_id: first + 1,
-            name: format!("TRANSFER_EMBED_{process} ({}, query)", tag(&query)),
-            data: query.clone(),
-            out: work.join("query.f32"),
-            progress: bars,
-            ..base.clone()
-        },
-    ]);
-    let outcomes = executor::run_stages(&run, &stages, max_forks)?;
-    let report_spec = TaskSpec { data: query.clone(), ..base.clone() };
-    let refs: Vec<&runner::Outcome> = outcomes.iter().collect();
-    runner::write_reports(&run, &report_spec, &refs)?;
-    if let Some(f) = outcomes.iter().find(|o| o.exit != 0) {
-        eprintln!("{} {} (exit {})", f.record.name, f.record.status.to_lowercase(), f.exit);
-        eprintln!("run folder: {} (task logs, trace.txt)", run.dir.display());
-        return Ok(ExitStatus::Code(f.exit));
-    }
-    let n_embed = outcomes.len();
-    let (ref_res, q_res) = (outcomes[n_embed - 2].result.clone().unwrap_or_default(), outcomes[n_embed - 1].result.clone().unwrap_or_default());
-    let dim = ref_res.dim;
-    if q_res.dim != dim || ref_res.n_obs != n_ref || q_res.n_obs != n_query {
-        return Err(Error::Executor {
-            what: "the embedding tasks".into(),
-            detail: format!("reported {} x {} and {} x {}, expected {n_ref} and {n_query} cells of one width", ref_res.n_obs, ref_res.dim, q_res.n_obs, q_res.dim),
-            hint: Some(format!("see {}", run.dir.display())),
+    let mut run_info: Option<Run> = None;
+    let mut outcomes: Vec<runner::Outcome> = Vec::new();
+    let (ref_emb, q_emb, dim) = match given {
+        Some(((r, dim), (q, _))) => (r, q, dim),
+        None => {
+            let run = executor::create_run(s, &a.exec, &out, &format!("transfer-{method_name}"))?;
+            let work = run.dir.join("work");
+            params.insert("reference".into(), json!(reference.display().to_string()));
+            if method_name == "pca" {
+                params.insert("fit".into(), json!(work.join("pca_fit.json").display().to_string()));
+                params.insert("min_gene_overlap".into(), json!(a.min_gene_overlap));
+            }
+            let slurm = a.exec.executor == ExecutorKind::Slurm;
+            let max_forks = a.max_forks.unwrap_or(2) as usize;
+            let stages = plan(&run, s, a, &method_name, params.clone(), &reference, &query, max_forks == 1 && !slurm)?;
+            outcomes = if slurm {
+                let tasks: Vec<TaskSpec> = stages.concat();
+                executor::slurm::run(&run, &tasks, &a.exec.slurm, None, &a.exec.passthrough, s.quiet)?
+            } else {
+                executor::run_stages(&run, &stages, max_forks)?
+            };
+            let report_spec = TaskSpec { data: query.clone(), ..stages[0][0].clone() };
+            let refs: Vec<&runner::Outcome> = outcomes.iter().collect();
+            runner::write_reports(&run, &report_spec, &refs)?;
+            if let Some(f) = outcomes.iter().find(|o| o.exit != 0) {
+                eprintln!("{} {} (exit {})", f.record.name, f.record.status.to_lowercase(), f.exit);
+                eprintln!("run folder: {} (task logs, trace.txt)", run.dir.display());
+                return Ok(ExitStatus::Code(f.exit));
+            }
+            let n_embed = outcomes.len();
+            let (ref_res, q_res) = (outcomes[n_embed - 2].result.clone().unwrap_or_default(), outcomes[n_embed - 1].result.clone().unwrap_or_default());
+            let dim = ref_res.dim;
+            if q_res.dim != dim || ref_res.n_obs != n_ref || q_res.n_obs != n_query {
+                return Err(Error::Executor {
+                    what: "the embedding tasks".into(),
+                    detail: format!("reported {} x {} and {} x {}, expected {n_ref} and {n_query} cells of one width", ref_res.n_obs, ref_res.dim, q_res.n_obs, q_res.dim),
+                    hint: Some(format!("see {}", run.dir.display())),
+                }
+                .into());
+            }
+            let r = read_f32_file(&work.join("reference.f32"), n_ref, dim)?;
+            let q = read_f32_file(&work.join("query.f32"), n_query, dim)?;
+            run_info = Some(run);
+            (r, q, dim)
         }
-        .into());
-    }
-    let ref_emb = read_f32_file(&work.join("reference.f32"), n_ref, dim)?;
-    let q_emb = read_f32_file(&work.join("query.f32"), n_query, dim)?;
+    };
+    let command_line = std::env::args().collect::<Vec<_>>().join(" ");
 
     // The vote, on the labelled reference cells.
     let t_vote = Instant::now();
@@ -318,12 +323,17 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     prov.insert("tool".into(), json!("scfoundry"));
     prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
     prov.insert("command".into(), json!("transfer"));
-    prov.insert("command_line".into(), json!(base.command_line));
-    prov.insert("method".into(), json!(m.name));
+    prov.insert("command_line".into(), json!(command_line));
+    prov.insert("method".into(), json!(method_name));
     prov.insert("obsm_key".into(), json!(obsm_key));
     prov.insert("seed".into(), json!(a.seed));
     prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("run_id".into(), json!(run.id));
+    if let Some(run) = &run_info {
+        prov.insert("run_id".into(), json!(run.id));
+    }
+    if precomputed.is_some() {
+        prov.insert("embedding".into(), json!("precomputed: obsm of both input files"));
+    }
     prov.insert("input".into(), json!(query.display().to_string()));
     prov.insert("reference".into(), json!(reference.display().to_string()));
     prov.insert("label_key".into(), json!(a.label_key));
@@ -331,7 +341,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     prov.insert("confidence_key".into(), json!(conf_key));
     prov.insert("k".into(), json!(a.k));
     prov.insert("vote".into(), json!("scArches weighted_knn_transfer: exact Euclidean kNN, weights exp(-d / (2 / std(d))^2)"));
-    let mut p = base.params.clone();
+    let mut p = params.clone();
     p.remove("fit");
     prov.insert("parameters".into(), Value::Object(p));
     if let Some(sc) = &scores {
@@ -358,7 +368,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     let mut doc = json!({
         "tool": "scfoundry",
         "version": env!("CARGO_PKG_VERSION"),
-        "method": m.name,
+        "method": method_name,
         "reference": reference,
         "query": query,
         "output": std::path::absolute(&out)?,
@@ -373,14 +383,14 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         "reference_labels": cats,
         "predicted_counts": predicted_counts,
         "mean_confidence": mean_conf,
-        "run_id": run.id,
-        "run_folder": run.dir,
+        "run_id": run_info.as_ref().map(|r| r.id.clone()),
+        "run_folder": run_info.as_ref().map(|r| r.dir.clone()),
         "vote_seconds": vote_s,
         "notes": notes,
         "scored": scores.is_some(),
     });
     if let Some(sc) = &scores {
-        sc.write(&report_dir, &mut doc, &m.name, a.k, &a.label_key)?;
+        sc.write(&report_dir, &mut doc, &method_name, a.k, &a.label_key)?;
     }
     write_file(&report_dir.join("transfer.json"), serde_json::to_string_pretty(&doc)?.as_bytes())?;
 
@@ -390,7 +400,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
             "labelled {n_query} query cells from {} reference cells ({} labels) with {} and k = {} in {wall:.1}s; mean confidence {mean_conf:.3}",
             labelled.len(),
             cats.len(),
-            m.name,
+            if precomputed.is_some() { format!("obsm['{obsm_key}']") } else { method_name.clone() },
             a.k
         );
         if let Some(sc) = &scores {
@@ -406,9 +416,132 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         eprintln!("wrote {} (obs['{pred_key}'], obs['{conf_key}'], obsm['{obsm_key}'])", out.display());
         let files = if scores.is_some() { "transfer.json, per_label.tsv, confusion.tsv, confusion.svg, confusion.png" } else { "transfer.json" };
         eprintln!("report: {} ({files})", report_dir.display());
-        eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());
+        if let Some(run) = &run_info {
+            eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());
+        }
     }
     Ok(ExitStatus::Success)
+}
+
+/// obsm[key] of a file given with --embedding: one finite row per cell.
+fn embedding_of(ad: &AnnData, key: &str) -> Result<(Vec<f32>, usize), Error> {
+    let (z, n, d) = ad.dense_entry("obsm", key)?;
+    let field = format!("obsm/{key}");
+    if n != ad.n_obs {
+        return Err(Error::BadField { path: ad.path.clone(), field, detail: format!("has {n} rows but the file has {} cells", ad.n_obs), hint: None });
+    }
+    if let Some(i) = z.iter().position(|v| !v.is_finite()) {
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field,
+            detail: format!("holds a non-finite value at cell {} ({})", i / d.max(1), ad.obs_names[i / d.max(1)]),
+            hint: Some("recompute the embedding; the vote needs finite coordinates".into()),
+        });
+    }
+    Ok((z, d))
+}
+
+/// The embedding tasks, in stages: for pca a fit on the reference, then the reference and the
+/// query embedded at once (both projected with the fit for pca).
+#[allow(clippy::too_many_arguments)]
+fn plan(run: &Run, s: &Settings, a: &TransferArgs, method: &str, params: serde_json::Map<String, Value>, reference: &Path, query: &Path, bars: bool) -> anyhow::Result<Vec<Vec<TaskSpec>>> {
+    let work = run.dir.join("work");
+    let tag = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let base = TaskSpec {
+        task_id: 0,
+        name: String::new(),
+        command: "transfer".into(),
+        method: method.to_string(),
+        data: reference.to_path_buf(),
+        out: PathBuf::new(),
+        layer: a.layer.clone(),
+        seed: a.seed,
+        params,
+        quiet: s.quiet,
+        progress: s.progress,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        run_id: run.id.clone(),
+        weights_dir: Some(std::path::absolute(&s.weights_dir)?),
+        step: Step::Embed,
+        work: Some(work.clone()),
+        gpu: None,
+        device: Default::default(),
+    };
+    let process = method.to_uppercase();
+    let mut stages: Vec<Vec<TaskSpec>> = Vec::new();
+    if method == "pca" {
+        stages.push(vec![TaskSpec {
+            task_id: 1,
+            name: format!("TRANSFER_FIT_{process} ({}, reference)", tag(reference)),
+            out: work.join("pca_fit.json"),
+            step: Step::Fit,
+            ..base.clone()
+        }]);
+    }
+    let first = stages.len() as u64 + 1;
+    // two tasks drawing bars at once would garble the terminal
+    let bars = s.progress && bars;
+    stages.push(vec![
+        TaskSpec {
+            task_id: first,
+            name: format!("TRANSFER_EMBED_{process} ({}, reference)", tag(reference)),
+            data: reference.to_path_buf(),
+            out: work.join("reference.f32"),
+            progress: bars,
+            ..base.clone()
+        },
+        TaskSpec {
+            task_id: first + 1,
+            name: format!("TRANSFER_EMBED_{process} ({}, query)", tag(query)),
+            data: query.to_path_buf(),
+            out: work.join("query.f32"),
+            progress: bars,
+            ..base
+        },
+    ]);
+    Ok(stages)
+}
+
+/// `--executor nextflow`: the pipeline's transfer branch (pca: one TRANSFER task that fits and
+/// projects; a per-cell model: EMBED_REFERENCE and EMBED_QUERY at once, then TRANSFER on their
+/// obsm), then the published .h5ad and report folder moved to --out and --report-dir.
+#[allow(clippy::too_many_arguments)]
+fn run_nextflow(s: &Settings, a: &TransferArgs, p: nextflow::Pipeline, method: &str, reference: &Path, query: &Path, out: &Path, report_dir: &Path) -> anyhow::Result<ExitStatus> {
+    let (out, report_dir) = (&std::path::absolute(out)?, &std::path::absolute(report_dir)?);
+    let run = executor::create_run(s, &a.exec, out, &format!("transfer-{method}"))?;
+    let mut params = vec![
+        ("task".to_string(), "transfer".to_string()),
+        ("method".into(), method.to_string()),
+        ("reference".into(), reference.display().to_string()),
+        ("query".into(), query.display().to_string()),
+        ("label_key".into(), a.label_key.clone()),
+        ("outdir".into(), nextflow::outdir(&run).display().to_string()),
+        ("seed".into(), a.seed.to_string()),
+        ("k".into(), a.k.to_string()),
+    ];
+    if let Some(l) = &a.layer {
+        params.push(("layer".into(), l.clone()));
+    }
+    for (given, flag) in [(a.pred_key.is_some(), "--pred-key"), (a.min_gene_overlap != 0.5, "--min-gene-overlap")] {
+        if given {
+            warn(&format!("{flag} is not a pipeline parameter; the Nextflow run uses its default"));
+        }
+    }
+    let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let id = format!("{}_from_{}", stem(query), stem(reference));
+    let published = nextflow::outdir(&run).join("transfer").join(format!("{id}.transfer.h5ad"));
+    let nf = nextflow::NfRun { run: &run, weights_dir: &s.weights_dir, gpu: None, max_forks: a.max_forks.unwrap_or(2), params, passthrough: &a.exec.passthrough, quiet: s.quiet };
+    let code = nextflow::run_pipeline(&p, &nf, &published, out)?;
+    if code == 0 {
+        let report = nextflow::outdir(&run).join("transfer").join(format!("{id}.transfer"));
+        if report.is_dir() {
+            nextflow::move_to(&report, report_dir)?;
+            if !s.quiet {
+                eprintln!("report: {}", report_dir.display());
+            }
+        }
+    }
+    Ok(ExitStatus::from_code(code))
 }
 
 /// The scores of a transfer against the query's own labels.

@@ -93,7 +93,7 @@ pub fn run_pipeline(p: &Pipeline, nf: &NfRun, published: &Path, dest: &Path) -> 
 
 /// Move a file or a folder; across file systems, copy then remove. A folder is merged into an
 /// existing `dest` (files of the same name replaced), as a local run writes into it.
-fn move_to(from: &Path, dest: &Path) -> Result<()> {
+pub fn move_to(from: &Path, dest: &Path) -> Result<()> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |e| Error::Io { path, source: e }

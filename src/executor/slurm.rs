@@ -316,9 +316,18 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
     let result = (|| -> Result<()> {
         let projects: Vec<&TaskSpec> = tasks.iter().filter(|t| matches!(t.step, Step::Project { .. })).collect();
         if projects.is_empty() {
-            for t in tasks {
-                let label = if t.step == Step::Fit { "fit" } else { t.command.as_str() };
-                let after = jobs.last().map(|j| j.id.clone());
+            // Fits run first, one after the other; every other task waits for all of them and
+            // runs alongside the rest (transfer's reference and query embeddings).
+            let labels = job_labels(tasks);
+            let mut fits: Vec<String> = Vec::new();
+            for (t, label) in tasks.iter().zip(&labels).filter(|(t, _)| t.step == Step::Fit) {
+                let after = fits.last().cloned();
+                let j = submit(label, logs.join(format!("{label}.out")), None, TaskRef::One(t.task_id), vec![t.task_id], after.as_deref(), true)?;
+                fits.push(j.id.clone());
+                jobs.push(j);
+            }
+            let after = (!fits.is_empty()).then(|| fits.join(":"));
+            for (t, label) in tasks.iter().zip(&labels).filter(|(t, _)| t.step != Step::Fit) {
                 jobs.push(submit(label, logs.join(format!("{label}.out")), None, TaskRef::One(t.task_id), vec![t.task_id], after.as_deref(), true)?);
             }
             return Ok(());
@@ -427,6 +436,7 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
             peak_vmem: stats.as_ref().map(|s| s.peak_vmem),
             rchar: stats.as_ref().map(|s| s.rchar),
             wchar: stats.as_ref().map(|s| s.wchar),
+            ..Default::default()
         };
         let log = st.log.clone().or_else(|| job.map(|j| log_path(j, &st.native_id)));
         let line = format!(
@@ -454,6 +464,24 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
         outcomes.push(Outcome { exit: if status == "COMPLETED" { 0 } else { exit }, record, stats, result });
     }
     Ok(outcomes)
+}
+
+/// Job labels of an unsharded plan (they name the batch script, the log and the job): `fit`
+/// for a fit, else the command, numbered by task when several tasks share it
+/// (`transfer-2`, `transfer-3`).
+pub fn job_labels(tasks: &[TaskSpec]) -> Vec<String> {
+    let base = |t: &TaskSpec| if t.step == Step::Fit { "fit".to_string() } else { t.command.clone() };
+    tasks
+        .iter()
+        .map(|t| {
+            let b = base(t);
+            if tasks.iter().filter(|u| base(u) == b).count() > 1 {
+                format!("{b}-{}", t.task_id)
+            } else {
+                b
+            }
+        })
+        .collect()
 }
 
 /// The log of one task: the job's `--output` with `%a` replaced by the element.

@@ -440,6 +440,7 @@ impl Resource {
             default_pool_used_high: Self::pool_attr(self.default_pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
             pointer_checks: self.pointer_checks(),
             backoff: None,
+            batch_size: None,
         }
     }
 }

@@ -89,6 +89,10 @@ pub struct GpuReport {
     /// Out-of-memory back-off, when it happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<backoff::BackoffReport>,
+    /// Cells per batch the task ran at (after any back-off): with `stats.peak_bytes`, what
+    /// `scfoundry trace` sizes batches from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u64>,
 }
 
 /// Sampled allocations whose driver attributes were read back (cuPointerGetAttribute).

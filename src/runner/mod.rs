@@ -243,17 +243,29 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
         peak_vmem: stats.as_ref().map(|s| s.peak_vmem),
         rchar: stats.as_ref().map(|s| s.rchar),
         wchar: stats.as_ref().map(|s| s.wchar),
+        ..Default::default()
     };
     Ok(Outcome { exit, record, stats, result })
 }
 
 /// Write `trace.txt` and `report.json` for a finished run.
 pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Result<()> {
-    let records: Vec<TraceRecord> = outcomes.iter().map(|o| o.record.clone()).collect();
+    // GPU tasks leave gpu.json (peak device memory, allocator, batch size): a table beside
+    // trace.txt, and trace.txt's batch_size and peak_gpu_mem columns
+    let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g))).collect();
+    let records: Vec<TraceRecord> = outcomes
+        .iter()
+        .map(|o| {
+            let mut r = o.record.clone();
+            if let Some((_, g)) = gpu.iter().find(|(g, _)| g.record.task_id == r.task_id) {
+                r.peak_gpu_mem = Some(g.stats.peak_bytes);
+                r.batch_size = g.batch_size;
+            }
+            r
+        })
+        .collect();
     let trace_path = run.dir.join("trace.txt");
     std::fs::write(&trace_path, trace::render(&records)).map_err(|e| Error::Io { path: trace_path, source: e })?;
-    // GPU tasks leave gpu.json (peak device memory, allocator): a table beside trace.txt
-    let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g))).collect();
     if !gpu.is_empty() {
         let path = run.dir.join("gpu.tsv");
         std::fs::write(&path, render_gpu_table(&gpu)).map_err(|e| Error::Io { path, source: e })?;

@@ -87,6 +87,11 @@ pub struct TraceRecord {
     pub peak_vmem: Option<u64>,
     pub rchar: Option<u64>,
     pub wchar: Option<u64>,
+    /// GPU tasks: cells per batch and peak device memory (from gpu.json). When a run has any,
+    /// trace.txt gains `batch_size` and `peak_gpu_mem` columns, which `scfoundry trace` sizes
+    /// batches from (Nextflow's own trace has no such fields).
+    pub batch_size: Option<u64>,
+    pub peak_gpu_mem: Option<u64>,
 }
 
 fn or_dash<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
@@ -124,12 +129,20 @@ impl TraceRecord {
     }
 }
 
-/// The whole file: header and one line per record.
+/// The whole file: header and one line per record; with the GPU columns when a record has
+/// them.
 pub fn render(records: &[TraceRecord]) -> String {
+    let gpu = records.iter().any(|r| r.batch_size.is_some() || r.peak_gpu_mem.is_some());
     let mut s = COLUMNS.join("\t");
+    if gpu {
+        s.push_str("\tbatch_size\tpeak_gpu_mem");
+    }
     s.push('\n');
     for r in records {
         s.push_str(&r.line());
+        if gpu {
+            s.push_str(&format!("\t{}\t{}", or_dash(r.batch_size, |v| v.to_string()), or_dash(r.peak_gpu_mem, fmt_memory)));
+        }
         s.push('\n');
     }
     s
@@ -385,8 +398,16 @@ mod tests {
             peak_vmem: None,
             rchar: Some(0),
             wchar: Some(1536),
+            batch_size: Some(48),
+            peak_gpu_mem: Some(3 << 30),
         };
-        let t = TraceTable::parse(&render(&[r])).unwrap();
+        let text = render(&[r.clone(), TraceRecord { task_id: 4, ..r.clone() }]);
+        assert!(text.lines().next().unwrap().ends_with("\twchar\tbatch_size\tpeak_gpu_mem"), "{text}");
+        let t = TraceTable::parse(&text).unwrap();
+        assert_eq!((t.records()[1].batch_size, t.records()[1].peak_gpu_mem), (Some(48), Some(3 << 30)));
+        // without GPU figures, Nextflow's columns only
+        let plain = render(&[TraceRecord { batch_size: None, peak_gpu_mem: None, ..r.clone() }]);
+        assert!(plain.lines().next().unwrap().ends_with("\twchar"), "{plain}");
         let back = &t.records()[0];
         assert_eq!(back.task_id, Some(3));
         assert_eq!(back.name, "EMBED_PCA_PROJECT (x, shard 1)");

@@ -204,7 +204,7 @@ fn nextflow_missing_is_a_clear_error() {
 }
 
 /// A stand-in `nextflow` that records its argv and publishes what the pipeline would.
-fn fake_nextflow(dir: &Path) -> PathBuf {
+pub(crate) fn fake_nextflow(dir: &Path) -> PathBuf {
     let bin = dir.join("fake-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let script = r#"#!/bin/sh
@@ -221,7 +221,18 @@ while [ $# -gt 0 ]; do
   shift
 done
 stem=$(basename "$input" .h5ad)
+reference=""; query=""
+prev=""
+for a in $(cat "$FAKE_NEXTFLOW_ARGV"); do
+  [ "$prev" = "--reference" ] && reference=$a
+  [ "$prev" = "--query" ] && query=$a
+  prev=$a
+done
 case "$task" in
+  transfer)
+    id="$(basename "$query" .h5ad)_from_$(basename "$reference" .h5ad)"
+    mkdir -p "$outdir/transfer/$id.transfer" && cp "$query" "$outdir/transfer/$id.transfer.h5ad"
+    echo '{"published": "by the fake nextflow"}' > "$outdir/transfer/$id.transfer/transfer.json" ;;
   embed) mkdir -p "$outdir" && cp "$input" "$outdir/$stem.$method.h5ad" ;;
   integrate) mkdir -p "$outdir/integrate" && cp "$input" "$outdir/integrate/$stem.$method.h5ad" ;;
   *) mkdir -p "$outdir/$task/$stem.$task" && echo "published by the fake nextflow" > "$outdir/$task/$stem.$task/$task.tsv" ;;
@@ -235,7 +246,7 @@ esac
 }
 
 /// Run scfoundry with the fake `nextflow` first on PATH, recording its argv in `argv_file`.
-fn run_fake_nextflow(ctx: &TestContext, bin: &Path, argv_file: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn run_fake_nextflow(ctx: &TestContext, bin: &Path, argv_file: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
         .current_dir(ctx.dir.path())
@@ -456,7 +467,7 @@ fn trace_errors_are_clear() {
 // ---- --executor slurm ---------------------------------------------------------------
 
 /// The slurm.conf of a running test cluster, or None (allowed only outside CI).
-fn slurm_conf() -> Option<PathBuf> {
+pub(crate) fn slurm_conf() -> Option<PathBuf> {
     match std::env::var_os("SCFOUNDRY_TEST_SLURM_CONF") {
         Some(p) => Some(PathBuf::from(p)),
         None => {

@@ -252,3 +252,113 @@ fn help() {
     r.success();
     insta::assert_snapshot!("transfer_help", r.stdout);
 }
+
+/// The bytes of the predictions, confidences and query embedding of a transfer output.
+fn transfer_bytes(path: &Path, obsm: &str) -> (Vec<String>, Vec<u8>, Vec<u8>) {
+    let f = hdf5::File::open(path).unwrap();
+    let conf = f.dataset("obs/cell_type_pred_confidence").unwrap().read_raw::<f32>().unwrap();
+    let emb = f.dataset(&format!("obsm/{obsm}")).unwrap().read_raw::<f32>().unwrap();
+    let b = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    (labels_of(path, "cell_type_pred"), b(conf), b(emb))
+}
+
+/// `--executor slurm`: the fit job, then the reference and query embeddings as two jobs that
+/// both wait for it (not for each other); the result equals the local run's byte for byte.
+#[test]
+fn slurm_transfer_equals_the_local_run() {
+    let Some(conf) = crate::orchestration::slurm_conf() else { return };
+    let ctx = TestContext::new();
+    pbmc_split(&ctx);
+    let args = ["transfer", "-m", "pca", "--reference", "ref.h5ad", "--query", "query.h5ad", "--label-key", "cell_type", "--seed", "4"];
+    ctx.run(&[&args[..], &["-o", "local.h5ad", "--runs-dir", "runs-local"]].concat()).success();
+    let out = std::process::Command::new(crate::common::BIN)
+        .args(args)
+        .args(["-o", "slurm.h5ad", "--runs-dir", "runs-slurm", "--executor", "slurm", "--time", "10", "--mem", "500M", "--cpus", "1"])
+        .current_dir(ctx.dir.path())
+        .env("SLURM_CONF", &conf)
+        .env("SCFOUNDRY_NO_PROGRESS", "1")
+        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+        .output()
+        .unwrap();
+    let r = crate::common::Run::from(out);
+    r.success().stderr_has("accuracy");
+    assert_eq!(transfer_bytes(&ctx.path("local.h5ad"), "X_pca"), transfer_bytes(&ctx.path("slurm.h5ad"), "X_pca"), "Slurm's transfer differs from the local run");
+    let runs: Vec<PathBuf> = std::fs::read_dir(ctx.path("runs-slurm")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1);
+    let rd = &runs[0];
+    // one batch script and log per task, named apart
+    for label in ["fit", "transfer-2", "transfer-3"] {
+        assert!(rd.join(format!("slurm/{label}.sh")).is_file(), "no slurm/{label}.sh");
+        assert!(std::fs::read_to_string(rd.join(format!("logs/{label}.out"))).unwrap().contains("scfoundry: job "), "{label}'s log");
+    }
+    let trace = std::fs::read_to_string(rd.join("trace.txt")).unwrap();
+    let rows: Vec<Vec<&str>> = trace.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 3, "{trace}");
+    let ids: Vec<u64> = rows.iter().map(|r| r[2].parse().unwrap()).collect();
+    assert!(rows.iter().all(|r| r[4] == "COMPLETED" && r[5] == "0"), "{trace}");
+    assert_eq!(ids.iter().collect::<std::collections::BTreeSet<_>>().len(), 3, "three jobs: {trace}");
+    r.stderr_has(&format!("fit job {}", ids[0]));
+}
+
+/// `--executor nextflow`: the pipeline's transfer branch with the reference, the query, the
+/// label key and k as parameters; what it publishes is moved to --out and --report-dir.
+#[test]
+fn nextflow_transfer_command_line_and_results() {
+    let ctx = TestContext::new();
+    pbmc_split(&ctx);
+    let bin = crate::orchestration::fake_nextflow(ctx.dir.path());
+    let argv_file = ctx.path("argv.txt");
+    let out = crate::orchestration::run_fake_nextflow(
+        &ctx,
+        &bin,
+        &argv_file,
+        &["transfer", "-m", "pca", "--reference", "ref.h5ad", "--query", "query.h5ad", "--label-key", "cell_type", "-k", "9", "-o", "nf.h5ad", "--runs-dir", "runs", "--executor", "nextflow", "--", "-resume"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    let rd = the_run_dir(&ctx);
+    let root = std::path::absolute(ctx.dir.path()).unwrap();
+    let argv = std::fs::read_to_string(&argv_file).unwrap();
+    let argv = argv.replace(&rd.display().to_string(), "[RUN]").replace(&repo().display().to_string(), "[REPO]").replace(&root.display().to_string(), "[TMP]");
+    insta::assert_snapshot!("nextflow_transfer_argv", argv);
+    // the published copy of the query and the report folder are moved into place
+    assert_eq!(sha256(&ctx.path("nf.h5ad")), sha256(&ctx.path("query.h5ad")), "the fake pipeline publishes a copy of the query");
+    assert!(std::fs::read_to_string(ctx.path("nf/transfer.json")).unwrap().contains("fake nextflow"), "report folder not moved: {err}");
+    assert!(err.contains(&format!("wrote {};", root.join("nf.h5ad").display())), "{err}");
+}
+
+/// `--embedding KEY` votes in obsm[KEY] of both files: no embedding task, no run folder, and
+/// the same predictions as the run that computed those embeddings.
+#[test]
+fn precomputed_embedding_gives_the_same_vote() {
+    let ctx = TestContext::new();
+    pbmc_split(&ctx);
+    ctx.run(&["transfer", "-m", "pca", "--reference", "ref.h5ad", "--query", "query.h5ad", "--label-key", "cell_type", "-o", "first.h5ad"]).success();
+    let rd = the_run_dir(&ctx);
+    let ref_emb = read_f32(&rd.join("work/reference.f32"));
+    let (q_emb, _, _) = AnnData::open(&ctx.path("first.h5ad")).unwrap().dense_entry("obsm", "X_pca").unwrap();
+    let even: Vec<usize> = (0..700).step_by(2).collect();
+    let odd: Vec<usize> = (1..700).step_by(2).collect();
+    subset("pbmc68k_counts.h5ad", &even, None).with_obsm("X_mine", ref_emb.clone(), 50).write(&ctx.path("ref_e.h5ad"));
+    subset("pbmc68k_counts.h5ad", &odd, None).with_obsm("X_mine", q_emb.clone(), 50).write(&ctx.path("query_e.h5ad"));
+    let r = ctx.run(&["transfer", "--embedding", "X_mine", "--reference", "ref_e.h5ad", "--query", "query_e.h5ad", "--label-key", "cell_type", "-o", "second.h5ad"]);
+    r.success().stderr_has("obsm['X_mine']");
+    assert_eq!(std::fs::read_dir(ctx.path("runs")).unwrap().count(), 1, "no second run folder");
+    assert_eq!(labels_of(&ctx.path("second.h5ad"), "cell_type_pred"), labels_of(&ctx.path("first.h5ad"), "cell_type_pred"));
+    let (_, c1, _) = transfer_bytes(&ctx.path("first.h5ad"), "X_pca");
+    let (_, c2, e2) = transfer_bytes(&ctx.path("second.h5ad"), "X_mine");
+    assert_eq!(c1, c2, "confidences");
+    assert_eq!(e2, q_emb.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(ctx.path("second/transfer.json")).unwrap()).unwrap();
+    assert_eq!(report["method"], "precomputed");
+    assert!(report["run_id"].is_null());
+
+    // widths that differ, a missing key: one clear error each
+    subset("pbmc68k_counts.h5ad", &odd, None).with_obsm("X_mine", q_emb[..350 * 10].to_vec(), 10).write(&ctx.path("query_10.h5ad"));
+    ctx.run(&["transfer", "--embedding", "X_mine", "--reference", "ref_e.h5ad", "--query", "query_10.h5ad", "--label-key", "cell_type", "-o", "x.h5ad"])
+        .user_error()
+        .stderr_has("obsm/X_mine")
+        .stderr_has("10 wide but the reference's is 50 wide");
+    ctx.run(&["transfer", "--embedding", "X_nope", "--reference", "ref_e.h5ad", "--query", "query_e.h5ad", "--label-key", "cell_type", "-o", "x.h5ad"]).user_error().stderr_has("X_nope");
+    assert!(!ctx.path("x.h5ad").exists());
+}
