@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Encoder throughput on the device: scfoundry's encoder (candle BERT, cells sorted by length so
+# batches pad little) against PyTorch's nn.TransformerEncoder run as upstream code runs it
+# (batches padded to their longest cell with a key-padding mask; file order and sorted), bf16,
+# random weights, full-size shapes, token lengths of real cells (bench/token_lengths_*.txt).
+#
+#   bash bench/encoder_throughput.sh OUT_DIR [scfoundry binary]
+# Prints one JSON line per run and writes them to OUT_DIR/encoder_throughput.jsonl; the table
+# in BENCHMARKS.md is made from that file by bench/encoder_table.py.
+set -uo pipefail
+out="${1:?usage: encoder_throughput.sh OUT_DIR [binary]}"
+bin="${2:-dist/cuda/scfoundry}"
+py="${PYTHON:-python3}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+jsonl="$out/encoder_throughput.jsonl"
+: > "$jsonl"
+real=bench/token_lengths_wu2020.txt
+# UCE: 1024 sampled genes plus chromosome markers and <cls> (about 1,072 real tokens), padded
+# to 1536 by upstream's design
+uce="$out/uce_lengths.txt"
+yes 1072 | head -200 > "$uce"
+# name layers hidden heads ffn max_len batch cells lengths torch-pad-to
+shapes=(
+  "geneformer_v1 6 256 4 512 2048 64 2048 $real 0"
+  "scgpt 12 512 8 512 1200 64 2048 $real 0"
+  "geneformer_v2 12 768 12 3072 4096 16 512 $real 0"
+  "uce_33l 33 1280 20 5120 1536 16 256 $uce 1536"
+)
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
+for s in "${shapes[@]}"; do
+  read -r name L d h f maxlen batch cells lengths padto <<<"$s"
+  common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16)
+  for order in sorted; do
+    line=$("$bin" __bench-encoder "${common[@]}" --order "$order" 2>"$out/$name.scfoundry.err") || line="{\"tool\":\"scfoundry\",\"error\":\"$(tail -1 "$out/$name.scfoundry.err" | tr -d '"')\"}"
+    echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
+  done
+  for order in file sorted; do
+    line=$("$py" bench/encoder_torch.py "${common[@]}" --order "$order" --pad-to "$padto" 2>"$out/$name.torch.$order.err") || line="{\"tool\":\"pytorch\",\"error\":\"$(tail -1 "$out/$name.torch.$order.err" | tr -d '"')\"}"
+    echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
+  done
+done

@@ -1,0 +1,140 @@
+//! `scfoundry __bench-encoder`: throughput of the transformer encoder scfoundry runs (candle's
+//! BERT encoder, which our geneformer loads) at a full-size shape with random weights.
+//!
+//! Cells take their token counts from a file of real lengths (genes expressed per cell, capped
+//! at `--max-len`). With `--order sorted` the cells run longest first, so the cells of a batch
+//! have nearly the same length and padding (masked) is a small share of the work; `file` runs
+//! them as they come. FLOPs count only real tokens, as ANCHORS.md does:
+//! L x (2 s (4 d^2 + 2 d f) + 4 s^2 d) per cell of s tokens. The PyTorch side of the comparison
+//! is bench/encoder_torch.py; bench/encoder_throughput.sh runs both on the device.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use serde_json::json;
+
+use crate::cli::BenchEncoderArgs;
+use crate::commands::ExitStatus;
+use crate::error::Error;
+
+/// Random weights of any requested shape (normal, sd 0.02), made on the device.
+struct RandomWeights;
+
+impl SimpleBackend for RandomWeights {
+    fn get(&self, s: Shape, _name: &str, _h: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        Tensor::randn(0f32, 0.02f32, s, dev)?.to_dtype(dtype)
+    }
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("random weights have no shape for {name}")
+    }
+    fn contains_tensor(&self, _name: &str) -> bool {
+        true
+    }
+}
+
+/// FLOPs of one cell of `s` tokens, counted as ANCHORS.md does.
+pub fn cell_flops(layers: usize, d: usize, f: usize, s: usize) -> f64 {
+    let (l, d, f, s) = (layers as f64, d as f64, f as f64, s as f64);
+    l * (2.0 * s * (4.0 * d * d + 2.0 * d * f) + 4.0 * s * s * d)
+}
+
+fn device_of(name: &str) -> anyhow::Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::new_cuda(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?),
+        other => Err(Error::BadOption { option: "--device".into(), detail: format!("{other:?}"), hint: Some("cpu or cuda".into()) }.into()),
+    }
+}
+
+pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    let dtype = match a.dtype.as_str() {
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        "f32" => DType::F32,
+        other => return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{other:?}"), hint: Some("bf16, f16 or f32".into()) }.into()),
+    };
+    let text = std::fs::read_to_string(&a.lengths).map_err(|e| Error::Io { path: a.lengths.clone(), source: e })?;
+    let pool: Vec<usize> = text.lines().filter_map(|l| l.trim().parse::<usize>().ok()).filter(|&n| n > 0).collect();
+    if pool.is_empty() {
+        return Err(Error::BadField { path: a.lengths.clone(), field: "lines".into(), detail: "holds no positive integer".into(), hint: None }.into());
+    }
+    let lens: Vec<usize> = (0..a.cells).map(|i| pool[i % pool.len()].min(a.max_len)).collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if a.order == "sorted" {
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    }
+    let device = device_of(&a.device)?;
+    let cfg: Config = serde_json::from_value(json!({
+        "vocab_size": 25426, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads, "intermediate_size": a.ffn, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0, "max_position_embeddings": a.max_len, "type_vocab_size": 2,
+        "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+        "classifier_dropout": null, "model_type": "bert"
+    }))?;
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let model = BertModel::load(vb, &cfg)?;
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let run_batch = |cells: &[usize]| -> candle_core::Result<()> {
+        let len = cells.iter().map(|&i| lens[i]).max().unwrap_or(1);
+        let n = cells.len();
+        let mut ids = vec![0u32; n * len];
+        let mut mask = vec![0u32; n * len];
+        for (r, &i) in cells.iter().enumerate() {
+            for p in 0..lens[i] {
+                ids[r * len + p] = 5 + ((i * 7919 + p * 104729) % 25000) as u32;
+                mask[r * len + p] = 1;
+            }
+        }
+        let ids = Tensor::from_vec(ids, (n, len), &device)?;
+        let types = ids.zeros_like()?;
+        let padded = cells.iter().any(|&i| lens[i] < len);
+        let mask = Tensor::from_vec(mask, (n, len), &device)?;
+        let h = model.forward(&ids, &types, if padded { Some(&mask) } else { None })?;
+        // the cell embedding: mean over the real tokens (what geneformer returns)
+        let w = mask.to_dtype(dtype)?.unsqueeze(2)?;
+        let _ = h.broadcast_mul(&w)?.sum(1)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        Ok(())
+    };
+    run_batch(&batches[0])?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        for b in &batches {
+            run_batch(b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(a.layers, a.hidden, a.ffn, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "candle-transformers BertModel",
+        "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "ffn": a.ffn, "max_len": a.max_len,
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_match_the_anchor_table() {
+        // ANCHORS.md: Geneformer V1 at 2048 tokens, 8041 cells/s is 311 TFLOP/s
+        let tf = cell_flops(6, 256, 512, 2048) * 8041.0 / 1e12;
+        assert!((tf - 311.0).abs() < 2.0, "{tf}");
+        // UCE 33L: 230 cells/s is 550 TFLOP/s
+        let tf = cell_flops(33, 1280, 5120, 1536) * 230.0 / 1e12;
+        assert!((tf - 550.0).abs() < 3.0, "{tf}");
+    }
+}
