@@ -803,8 +803,10 @@ fn anchors_for_pair(x: &[f32], f: usize, cells: &[Vec<usize>], scaled: &[(Vec<f6
 }
 
 /// Integrate the log-normalised data `x` (`n x f`, cells in rows, the selected features) over
-/// the batches `batch` (codes 0..n_batches). Returns the PCA of the integrated data.
-pub fn integrate(x: &[f32], n: usize, f: usize, batch: &[u32], n_batches: usize, o: &SeuratOptions, progress: &dyn Fn(&str)) -> Result<SeuratResult> {
+/// the batches `batch` (codes 0..n_batches, named `names` in messages). Returns the PCA of the
+/// integrated data.
+pub fn integrate(x: &[f32], n: usize, f: usize, batch: &[u32], names: &[String], o: &SeuratOptions, progress: &dyn Fn(&str)) -> Result<SeuratResult> {
+    let n_batches = names.len();
     if x.len() != n * f || batch.len() != n {
         return Err(SeuratError::Input(format!("data is {} values for {n} cells x {f} features and {} batch codes", x.len(), batch.len())));
     }
@@ -816,10 +818,10 @@ pub fn integrate(x: &[f32], n: usize, f: usize, batch: &[u32], n_batches: usize,
         cells[b as usize].push(c);
     }
     if let Some(b) = cells.iter().position(|c| c.len() < 2) {
-        return Err(SeuratError::Input(format!("batch {b} has {} cell(s); each batch needs at least 2 cells to be scaled", cells[b].len())));
+        return Err(SeuratError::Input(format!("batch '{}' has {} cell(s); each batch needs at least 2 cells to be scaled", names[b], cells[b].len())));
     }
     let mut notes = Vec::new();
-    let small: Vec<String> = (0..n_batches).filter(|&b| cells[b].len() <= o.dims).map(|b| format!("{b} ({} cells)", cells[b].len())).collect();
+    let small: Vec<String> = (0..n_batches).filter(|&b| cells[b].len() <= o.dims).map(|b| format!("{} ({} cells)", names[b], cells[b].len())).collect();
     if !small.is_empty() {
         notes.push(format!(
             "{} batch(es) have at most {} cells (Seurat stops there: \"Max dimension too large\"); their pairs use min(dims, cells) CCA dimensions and the neighbour counts are capped at the cells available: batches {}",
