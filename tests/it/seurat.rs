@@ -97,7 +97,8 @@ fn seurat_mixes_demo_batches_and_keeps_cell_types() {
     // 0.727 -> 0.692, label silhouette 0.433 -> 0.288. 13 of the 14 batches are below Seurat's
     // own limit (R stops there); the 2- and 3-cell batches give 2-3 dimensional CCA spaces with
     // near-random anchors, which costs cell-type structure. Margins: iLISI must rise, cLISI must
-    // not fall by more than 0.05, the label silhouette by more than 0.2.
+    // not fall by more than 0.05, the label silhouette by more than 0.2. With this test's own
+    // 45-NN: iLISI 0.1635 -> 0.1979, cLISI 0.8166 -> 0.7942, label ASW 0.4330 -> 0.2883.
     assert!(ia > ib + 0.02, "batch mixing did not improve: iLISI {ib} -> {ia}");
     assert!(ca >= cb - 0.05, "cLISI dropped: {cb} -> {ca}");
     assert!(sa >= sb - 0.2, "label silhouette dropped: {sb} -> {sa}");
@@ -108,7 +109,7 @@ fn seurat_mixes_demo_batches_and_keeps_cell_types() {
     assert_eq!(prov["seed"], 3);
     assert_eq!(prov["matrix"], "X");
     assert_eq!(prov["merges"].as_array().unwrap().len(), 13, "14 batches merge in 13 steps");
-    assert!(prov["anchors"].as_u64().unwrap() > 100);
+    assert!(prov["anchors"].as_f64().unwrap() > 100.0);
     // deterministic for a seed
     ctx.run(&["integrate", "-m", "seurat", "-d", "pca.h5ad", "--batch-key", "batch", "--seed", "3", "-o", "again.h5ad"]).success();
     let again = AnnData::open(&ctx.path("again.h5ad")).unwrap();
