@@ -52,7 +52,7 @@ pub enum Commands {
     Transfer(TransferArgs),
     /// Fine-tune a model on labelled cells (not in this version yet).
     Finetune(NotYetArgs),
-    /// Integrate batches in an embedding: harmony (seurat and scvi_denovo are planned).
+    /// Integrate batches: harmony (corrects an embedding) or seurat (anchors on expression); scvi_denovo is planned.
     Integrate(IntegrateArgs),
     /// Score embeddings with the scIB metrics (scib-metrics 0.5.10 definitions) and rank them.
     Benchmark(BenchmarkArgs),
@@ -528,13 +528,14 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 #[derive(Debug, Args)]
 #[command(after_help = ONE_TASK_HELP)]
 pub struct IntegrateArgs {
-    /// The integration method (see `scfoundry methods`; harmony runs today).
+    /// The integration method (see `scfoundry methods`; harmony and seurat run today).
     #[arg(long, short)]
     pub method: String,
-    /// Input .h5ad holding the embedding to correct (e.g. the output of `embed --method pca`).
+    /// Input .h5ad: harmony corrects an embedding in it (e.g. the output of `embed --method pca`);
+    /// seurat reads its expression matrix (X or --layer).
     #[arg(long, short, value_name = "H5AD")]
     pub data: PathBuf,
-    /// obsm key of the embedding to correct.
+    /// harmony: obsm key of the embedding to correct.
     #[arg(long, default_value = "X_pca", value_name = "KEY")]
     pub embedding: String,
     /// obs column(s) holding the batch; comma-separated for several keys.
@@ -552,6 +553,20 @@ pub struct IntegrateArgs {
     /// harmony: diversity penalty theta (default 2; larger mixes batches more).
     #[arg(long, value_name = "X")]
     pub theta: Option<f32>,
+    /// seurat: read the expression from layers[NAME] instead of X.
+    #[arg(long, value_name = "NAME")]
+    pub layer: Option<String>,
+    /// seurat: the matrix already holds log-normalised values (log1p of counts per 10,000).
+    /// Without it the matrix must hold raw counts, which are log-normalised as Seurat's
+    /// NormalizeData does.
+    #[arg(long)]
+    pub log_normalized: bool,
+    /// seurat: CCA dimensions for the anchors and PCA dimensions for the weights (default 30).
+    #[arg(long, value_name = "N")]
+    pub dims: Option<usize>,
+    /// seurat: nearest anchors that weigh each cell's correction (default 100).
+    #[arg(long, value_name = "N")]
+    pub k_weight: Option<usize>,
     #[command(flatten)]
     pub batch: BatchArgs,
     #[command(flatten)]

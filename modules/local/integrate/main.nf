@@ -1,7 +1,7 @@
 /*
- * INTEGRATE: Integrate the batches of an embedding of one .h5ad (harmony; seurat and scvi_denovo
- * are planned). Runs `scfoundry integrate` once; task.ext.args (conf/modules.config) adds
- * --embedding and --theta.
+ * INTEGRATE: Integrate the batches of one .h5ad (harmony on an embedding, seurat on the
+ * expression; scvi_denovo is planned). Runs `scfoundry integrate` once; task.ext.args
+ * (conf/modules.config) adds --embedding, --theta, --layer, --log-normalized, --dims, --k-weight.
  */
 process INTEGRATE {
     tag "${meta.id}"
