@@ -3,18 +3,37 @@
 
     python scripts/make_synthetic_embedding.py --cells 1000000 --dims 50 --out /tmp/emb_1m.h5ad
 
-Seeded (numpy default_rng(--seed)): --types cell types with centres uniform in [-3, 3]^d, --batches
-batches that shift every cell by a per-batch offset uniform in [-0.5, 0.5]^d (scaled by
---batch-strength), Gaussian noise sd 1. obs: `cell_type`, `batch` (categorical); obsm['X_emb']
-(float32); X is an empty n x 1 sparse matrix (so PCR comparison, which needs a PCA of X, must be
-left out: `--metrics` without pcr). uns['synthetic'] = True.
+Needs only numpy and h5py (writes the AnnData on-disk format itself, so it runs where anndata is
+not installed). Seeded (numpy default_rng(--seed)): --types cell types with centres uniform in
+[-3, 3]^d, --batches batches that shift every cell by a per-batch offset uniform in
+[-0.5, 0.5]^d (times --batch-strength), Gaussian noise sd 1. obs: `cell_type`, `batch`
+(categorical); obsm['X_emb'] (float32); X is an empty n x 1 CSR matrix, so PCR comparison (which
+needs a PCA of X) must be left out with --metrics. uns['synthetic'] = True.
 """
 import argparse
+import os
 
-import anndata as ad
+import h5py
 import numpy as np
-import pandas as pd
-import scipy.sparse as sp
+
+
+def _attrs(obj, enc, ver, **kw):
+    obj.attrs["encoding-type"] = enc
+    obj.attrs["encoding-version"] = ver
+    for k, v in kw.items():
+        obj.attrs[k] = v
+
+
+def _strings(g, name, values):
+    ds = g.create_dataset(name, data=np.array(values, dtype=object), dtype=h5py.string_dtype())
+    _attrs(ds, "string-array", "0.2.0")
+
+
+def _categorical(g, name, codes, cats):
+    c = g.create_group(name)
+    _attrs(c, "categorical", "0.2.0", ordered=False)
+    c.create_dataset("codes", data=codes.astype(np.int8 if len(cats) < 128 else np.int32))
+    _strings(c, "categories", cats)
 
 
 def main() -> None:
@@ -36,21 +55,33 @@ def main() -> None:
     x = rng.standard_normal(size=(n, d), dtype=np.float32)
     x += centres[types]
     x += shifts[batches]
-    obs = pd.DataFrame(
-        {
-            "cell_type": pd.Categorical([f"type{t}" for t in types]),
-            "batch": pd.Categorical([f"batch{b}" for b in batches]),
-        },
-        index=[f"cell{i}" for i in range(n)],
-    )
-    adata = ad.AnnData(X=sp.csr_matrix((n, 1), dtype=np.float32), obs=obs, var=pd.DataFrame(index=["none"]))
-    adata.obsm["X_emb"] = x
-    adata.uns["synthetic"] = True
-    adata.uns["generator"] = f"scripts/make_synthetic_embedding.py seed={a.seed} types={a.types} batches={a.batches}"
-    tmp = a.out + ".tmp.h5ad"
-    adata.write_h5ad(tmp)
-    import os
-
+    tmp = a.out + ".tmp"
+    with h5py.File(tmp, "w") as f:
+        _attrs(f, "anndata", "0.1.0")
+        X = f.create_group("X")
+        _attrs(X, "csr_matrix", "0.1.0", shape=np.array([n, 1]))
+        X.create_dataset("data", data=np.zeros(0, np.float32))
+        X.create_dataset("indices", data=np.zeros(0, np.int32))
+        X.create_dataset("indptr", data=np.zeros(n + 1, np.int64))
+        obs = f.create_group("obs")
+        _attrs(obs, "dataframe", "0.2.0", _index="_index", **{"column-order": np.array(["cell_type", "batch"], dtype=h5py.string_dtype())})
+        _strings(obs, "_index", [f"cell{i}" for i in range(n)])
+        _categorical(obs, "cell_type", types, [f"type{t}" for t in range(a.types)])
+        _categorical(obs, "batch", batches, [f"batch{b}" for b in range(a.batches)])
+        var = f.create_group("var")
+        _attrs(var, "dataframe", "0.2.0", _index="_index", **{"column-order": np.array([], dtype="float64")})
+        _strings(var, "_index", ["none"])
+        om = f.create_group("obsm")
+        _attrs(om, "dict", "0.1.0")
+        om.create_dataset("X_emb", data=x)
+        for gname in ("varm", "obsp", "varp", "layers"):
+            _attrs(f.create_group(gname), "dict", "0.1.0")
+        uns = f.create_group("uns")
+        _attrs(uns, "dict", "0.1.0")
+        s = uns.create_dataset("synthetic", data=np.bool_(True))
+        _attrs(s, "numeric-scalar", "0.2.0")
+        g = uns.create_dataset("generator", data=f"scripts/make_synthetic_embedding.py seed={a.seed} types={a.types} batches={a.batches}", dtype=h5py.string_dtype())
+        _attrs(g, "string", "0.2.0")
     os.replace(tmp, a.out)
     print(f"wrote {a.out}: {n} cells x {d} dims, {a.types} types, {a.batches} batches [SYNTHETIC]")
 
