@@ -592,6 +592,10 @@ pub struct BenchmarkArgs {
     /// results); the bio-conservation metrics always use every cell.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_max_cells: Option<u64>,
+    /// The 90-NN search: `exact` (blocked brute force, O(n²)) or `approx` (NN-descent from a
+    /// random-projection forest, as pynndescent; seeded by --seed; for millions of cells).
+    #[arg(long, value_enum, value_name = "SEARCH", default_value_t = NeighborsSearch::Exact)]
+    pub neighbors: NeighborsSearch,
     /// Metrics to run, comma-separated: metric names (isolated_labels, kmeans, leiden,
     /// silhouette_label, clisi, bras, silhouette_batch, ilisi, kbet, graph_connectivity, pcr)
     /// or groups (default, bio, batch, all). Default: scib-metrics' Benchmarker defaults.
@@ -612,6 +616,17 @@ pub struct BenchmarkArgs {
     pub min_max_scale: bool,
     #[command(flatten)]
     pub exec: ExecutorArgs,
+}
+
+/// How `benchmark` finds the 90 nearest neighbours of every cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NeighborsSearch {
+    /// Exact blocked brute force (every pair of cells).
+    #[default]
+    Exact,
+    /// NN-descent (approximate; seeded; recall@90 >= 0.95 in the tests).
+    Approx,
 }
 
 #[derive(Debug, Args)]

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::anndata::AnnData;
-use crate::cli::BenchmarkArgs;
+use crate::cli::{BenchmarkArgs, NeighborsSearch};
 use crate::commands::ExitStatus;
 use crate::error::Error;
 use crate::executor::{self, nextflow};
@@ -34,6 +34,9 @@ pub struct BenchmarkOptions {
     pub label_key: String,
     pub batch_key: String,
     pub batch_max_cells: Option<u64>,
+    /// The 90-NN search (older run folders lack it: exact).
+    #[serde(default)]
+    pub neighbors: NeighborsSearch,
     pub metrics: Vec<String>,
     pub per_cell: bool,
     pub min_max_scale: bool,
@@ -211,6 +214,29 @@ fn x_pre(ad: &AnnData, seed: u64, rep: &dyn Reporter) -> anyhow::Result<(Vec<f32
     p.inc(1);
     p.finish();
     Ok((proj, nc))
+}
+
+/// The 90-NN of one embedding (or subsample), exact or NN-descent; the latter's rounds are
+/// reported on the progress bar and recorded for results.json.
+fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed: u64, rep: &dyn Reporter, reports: &mut Vec<Value>) -> NeighborsResults {
+    match search {
+        NeighborsSearch::Exact => {
+            let p = rep.step(&format!("{name} {K}-NN (exact)"), 1, "search");
+            let nn = metrics::exact_knn(x, n, d, K);
+            p.inc(1);
+            p.finish();
+            nn
+        }
+        NeighborsSearch::Approx => {
+            let params = metrics::AnnParams { seed, ..Default::default() };
+            let p = rep.step(&format!("{name} {K}-NN (NN-descent)"), params.max_iters as u64 + 1, "rounds");
+            let t = Instant::now();
+            let (nn, r) = metrics::ann::approx_knn_with(x, n, d, K, &params, &mut |_, _| p.inc(1));
+            p.finish();
+            reports.push(json!({ "embedding": name, "n_cells": n, "seconds": t.elapsed().as_secs_f64(), "report": r }));
+            nn
+        }
+    }
 }
 
 fn take_rows(x: &[f32], d: usize, rows: &[usize]) -> Vec<f32> {
@@ -402,6 +428,7 @@ pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
         label_key: args.label_key.clone(),
         batch_key: args.batch_key.clone(),
         batch_max_cells: args.batch_max_cells,
+        neighbors: args.neighbors,
         metrics: args.metrics.clone(),
         per_cell: args.per_cell,
         min_max_scale: args.min_max_scale,
@@ -428,6 +455,9 @@ pub fn nextflow_params(spec: &TaskSpec, o: &BenchmarkOptions, run: &crate::runne
     }
     if let Some(m) = o.batch_max_cells {
         p.push(("batch_max_cells".into(), m.to_string()));
+    }
+    if o.neighbors == NeighborsSearch::Approx {
+        p.push(("neighbors".into(), "approx".into()));
     }
     for (flag, on) in [("per_cell", o.per_cell), ("min_max_scale", o.min_max_scale)] {
         if on {
@@ -457,13 +487,11 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     }
     cfg.seed = seed;
     let mut scored: Vec<Scored> = Vec::new();
+    let mut ann_reports: Vec<Value> = Vec::new();
     for (name, x, d) in &embs {
         let (n, d) = (n, *d);
         let t = Instant::now();
-        let p = rep.step(&format!("{name} {K}-NN (exact)"), 1, "search");
-        let nn = metrics::exact_knn(x, n, d, K);
-        p.inc(1);
-        p.finish();
+        let nn = knn(name, x, n, d, a.neighbors, seed, rep.as_ref(), &mut ann_reports);
         let knn_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut values = Vec::new();
@@ -475,9 +503,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                 let ps = if d_pre > 0 { take_rows(&pre, d_pre, idx) } else { Vec::new() };
                 let ls: Vec<u32> = idx.iter().map(|&i| labels[i]).collect();
                 let bs: Vec<u32> = idx.iter().map(|&i| batches[i]).collect();
-                let p = rep.step(&format!("{name} {K}-NN of subsample"), 1, "search");
-                let nns = metrics::exact_knn(&xs, idx.len(), d, K);
-                p.finish();
+                let nns = knn(&format!("{name} (subsample)"), &xs, idx.len(), d, a.neighbors, seed, rep.as_ref(), &mut ann_reports);
                 values.extend(run_metrics(name, &xs, idx.len(), d, &ps, d_pre, &ls, &bs, &nns, &batch_cfg, rep.as_ref()));
             }
         }
@@ -584,7 +610,18 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         "n_labels": label_cats.len(),
         "n_batches": batch_cats.len(),
         "seed": seed,
-        "neighbors": { "k": K, "subsets": metrics::BENCHMARK_K, "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" },
+        "neighbors": match a.neighbors {
+            NeighborsSearch::Exact => json!({ "k": K, "subsets": metrics::BENCHMARK_K, "search": "exact", "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" }),
+            NeighborsSearch::Approx => json!({
+                "k": K,
+                "subsets": metrics::BENCHMARK_K,
+                "search": "approx",
+                "method": "NN-descent from a random-projection forest (as pynndescent), Euclidean, self included",
+                "seed": seed,
+                "params": metrics::AnnParams { seed, ..Default::default() },
+                "runs": ann_reports,
+            }),
+        },
         "x_pre": if cfg.pcr_comparison { json!({ "source": "X", "n_comps": d_pre, "method": "zero-centred PCA of X as stored, all genes (scib-metrics Benchmarker.prepare: sc.tl.pca(svd_solver='arpack', use_highly_variable=False)); Lanczos" }) } else { Value::Null },
         "subsample": subsample,
         "min_max_scale": a.min_max_scale,
@@ -622,7 +659,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
             batch_cats.len(),
             if a.min_max_scale { " (min-max scaled)" } else { "" }
         ),
-        subtitle: format!("{IMPLEMENTATION}; exact {K}-NN; seed {}{}", seed, if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() }),
+        subtitle: format!("{IMPLEMENTATION}; {} {K}-NN; seed {}{}", match a.neighbors { NeighborsSearch::Exact => "exact", NeighborsSearch::Approx => "approximate (NN-descent)" }, seed, if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() }),
         metrics: scored[0].values.iter().map(|v| (v.name.clone(), v.kind)).collect(),
         rows: order.iter().map(|&i| (scored[i].embedding.clone(), shown[i].clone(), agg[i])).collect(),
     };
@@ -647,6 +684,9 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     Ok(TaskResult { output: Some(out_dir), n_obs: n, stdout: Some(so), summary: vec![summary], ..Default::default() })
 }
 
+/// Write through a temporary file beside `path`, renamed into place (no half-written results).
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    std::fs::write(path, bytes).map_err(|e| Error::Io { path: path.into(), source: e })
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().map(|s| s.to_string_lossy()).unwrap_or_default()));
+    std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
 }

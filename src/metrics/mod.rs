@@ -14,6 +14,7 @@
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 pub mod aggregate;
+pub mod ann;
 pub mod benchmark;
 pub mod classification;
 pub mod clustering;
@@ -32,6 +33,7 @@ pub mod silhouette;
 pub mod umap_graph;
 
 pub use aggregate::{aggregate, AggregateScores, MetricKind};
+pub use ann::{approx_knn, AnnParams, AnnReport};
 pub use benchmark::{run_benchmark, run_benchmark_with, BenchmarkConfig, MetricValue};
 pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
 pub use graph_connectivity::graph_connectivity;

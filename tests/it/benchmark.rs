@@ -248,3 +248,29 @@ fn benchmark_agrees_with_scib_on_demo() {
     }
     assert_eq!(n_checked, 10);
 }
+
+#[test]
+fn benchmark_approx_neighbors_records_seed_and_stays_close_to_exact() {
+    let ctx = TestContext::new();
+    tiny_bench(600).write(&ctx.path("t.h5ad"));
+    let metrics = "clisi,ilisi,graph_connectivity,kbet,silhouette_label";
+    let mut exact = bench_args("t.h5ad", "X_good");
+    exact.extend(["--metrics", metrics, "--out", "exact"]);
+    ctx.run(&exact).success();
+    let mut approx = bench_args("t.h5ad", "X_good");
+    approx.extend(["--metrics", metrics, "--neighbors", "approx", "--seed", "5", "--out", "approx"]);
+    ctx.run(&approx).success();
+    let (e, a) = (read_json(&ctx.path("exact/results.json")), read_json(&ctx.path("approx/results.json")));
+    assert_eq!(e["neighbors"]["search"], "exact");
+    assert_eq!(a["neighbors"]["search"], "approx");
+    assert_eq!(a["neighbors"]["seed"], 5);
+    assert_eq!(a["neighbors"]["params"]["seed"], 5);
+    assert!(a["neighbors"]["runs"][0]["report"]["iterations"].as_u64().unwrap() >= 1);
+    for (key, v) in e["results"][0]["metrics"].as_object().unwrap() {
+        let (ve, va) = (v["value"].as_f64().unwrap(), a["results"][0]["metrics"][key]["value"].as_f64().unwrap());
+        assert!((ve - va).abs() <= 0.01, "{key}: exact {ve} vs approx {va}");
+    }
+    let mut bad = bench_args("t.h5ad", "X_good");
+    bad.extend(["--neighbors", "fast"]);
+    ctx.run(&bad).stderr_has("exact").stderr_has("approx");
+}
