@@ -502,6 +502,12 @@ impl Model {
 
     /// As `load`, with the weights on `device` (the CPU or a device of the GPU runtime).
     pub fn load_on(dir: &Path, max_len: usize, device: Device) -> Result<Model> {
+        Self::load_hooked(dir, max_len, device, None)
+    }
+
+    /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
+    /// fine-tuned tensors); see `methods/finetune.rs`.
+    pub fn load_hooked(dir: &Path, max_len: usize, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
         let [pt, vocab_path, args_path] = folder_files(dir);
         for p in [&args_path, &vocab_path, &pt] {
             if !p.is_file() {
@@ -511,11 +517,11 @@ impl Model {
         let args = Args::load(&args_path)?;
         let vocab = Vocab::load(&vocab_path)?;
         let tensors = read_checkpoint(&pt)?;
-        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device)
+        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device, hook)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device) -> Result<Model> {
+    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
         let bad = |detail: String| Error::BadWeights { path: pt.into(), detail };
         let pad_id = vocab.get(&args.pad_token).ok_or_else(|| Error::BadField {
             path: args_path.into(),
@@ -565,6 +571,10 @@ impl Model {
         unused_keys.sort();
         let n_cat = tensors.get("value_encoder.embedding.weight").and_then(|t| t.dims2().ok()).map(|d| d.0).unwrap_or(0);
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let vb = match hook {
+            Some(h) => h.wrap(vb, "transformer_encoder.layers.", args.nlayers, &device)?,
+            None => vb,
+        };
         let build = || -> candle_core::Result<(Embedding, LayerNorm, ValueEncoder, Vec<EncoderLayer>)> {
             let d = args.embsize;
             let embedding = candle_nn::embedding(vocab.len, d, vb.pp("encoder.embedding"))?;
@@ -600,6 +610,13 @@ impl Model {
         if cells.is_empty() {
             return Ok(vec![]);
         }
+        let out = self.embed_tensor(cells)?;
+        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the scGPT transformer"))
+    }
+
+    /// As `embed_padded`, as a `(n, embsize)` tensor on the model's device (gradients flow
+    /// through trainable layers).
+    pub fn embed_tensor(&self, cells: &[&Cell]) -> Result<Tensor> {
         let ctx = model_err("running the scGPT transformer");
         let n = cells.len();
         let l = cells.iter().map(|c| c.genes.len()).max().unwrap_or(1);
@@ -656,8 +673,7 @@ impl Model {
         let cls = Tensor::cat(&cls, 0).map_err(&ctx)?;
         // cell_embeddings / np.linalg.norm(cell_embeddings, axis=1, keepdims=True)
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
-        let out = cls.broadcast_div(&norm).map_err(&ctx)?;
-        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+        cls.broadcast_div(&norm).map_err(&ctx)
     }
 
     /// Embed cells in batches of `batch_size`, longest first so that each batch pads little;
