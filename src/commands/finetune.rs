@@ -201,6 +201,14 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         None => batch_size * 4,
     };
+    if a.unfreeze_layers > 0 && matches!(m.name.as_str(), "cellama" | "geneformer") {
+        return Err(Error::BadOption {
+            option: "--unfreeze-layers".into(),
+            detail: format!("{} runs candle-transformers' BERT, whose fused layer norm has no backward pass, so its layers cannot be trained in this version", m.name),
+            hint: Some("leave --unfreeze-layers out (0) to train the head on the frozen embedding, or unfreeze scgpt's layers".into()),
+        }
+        .into());
+    }
     if a.unfreeze_layers > 0 && m.name == "pca" {
         warn("pca has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained");
     }

@@ -237,7 +237,12 @@ pub fn train(
             let logits = head.logits(&x).map_err(&ctx)?;
             let y = Tensor::from_vec(chunk.iter().map(|&i| labels[i]).collect::<Vec<_>>(), chunk.len(), device).map_err(&ctx)?;
             let l = loss(&logits, &y).map_err(&ctx)?;
-            opt.backward_step(&l).map_err(&ctx)?;
+            let grads = l.backward().map_err(&ctx)?;
+            if let Some((name, _)) = layers.iter().find(|(_, v)| grads.get(v.as_tensor()).is_none()) {
+                // a kernel without a backward pass between the layer and the head
+                return Err(Error::Model { context: "training the unfrozen layers".into(), detail: format!("no gradient reaches {name}: the model runs a kernel without a backward pass after it") });
+            }
+            opt.step(&grads).map_err(&ctx)?;
             total += l.to_scalar::<f32>().map_err(&ctx)? as f64 * chunk.len() as f64;
             let (pred, _) = predict_rows(&logits.detach()).map_err(&ctx)?;
             correct += pred.iter().zip(chunk).filter(|(p, &i)| **p == labels[i]).count();

@@ -423,7 +423,8 @@ impl Attention {
     }
 
     /// x: (b, L, d); mask: (b, 1, 1, L) additive (0 or -inf at padding keys).
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    /// `diff`: differentiable softmax (candle-nn's fused `softmax_last_dim` has no backward).
+    fn forward(&self, x: &Tensor, mask: &Tensor, diff: bool) -> candle_core::Result<Tensor> {
         let (b, l, d) = x.dims3()?;
         let qkv = self.in_proj.forward(x)?;
         let split = |i: usize| -> candle_core::Result<Tensor> {
@@ -432,7 +433,7 @@ impl Attention {
         let q = (split(0)? * (1.0 / (self.head_dim as f64).sqrt()))?;
         let (k, v) = (split(1)?, split(2)?);
         let scores = q.matmul(&k.t()?)?.broadcast_add(mask)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
+        let p = if diff { candle_nn::ops::softmax(&scores, D::Minus1)? } else { candle_nn::ops::softmax_last_dim(&scores)? };
         let o = p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?;
         self.out_proj.forward(&o)
     }
@@ -459,10 +460,18 @@ impl EncoderLayer {
         })
     }
 
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm1.forward(&(x + self.attn.forward(x, mask)?)?)?;
+    /// `diff`: run differentiable kernels (candle-nn's fused layer norm and softmax have no
+    /// backward pass), for layers that are being fine-tuned.
+    fn forward(&self, x: &Tensor, mask: &Tensor, diff: bool) -> candle_core::Result<Tensor> {
+        let norm = |n: &LayerNorm, t: &Tensor| -> candle_core::Result<Tensor> {
+            match (diff, n.bias()) {
+                (true, Some(b)) => candle_nn::ops::layer_norm_slow(t, n.weight(), b, 1e-5),
+                _ => n.forward(t),
+            }
+        };
+        let x = norm(&self.norm1, &(x + self.attn.forward(x, mask, diff)?)?)?;
         let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
-        self.norm2.forward(&(x + h)?)
+        norm(&self.norm2, &(x + h)?)
     }
 }
 
@@ -487,6 +496,8 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     /// Checkpoint tensors that embedding does not use (decoders and such), for diagnostics.
     pub unused_keys: Vec<String>,
+    /// The first layer being fine-tuned (run with differentiable kernels); usize::MAX for none.
+    first_trained: usize,
 }
 
 /// The checkpoint files of a scGPT folder.
@@ -598,7 +609,8 @@ impl Model {
         };
         let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
-        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys })
+        let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
+        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained })
     }
 
     pub fn dim(&self) -> usize {
@@ -664,8 +676,8 @@ impl Model {
             let m = chunk.min(n - start);
             let mut h = x.narrow(0, start, m).map_err(&ctx)?;
             let mk = mask.narrow(0, start, m).map_err(&ctx)?;
-            for layer in &self.layers {
-                h = layer.forward(&h, &mk).map_err(&ctx)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                h = layer.forward(&h, &mk, i >= self.first_trained).map_err(&ctx)?;
             }
             cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)).map_err(&ctx)?);
             start += m;
