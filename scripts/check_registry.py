@@ -186,9 +186,11 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
                 if honours.get(cmd) != ["--batch-size"]:
                     problems.append(f"{where}: has a batch default, so {cmd} must honour --batch-size")
         special = {
-            "pca": {"embed": [], "transfer": [], "finetune": [], "integrate": []},
+            # finetune trains a head in batches on every method it runs (pca included) and
+            # predicts in batches of --predict-batch-size
+            "pca": {"embed": [], "transfer": [], "finetune": ["--batch-size", "--predict-batch-size"], "integrate": []},
             "cellplm": {"finetune": []},
-            "cellama": {"embed": [], "transfer": [], "finetune": ["--batch-size"]},
+            "cellama": {"embed": [], "transfer": [], "finetune": ["--batch-size", "--predict-batch-size"]},
             "scgpt_integrated": {"integrate": ["--integration-batch-size"]},
         }
         for cmd, want in special.get(name, {}).items():

@@ -50,8 +50,9 @@ pub enum Commands {
     /// Transfer labels from a labelled reference to a query: embed both with one method, then a
     /// weighted kNN vote; writes a copy of the query with the predictions and a report.
     Transfer(TransferArgs),
-    /// Fine-tune a model on labelled cells (not in this version yet).
-    Finetune(NotYetArgs),
+    /// Fine-tune a classification head (and optionally the last encoder layers) on labelled
+    /// cells; saves the weights with provenance and curves, and predicts labels for new data.
+    Finetune(FinetuneArgs),
     /// Integrate batches: harmony (corrects an embedding) or seurat (anchors on expression); scvi_denovo is planned.
     Integrate(IntegrateArgs),
     /// Score embeddings with the scIB metrics (scib-metrics 0.5.10 definitions) and rank them.
@@ -656,4 +657,70 @@ pub struct NotYetArgs {
     /// Arguments for a later version.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
     pub rest: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  scfoundry finetune --method pca --data train.h5ad --label-key cell_type --out ft/\n  \
+scfoundry finetune --model ft/ --predict new.h5ad\n\n\
+Training runs as one task, in a run folder (trace.txt, report.json): a process on this machine \
+(--executor local, the default), one sbatch job (--executor slurm) or the pipeline's FINETUNE \
+process (--executor nextflow).")]
+pub struct FinetuneArgs {
+    /// The method whose embedding the head sits on: pca, cellama, geneformer or scgpt
+    /// (see `scfoundry methods`). Not needed with --model.
+    #[arg(long, short, required_unless_present = "model")]
+    pub method: Option<String>,
+    /// Labelled training .h5ad (never modified). Not needed with --model.
+    #[arg(long, short, value_name = "H5AD", required_unless_present = "model")]
+    pub data: Option<PathBuf>,
+    /// obs column with the labels to learn (default with --model: the trained model's).
+    #[arg(long, value_name = "COLUMN", required_unless_present = "model")]
+    pub label_key: Option<String>,
+    /// Output folder: model.safetensors, finetune.json, curves.tsv, curves.svg/png
+    /// (default: <data stem>.<method>.finetune/ beside the data).
+    #[arg(long, short, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Passes over the training cells at most.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: u64,
+    /// Train the last N encoder layers too (transformer methods; pca has none and warns).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub unfreeze_layers: u64,
+    /// AdamW learning rate.
+    #[arg(long, value_name = "X", default_value_t = 1e-3)]
+    pub lr: f64,
+    /// AdamW decoupled weight decay.
+    #[arg(long, value_name = "X", default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Stop after N epochs without a lower validation loss (0: never stop early); the best
+    /// epoch's weights are saved.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub patience: u64,
+    /// Share of each label's cells held out for validation (stratified, seeded).
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.1, value_parser = parse_fraction)]
+    pub val_fraction: f64,
+    /// Cells per prediction batch (validation and --predict; default: the training batch x 4).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub predict_batch_size: Option<u64>,
+    /// Predict labels for this .h5ad with the trained head: writes a copy with
+    /// obs['<label-key>_pred'] and obs['<label-key>_pred_confidence'].
+    #[arg(long, value_name = "H5AD")]
+    pub predict: Option<PathBuf>,
+    /// A folder from an earlier `finetune` run to predict with (needs --predict; no training).
+    #[arg(long, value_name = "DIR", requires = "predict", conflicts_with_all = ["data", "method"])]
+    pub model: Option<PathBuf>,
+    /// Where --predict writes (default: <predict stem>.finetune.h5ad beside it).
+    #[arg(long, value_name = "H5AD", requires = "predict")]
+    pub predict_out: Option<PathBuf>,
+    /// Seed for the split, the head's initial weights and the shuffling (recorded).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub batch: BatchArgs,
+    #[command(flatten)]
+    pub knobs: KnobArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub exec: ExecutorArgs,
 }

@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use scfoundry::cli::{Cli, Commands, MethodsCommand, WeightsCommand};
-use scfoundry::commands::{self, not_yet::not_yet, ExitStatus};
+use scfoundry::commands::{self, ExitStatus};
 use scfoundry::error::Error;
 use scfoundry::settings::Settings;
 
@@ -67,7 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         },
         Commands::Embed(a) => commands::embed::run(&s, a),
         Commands::Transfer(a) => commands::transfer::run(&s, a),
-        Commands::Finetune(_) => not_yet("finetune", "fine-tuning arrives with the transformer models"),
+        Commands::Finetune(a) => commands::finetune::run(&s, a),
         Commands::Integrate(a) => commands::integrate::run(&s, a),
         Commands::Benchmark(a) => commands::benchmark::run(&s, a),
         Commands::Geometry(a) => commands::geometry::run(&s, a),

@@ -5,6 +5,7 @@ pub mod config;
 pub mod doctor;
 pub mod benchmark;
 pub mod embed;
+pub mod finetune;
 pub mod geometry;
 pub mod init;
 pub mod integrate;

@@ -37,6 +37,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("integrate", _, Step::Embed) => crate::commands::integrate::task(&spec),
         ("benchmark", _, Step::Embed) => crate::commands::benchmark::task(&spec),
         ("geometry", _, Step::Embed) => crate::commands::geometry::task(&spec),
+        ("finetune", _, Step::Embed) => crate::commands::finetune::task(&spec, dir),
         (c, m, _) => Err(Error::NotImplemented { name: format!("{c} {m}"), version: env!("CARGO_PKG_VERSION") }.into()),
     };
     let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
@@ -421,7 +422,7 @@ pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
 }
 
 /// Each cell's total counts: obs['n_counts'] when present (upstream requires it), else row sums.
-fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, notes: &mut Vec<String>) -> Result<Vec<f64>> {
+pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, notes: &mut Vec<String>) -> Result<Vec<f64>> {
     use crate::anndata::dataframe::Column;
     let obs = ad.obs()?;
     if let Some(Column::Numeric(v)) = obs.column("n_counts") {

@@ -126,6 +126,12 @@ impl Encoder {
 
     /// As `load`, with the weights on `device` (CPU or a CUDA device of the GPU runtime).
     pub fn load_on(dir: &Path, device: Device) -> Result<Encoder> {
+        Self::load_hooked(dir, device, None)
+    }
+
+    /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
+    /// fine-tuned tensors); see `methods/finetune.rs`.
+    pub fn load_hooked(dir: &Path, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Encoder> {
         let read = |name: &str| -> Result<String> {
             let p = dir.join(name);
             std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p, source: e })
@@ -154,6 +160,10 @@ impl Encoder {
         // running, and a concurrent writer would be a user error that `weights verify` detects.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
             .map_err(|e| bad("model.safetensors", e.to_string()))?;
+        let vb = match hook {
+            Some(h) => h.wrap(vb, "encoder.layer.", config.num_hidden_layers, &device)?,
+            None => vb,
+        };
         let model = BertModel::load(vb, &config).map_err(|e| bad("model.safetensors", e.to_string()))?;
         Ok(Encoder { model, tokenizer, device, max_seq_length, hidden: config.hidden_size })
     }
@@ -169,6 +179,13 @@ impl Encoder {
         if sentences.is_empty() {
             return Ok(vec![]);
         }
+        let out = self.encode_tensor(sentences)?;
+        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the BERT encoder"))
+    }
+
+    /// As `encode`, as a `(n, hidden)` tensor on the model's device (gradients flow through
+    /// trainable layers).
+    pub fn encode_tensor(&self, sentences: &[String]) -> Result<Tensor> {
         let encs = self
             .tokenizer
             .encode_batch(sentences.to_vec(), true)
@@ -193,8 +210,7 @@ impl Encoder {
         let mean = summed.broadcast_div(&counts).map_err(&ctx)?;
         // L2 normalise (torch.nn.functional.normalize: eps 1e-12)
         let norm = mean.sqr().map_err(&ctx)?.sum_keepdim(1).map_err(&ctx)?.sqrt().map_err(&ctx)?.clamp(1e-12f32, f32::MAX).map_err(&ctx)?;
-        let out = mean.broadcast_div(&norm).map_err(&ctx)?;
-        out.flatten_all().map_err(&ctx)?.to_vec1::<f32>().map_err(&ctx)
+        mean.broadcast_div(&norm).map_err(&ctx)
     }
 }
 

@@ -678,6 +678,12 @@ impl Geneformer {
 
     /// As `load_with`, with the weights on `device` (the CPU or a device of the GPU runtime).
     pub fn load_on(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device) -> Result<Geneformer> {
+        Self::load_hooked(dir, dict, emb_layer, emb_mode, device, None)
+    }
+
+    /// As `load_on`, with the weights read through a fine-tuning hook: the last layers of the
+    /// ones run (`emb_layer` -1 leaves the last out) become trainable; see `methods/finetune.rs`.
+    pub fn load_hooked(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Geneformer> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
         let config: Config = serde_json::from_str(&text).map_err(|e| Error::Config {
@@ -719,10 +725,14 @@ impl Geneformer {
                 hint: Some("a Geneformer model folder holds config.json and model.safetensors (or pytorch_model.bin) from huggingface.co/ctheodoris/Geneformer".into()),
             });
         };
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
         // hidden_states[n_layers + emb_layer]: the model up to that layer
         let mut run_cfg = config.clone();
         run_cfg.num_hidden_layers = (config.num_hidden_layers as i64 + emb_layer as i64).max(0) as usize;
+        let vb = match hook {
+            Some(h) => h.wrap(vb, "encoder.layer.", run_cfg.num_hidden_layers, &device)?,
+            None => vb,
+        };
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
         let model = BertModel::load(vb, &run_cfg).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") })?;
         let input_size = config.max_position_embeddings;
         Ok(Geneformer { model, dict, config, device, input_size, emb_layer, emb_mode, weights_path })
@@ -759,6 +769,13 @@ impl Geneformer {
 
     /// One padded batch through the encoder: row-major `cells.len() x hidden`.
     pub fn forward_batch(&self, cells: Vec<&[u32]>) -> Result<Vec<f32>> {
+        let mean = self.forward_tensor(cells)?;
+        mean.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the Geneformer encoder"))
+    }
+
+    /// As `forward_batch`, as a `(n, hidden)` tensor on the model's device (gradients flow
+    /// through trainable layers).
+    pub fn forward_tensor(&self, cells: Vec<&[u32]>) -> Result<Tensor> {
         let ctx = model_err("running the Geneformer encoder");
         let n = cells.len();
         let len = cells.iter().map(|c| c.len()).max().unwrap_or(0);
@@ -793,8 +810,7 @@ impl Geneformer {
         let w = Tensor::from_vec(pool, (n, len, 1), &self.device).map_err(&ctx)?;
         let summed = hidden.broadcast_mul(&w).map_err(&ctx)?.sum(1).map_err(&ctx)?;
         let counts = Tensor::from_vec(counts, (n, 1), &self.device).map_err(&ctx)?;
-        let mean = summed.broadcast_div(&counts).map_err(&ctx)?;
-        mean.flatten_all().map_err(&ctx)?.to_vec1::<f32>().map_err(&ctx)
+        summed.broadcast_div(&counts).map_err(&ctx)
     }
 }
 

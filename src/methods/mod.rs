@@ -2,6 +2,7 @@
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
 pub mod cellama;
+pub mod finetune;
 pub mod geneformer;
 pub mod harmony;
 pub mod knn_transfer;

@@ -423,7 +423,8 @@ impl Attention {
     }
 
     /// x: (b, L, d); mask: (b, 1, 1, L) additive (0 or -inf at padding keys).
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    /// `diff`: differentiable softmax (candle-nn's fused `softmax_last_dim` has no backward).
+    fn forward(&self, x: &Tensor, mask: &Tensor, diff: bool) -> candle_core::Result<Tensor> {
         let (b, l, d) = x.dims3()?;
         let qkv = self.in_proj.forward(x)?;
         let split = |i: usize| -> candle_core::Result<Tensor> {
@@ -432,7 +433,7 @@ impl Attention {
         let q = (split(0)? * (1.0 / (self.head_dim as f64).sqrt()))?;
         let (k, v) = (split(1)?, split(2)?);
         let scores = q.matmul(&k.t()?)?.broadcast_add(mask)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
+        let p = if diff { candle_nn::ops::softmax(&scores, D::Minus1)? } else { candle_nn::ops::softmax_last_dim(&scores)? };
         let o = p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?;
         self.out_proj.forward(&o)
     }
@@ -459,10 +460,18 @@ impl EncoderLayer {
         })
     }
 
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm1.forward(&(x + self.attn.forward(x, mask)?)?)?;
+    /// `diff`: run differentiable kernels (candle-nn's fused layer norm and softmax have no
+    /// backward pass), for layers that are being fine-tuned.
+    fn forward(&self, x: &Tensor, mask: &Tensor, diff: bool) -> candle_core::Result<Tensor> {
+        let norm = |n: &LayerNorm, t: &Tensor| -> candle_core::Result<Tensor> {
+            match (diff, n.bias()) {
+                (true, Some(b)) => candle_nn::ops::layer_norm_slow(t, n.weight(), b, 1e-5),
+                _ => n.forward(t),
+            }
+        };
+        let x = norm(&self.norm1, &(x + self.attn.forward(x, mask, diff)?)?)?;
         let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
-        self.norm2.forward(&(x + h)?)
+        norm(&self.norm2, &(x + h)?)
     }
 }
 
@@ -487,6 +496,8 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     /// Checkpoint tensors that embedding does not use (decoders and such), for diagnostics.
     pub unused_keys: Vec<String>,
+    /// The first layer being fine-tuned (run with differentiable kernels); usize::MAX for none.
+    first_trained: usize,
 }
 
 /// The checkpoint files of a scGPT folder.
@@ -502,6 +513,12 @@ impl Model {
 
     /// As `load`, with the weights on `device` (the CPU or a device of the GPU runtime).
     pub fn load_on(dir: &Path, max_len: usize, device: Device) -> Result<Model> {
+        Self::load_hooked(dir, max_len, device, None)
+    }
+
+    /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
+    /// fine-tuned tensors); see `methods/finetune.rs`.
+    pub fn load_hooked(dir: &Path, max_len: usize, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
         let [pt, vocab_path, args_path] = folder_files(dir);
         for p in [&args_path, &vocab_path, &pt] {
             if !p.is_file() {
@@ -511,11 +528,11 @@ impl Model {
         let args = Args::load(&args_path)?;
         let vocab = Vocab::load(&vocab_path)?;
         let tensors = read_checkpoint(&pt)?;
-        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device)
+        Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device, hook)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device) -> Result<Model> {
+    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
         let bad = |detail: String| Error::BadWeights { path: pt.into(), detail };
         let pad_id = vocab.get(&args.pad_token).ok_or_else(|| Error::BadField {
             path: args_path.into(),
@@ -565,6 +582,10 @@ impl Model {
         unused_keys.sort();
         let n_cat = tensors.get("value_encoder.embedding.weight").and_then(|t| t.dims2().ok()).map(|d| d.0).unwrap_or(0);
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let vb = match hook {
+            Some(h) => h.wrap(vb, "transformer_encoder.layers.", args.nlayers, &device)?,
+            None => vb,
+        };
         let build = || -> candle_core::Result<(Embedding, LayerNorm, ValueEncoder, Vec<EncoderLayer>)> {
             let d = args.embsize;
             let embedding = candle_nn::embedding(vocab.len, d, vb.pp("encoder.embedding"))?;
@@ -588,7 +609,8 @@ impl Model {
         };
         let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
-        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys })
+        let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
+        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained })
     }
 
     pub fn dim(&self) -> usize {
@@ -600,6 +622,13 @@ impl Model {
         if cells.is_empty() {
             return Ok(vec![]);
         }
+        let out = self.embed_tensor(cells)?;
+        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the scGPT transformer"))
+    }
+
+    /// As `embed_padded`, as a `(n, embsize)` tensor on the model's device (gradients flow
+    /// through trainable layers).
+    pub fn embed_tensor(&self, cells: &[&Cell]) -> Result<Tensor> {
         let ctx = model_err("running the scGPT transformer");
         let n = cells.len();
         let l = cells.iter().map(|c| c.genes.len()).max().unwrap_or(1);
@@ -647,8 +676,8 @@ impl Model {
             let m = chunk.min(n - start);
             let mut h = x.narrow(0, start, m).map_err(&ctx)?;
             let mk = mask.narrow(0, start, m).map_err(&ctx)?;
-            for layer in &self.layers {
-                h = layer.forward(&h, &mk).map_err(&ctx)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                h = layer.forward(&h, &mk, i >= self.first_trained).map_err(&ctx)?;
             }
             cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)).map_err(&ctx)?);
             start += m;
@@ -656,8 +685,7 @@ impl Model {
         let cls = Tensor::cat(&cls, 0).map_err(&ctx)?;
         // cell_embeddings / np.linalg.norm(cell_embeddings, axis=1, keepdims=True)
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
-        let out = cls.broadcast_div(&norm).map_err(&ctx)?;
-        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+        cls.broadcast_div(&norm).map_err(&ctx)
     }
 
     /// Embed cells in batches of `batch_size`, longest first so that each batch pads little;

@@ -24,10 +24,12 @@ use plotters::style::FontStyle;
 use crate::metrics::{AggregateScores, MetricKind};
 use crate::progress::warn;
 
-const FAMILY: &str = "sans-serif";
+pub mod curves;
+
+pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Register a TrueType font with plotters for bitmap output; false if none was found.
-fn font_ready() -> bool {
+pub(crate) fn font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let dirs = ["/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu", "/usr/share/fonts/TTF", "/usr/local/share/fonts", "/Library/Fonts"];

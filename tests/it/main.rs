@@ -9,6 +9,7 @@ mod bad_input;
 mod benchmark;
 mod cellama;
 mod common;
+mod finetune;
 mod geneformer;
 mod gpu;
 mod harmony;

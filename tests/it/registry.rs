@@ -35,7 +35,8 @@ fn batch_defaults_and_options() {
         }
     }
     assert!(reg.methods["cellplm"].honoured("finetune").is_empty());
-    assert_eq!(reg.methods["cellama"].honoured("finetune"), ["--batch-size"]);
+    assert_eq!(reg.methods["cellama"].honoured("finetune"), ["--batch-size", "--predict-batch-size"]);
+    assert_eq!(reg.methods["pca"].honoured("finetune"), ["--batch-size", "--predict-batch-size"]);
     assert_eq!(reg.methods["scgpt_integrated"].honoured("integrate"), ["--integration-batch-size"]);
     assert_eq!(reg.methods["scgpt"].honoured("finetune"), ["--batch-size", "--predict-batch-size"]);
     let knob = |m: &str, f: &str| reg.methods[m].knob(f).map(|k| k.default.as_integer().unwrap());
@@ -112,7 +113,7 @@ fn help_explains_every_command() {
 }
 
 #[test]
-fn commands_not_built_yet_fail_plainly() {
+fn finetune_requires_method_and_labels() {
     let ctx = TestContext::new();
-    ctx.run(&["finetune", "--data", "x.h5ad"]).user_error().stderr_has("not implemented").has_hint();
+    ctx.run(&["finetune", "--data", "x.h5ad"]).user_error().stderr_has("--method").stderr_has("--label-key");
 }
