@@ -653,13 +653,6 @@ pub struct GeometryArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct NotYetArgs {
-    /// Arguments for a later version.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    pub rest: Vec<String>,
-}
-
-#[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  scfoundry finetune --method pca --data train.h5ad --label-key cell_type --out ft/\n  \
 scfoundry finetune --model ft/ --predict new.h5ad\n\n\
 Training runs as one task, in a run folder (trace.txt, report.json): a process on this machine \

@@ -10,7 +10,6 @@ pub mod geometry;
 pub mod init;
 pub mod integrate;
 pub mod methods;
-pub mod not_yet;
 pub mod task;
 pub mod trace;
 pub mod transfer;
