@@ -30,6 +30,11 @@ pub struct IntegrateOptions {
     pub embedding: String,
     pub batch_key: Vec<String>,
     pub theta: Option<f32>,
+    /// scvi_denovo's options (absent in specs written before it existed).
+    #[serde(default)]
+    pub scvi: crate::cli::ScviArgs,
+    #[serde(default)]
+    pub batch_size: Option<u64>,
 }
 
 /// The embedding and the batch codes, checked.
@@ -60,10 +65,17 @@ fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
         }
         .into());
     }
+    let (codes, n_batches) = batch_codes(&ad, &o.batch_key)?;
+    Ok(Loaded { ad, z, n, d, codes, n_batches })
+}
+
+/// The codes (levels sorted) and level counts of each batch column, checked: present,
+/// categorical, with a value for every cell, and more than one batch in all.
+pub(crate) fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
     let obs = ad.obs()?;
     let mut codes: Vec<Vec<u32>> = Vec::new();
     let mut n_batches = Vec::new();
-    for key in &o.batch_key {
+    for key in batch_key {
         let col = obs.column(key).ok_or_else(|| Error::BadField {
             path: ad.path.clone(),
             field: format!("obs/{key}"),
@@ -93,14 +105,14 @@ fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
     if n_batches.iter().all(|&b| b < 2) {
         return Err(Error::BadField {
             path: ad.path.clone(),
-            field: format!("obs/{}", o.batch_key.join(",")),
+            field: format!("obs/{}", batch_key.join(",")),
             detail: "holds a single batch: there is nothing to integrate".into(),
             hint: Some("pass the column that separates the batches with --batch-key".into()),
         }
         .into());
     }
     drop(obs);
-    Ok(Loaded { ad, z, n, d, codes, n_batches })
+    Ok((codes, n_batches))
 }
 
 pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
@@ -116,13 +128,17 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     if args.batch.batch_size.is_some() && !m.honoured("integrate").iter().any(|o| o == "--batch-size") {
         warn(&format!("{} does not honour --batch-size when integrating; ignored", m.name));
     }
-    if !m.implemented || m.name != "harmony" {
+    if !m.implemented || !matches!(m.name.as_str(), "harmony" | "scvi_denovo") {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
     let pipeline = executor::preflight(&args.exec)?;
-    let opts = IntegrateOptions { embedding: args.embedding.clone(), batch_key: args.batch_key.clone(), theta: args.theta };
+    let opts = IntegrateOptions { embedding: args.embedding.clone(), batch_key: args.batch_key.clone(), theta: args.theta, scvi: args.scvi.clone(), batch_size: args.batch.batch_size };
     // the input is checked before any run folder exists; the task reads it again
-    drop(load(&args.data, &opts)?);
+    if m.name == "scvi_denovo" {
+        super::integrate_scvi::check(&args.data, &opts)?;
+    } else {
+        drop(load(&args.data, &opts)?);
+    }
     let out_path = match (&args.out, args.in_place) {
         (_, true) => args.data.clone(),
         (Some(o), false) => o.clone(),
@@ -154,6 +170,9 @@ pub fn nextflow_params(spec: &TaskSpec, o: &IntegrateOptions, run: &crate::runne
 /// The task: run the method and write the output.
 pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     let o: IntegrateOptions = spec.options()?;
+    if spec.method == "scvi_denovo" {
+        return super::integrate_scvi::task(spec, &o);
+    }
     let Loaded { ad, z, n, d, codes, n_batches } = load(&spec.data, &o)?;
     let mut opts = HarmonyOptions { seed: spec.seed, ..HarmonyOptions::default() };
     if let Some(t) = o.theta {

@@ -7,6 +7,7 @@ pub mod embed;
 pub mod geometry;
 pub mod init;
 pub mod integrate;
+pub mod integrate_scvi;
 pub mod methods;
 pub mod not_yet;
 pub mod task;

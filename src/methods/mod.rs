@@ -7,6 +7,7 @@ pub mod harmony;
 pub mod knn_transfer;
 pub mod pca;
 pub mod scgpt;
+pub mod scvi;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.

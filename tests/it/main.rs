@@ -20,6 +20,7 @@ mod orchestration;
 mod registry;
 mod runner;
 mod scgpt;
+mod scvi_denovo;
 mod transfer;
 mod weights_pull;
 mod workspace;
