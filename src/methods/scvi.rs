@@ -456,8 +456,11 @@ impl Adam {
         let bc2 = 1.0 - b2.powi(self.t);
         for (i, var) in vars.iter().enumerate() {
             let Some(g) = grads.get(var.as_tensor()) else { continue };
-            let p = var.as_tensor();
-            let g = if self.wd != 0.0 { g.add(&p.affine(self.wd, 0.0)?)? } else { g.clone() };
+            // detached: the optimiser state must not record a graph through the variables
+            // (it would chain every step to the previous one and keep them all alive)
+            let p = var.as_tensor().detach();
+            let g = g.detach();
+            let g = if self.wd != 0.0 { g.add(&p.affine(self.wd, 0.0)?)? } else { g };
             self.m[i] = self.m[i].affine(b1, 0.0)?.add(&g.affine(1.0 - b1, 0.0)?)?;
             self.v[i] = self.v[i].affine(b2, 0.0)?.add(&g.sqr()?.affine(1.0 - b2, 0.0)?)?;
             let denom = self.v[i].affine(1.0 / bc2, 0.0)?.sqrt()?.affine(1.0, self.eps)?;
