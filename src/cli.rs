@@ -554,7 +554,8 @@ pub struct IntegrateArgs {
     /// harmony: diversity penalty theta (default 2; larger mixes batches more).
     #[arg(long, value_name = "X")]
     pub theta: Option<f32>,
-    /// seurat: read the expression from layers[NAME] instead of X.
+    /// seurat, scvi_denovo: read the expression (scvi_denovo: raw counts) from layers[NAME]
+    /// instead of X.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
     /// seurat: the matrix already holds log-normalised values (log1p of counts per 10,000).
@@ -569,9 +570,37 @@ pub struct IntegrateArgs {
     #[arg(long, value_name = "N")]
     pub k_weight: Option<usize>,
     #[command(flatten)]
+    pub scvi: ScviArgs,
+    #[command(flatten)]
     pub batch: BatchArgs,
     #[command(flatten)]
     pub exec: ExecutorArgs,
+}
+
+/// scvi_denovo's options (scvi-tools' SCVI defaults; see docs/scvi_denovo.md).
+#[derive(Debug, Args, Default, Clone, serde::Serialize, serde::Deserialize)]
+#[command(next_help_heading = "scvi_denovo")]
+pub struct ScviArgs {
+    /// scvi_denovo: train on this many highly variable genes (scanpy's seurat flavour on
+    /// normalised counts; default 2000; 0 keeps every gene).
+    #[arg(long, value_name = "N")]
+    pub n_top_genes: Option<usize>,
+    /// scvi_denovo: latent dimension, the embedding width (default 10).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_latent: Option<u64>,
+    /// scvi_denovo: units per hidden layer (default 128).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_hidden: Option<u64>,
+    /// scvi_denovo: hidden layers of the encoder and of the decoder (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_layers: Option<u64>,
+    /// scvi_denovo: training epochs (default scvi-tools': min(round(20000 / cells * 400), 400)).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_epochs: Option<u64>,
+    /// scvi_denovo: folder for elbo.tsv and the ELBO curve figure (default: the output's path
+    /// without .h5ad).
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

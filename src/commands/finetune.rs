@@ -753,7 +753,7 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
         };
         summary.push(predict_file(spec, &bb, &head, &labels.classes, &o.label_key, p, po, o, &device, &mut notes, Some(out))?);
     }
-    dev.write_report(task_dir, None);
+    dev.write_report(task_dir, None, Some(o.batch_size as usize));
     Ok(TaskResult { output: Some(out.clone()), n_obs: ad.n_obs, dim, notes, summary, ..Default::default() })
 }
 
@@ -847,6 +847,6 @@ fn predict_task(spec: &TaskSpec, o: &FinetuneOptions, dir: &Path, task_dir: &Pat
     let data = o.predict.clone().unwrap_or_else(|| spec.data.clone());
     let out = o.predict_out.clone().unwrap_or_else(|| spec.out.clone());
     let line = predict_file(spec, &bb, &head, &saved.classes, &o.label_key, &data, &out, o, &device, &mut notes, Some(dir))?;
-    dev.write_report(task_dir, None);
+    dev.write_report(task_dir, None, Some(o.predict_batch_size as usize));
     Ok(TaskResult { output: Some(out), n_obs: 0, dim: saved.dim, notes, summary: vec![line], ..Default::default() })
 }

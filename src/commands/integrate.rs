@@ -40,6 +40,11 @@ pub struct IntegrateOptions {
     pub dims: Option<usize>,
     #[serde(default)]
     pub k_weight: Option<usize>,
+    /// scvi_denovo's options (absent in specs written before it existed).
+    #[serde(default)]
+    pub scvi: crate::cli::ScviArgs,
+    #[serde(default)]
+    pub batch_size: Option<u64>,
 }
 
 /// The embedding and the batch codes, checked.
@@ -76,7 +81,7 @@ fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
 
 /// The batch codes of each key (levels sorted), checked: present, categorical, no missing
 /// value, more than one batch.
-fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
+pub(crate) fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
     batch_levels(ad, batch_key).map(|(c, n, _)| (c, n))
 }
 
@@ -140,7 +145,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     if args.batch.batch_size.is_some() && !m.honoured("integrate").iter().any(|o| o == "--batch-size") {
         warn(&format!("{} does not honour --batch-size when integrating; ignored", m.name));
     }
-    if !m.implemented || !(m.name == "harmony" || m.name == "seurat") {
+    if !m.implemented || !matches!(m.name.as_str(), "harmony" | "seurat" | "scvi_denovo") {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
     let seurat = m.name == "seurat";
@@ -171,9 +176,13 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         log_normalized: args.log_normalized,
         dims: args.dims,
         k_weight: args.k_weight,
+        scvi: args.scvi.clone(),
+        batch_size: args.batch.batch_size,
     };
     // the input is checked before any run folder exists; the task reads it again
-    if seurat {
+    if m.name == "scvi_denovo" {
+        super::integrate_scvi::check(&args.data, &opts)?;
+    } else if seurat {
         let ad = AnnData::open(&args.data)?;
         if ad.n_obs == 0 {
             return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
@@ -226,6 +235,9 @@ pub fn nextflow_params(spec: &TaskSpec, o: &IntegrateOptions, run: &crate::runne
 /// The task: run the method and write the output.
 pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     let o: IntegrateOptions = spec.options()?;
+    if spec.method == "scvi_denovo" {
+        return super::integrate_scvi::task(spec, &o);
+    }
     if spec.method == "seurat" {
         return task_seurat(spec, &o);
     }

@@ -9,6 +9,7 @@ pub mod finetune;
 pub mod geometry;
 pub mod init;
 pub mod integrate;
+pub mod integrate_scvi;
 pub mod methods;
 pub mod task;
 pub mod trace;

@@ -8,6 +8,7 @@ pub mod harmony;
 pub mod knn_transfer;
 pub mod pca;
 pub mod scgpt;
+pub mod scvi;
 pub mod seurat;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the

@@ -482,3 +482,74 @@ pub fn confusion_figure(c: &ConfusionFigure, svg: &Path, png: &Path) -> anyhow::
     }
     Ok(())
 }
+
+/// The ELBO curve of `integrate --method scvi_denovo`: per-cell ELBO (reconstruction + KL, lower
+/// is better) per epoch, train and validation.
+pub struct ElboCurve {
+    pub title: String,
+    pub train: Vec<f64>,
+    pub validation: Option<Vec<f64>>,
+}
+
+fn draw_elbo<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &ElboCurve, s: f64) -> DrawResult {
+    root.fill(&WHITE).map_err(e)?;
+    let all: Vec<f64> = c.train.iter().chain(c.validation.iter().flatten()).copied().filter(|v| v.is_finite()).collect();
+    // the first epochs run far above the rest: the axis starts at the 2nd percentile of the
+    // later half's minimum and ends at the 95th percentile of all values
+    let mut sorted = all.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let lo = sorted.first().copied().unwrap_or(0.0);
+    let hi = sorted.get(((sorted.len() as f64 * 0.95) as usize).min(sorted.len().saturating_sub(1))).copied().unwrap_or(1.0);
+    let pad = ((hi - lo) * 0.05).max(1e-6);
+    let n = c.train.len().max(2) as f64;
+    let mut ch = ChartBuilder::on(root)
+        .caption(&c.title, (FAMILY, 14.0 * s))
+        .margin((14.0 * s) as i32)
+        .x_label_area_size((40.0 * s) as i32)
+        .y_label_area_size((64.0 * s) as i32)
+        .build_cartesian_2d(0f64..n - 1.0, (lo - pad)..(hi + pad))
+        .map_err(e)?;
+    ch.configure_mesh()
+        .x_desc("epoch")
+        .y_desc("ELBO per cell (reconstruction + KL; lower is better)")
+        .label_style((FAMILY, 11.0 * s))
+        .axis_desc_style((FAMILY, 12.0 * s))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(e)?;
+    let w = (2.0 * s).round() as u32;
+    let blue = RGBColor(40, 90, 170);
+    let orange = RGBColor(220, 110, 30);
+    let clip = |v: f64| v.min(hi + pad);
+    ch.draw_series(LineSeries::new(c.train.iter().enumerate().map(|(i, &v)| (i as f64, clip(v))), blue.stroke_width(w)))
+        .map_err(e)?
+        .label("train")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(w)));
+    if let Some(v) = &c.validation {
+        ch.draw_series(LineSeries::new(v.iter().enumerate().map(|(i, &v)| (i as f64, clip(v))), orange.stroke_width(w)))
+            .map_err(e)?
+            .label("validation")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], orange.stroke_width(w)));
+    }
+    ch.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).label_font((FAMILY, 11.0 * s)).draw().map_err(e)?;
+    Ok(())
+}
+
+/// Write the ELBO curve as SVG and PNG (PNG at twice the resolution); skipped with a warning
+/// when no font is found.
+pub fn elbo_curve(c: &ElboCurve, svg: &Path, png: &Path) -> anyhow::Result<()> {
+    let (w, h) = (820u32, 480u32);
+    if !font_ready() {
+        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the ELBO figure is skipped; elbo.tsv is written");
+        return Ok(());
+    }
+    {
+        let root = SVGBackend::new(svg, (w, h)).into_drawing_area();
+        draw_elbo(&root, c, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
+        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
+    }
+    let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
+    draw_elbo(&root, c, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
+    root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
+    Ok(())
+}

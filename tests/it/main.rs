@@ -21,6 +21,7 @@ mod orchestration;
 mod registry;
 mod runner;
 mod scgpt;
+mod scvi_denovo;
 mod seurat;
 mod transfer;
 mod weights_pull;
