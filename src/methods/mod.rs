@@ -7,10 +7,11 @@ pub mod harmony;
 pub mod knn_transfer;
 pub mod pca;
 pub mod scgpt;
+pub mod uce;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

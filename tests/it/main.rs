@@ -20,6 +20,7 @@ mod orchestration;
 mod registry;
 mod runner;
 mod scgpt;
+mod uce;
 mod transfer;
 mod weights_pull;
 mod workspace;
