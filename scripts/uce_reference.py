@@ -38,7 +38,8 @@ The token table (`pe_embedding.weight` in the checkpoint, as in the released che
 all_tokens.torch plus 1,895 chromosome rows make the 145,469 rows) has 4 special rows (pad 0,
 chrom left 1, chrom right 2, cls 3), 40 "mouse" gene rows, the human gene rows, then one row
 per chromosome category. The human protein-embedding file holds most demo genes (every 7th is
-left out, so some genes have no embedding), extra genes not in the data, and a gene twice in
+left out, so some genes have no embedding), 500 genes not in the data (over 1,000 keys in all, so
+that pickle writes them in two SETITEMS batches), and a gene twice in
 different case (upper-casing merges them, which shifts the positions after it).
 
 Randomness: upstream samples from numpy's global, unseeded RNG. Here np.random.seed(SEED + row)
@@ -160,10 +161,12 @@ def main():
     genes = list(ad.var_names)
 
     # ---- the species files (synthetic, in upstream's formats)
-    human = [g for i, g in enumerate(genes) if i % 7 != 3] + ["NOTINDATA1", "NOTINDATA2", "Notindata3", "NOTINDATA3"]
+    # more than 1,000 keys: pickle writes a dict's items in batches of 1,000 (SETITEMS)
+    human = [g for i, g in enumerate(genes) if i % 7 != 3] + [f"NOTINDATA{i}" for i in range(1, 500)] + ["Notindata3", "NOTINDATA3"]
     human = [human[i] for i in rng.permutation(len(human))]
     # the case pair must stay in this order for the position shift to show: put it mid-list
     human = [h for h in human if h.upper() != "NOTINDATA3"]
+    assert len(human) + 2 > 1000
     mid = len(human) // 2
     human[mid:mid] = ["Notindata3", "NOTINDATA3"]
     mouse = [f"Mgene{i}" for i in range(N_MOUSE)]

@@ -64,6 +64,8 @@ pub const COMMON_ENTRIES: &[&str] = &["uce-esm2-human-protein-embeddings", "uce-
 pub const UPSTREAM_BATCH_SIZE: usize = 25;
 /// The file of the human protein embeddings inside the extracted archive (data_utils.get_species_to_pe).
 pub const HUMAN_PE_FILE: &str = "protein_embeddings/Homo_sapiens.GRCh38.gene_symbol_to_embedding_ESM2.pt";
+/// Items per SETITEMS batch in a pickled dict (pickle.py `_BATCHSIZE`).
+const PICKLE_BATCH: usize = 1000;
 /// Attention scores per forward chunk (floats), to bound memory at 1,000-token sentences.
 const MAX_SCORES: usize = 1 << 27;
 
@@ -144,8 +146,12 @@ pub fn protein_embedding_genes(path: &Path) -> Result<Vec<String>> {
     if infos.is_empty() {
         return Err(Error::BadWeights { path: path.into(), detail: "holds no gene embeddings (expected a dict {gene symbol: tensor} saved by torch.save)".into() });
     }
-    let mut seen = HashSet::with_capacity(infos.len());
-    Ok(infos.into_iter().map(|t| t.name.to_uppercase()).filter(|g| seen.insert(g.clone())).collect())
+    // candle's reader adds each SETITEMS batch's pairs last to first; pickle writes a dict in
+    // batches of 1,000 items (pickle.py `_BATCHSIZE`, the same in the C pickler), so reversing
+    // each run of 1,000 restores the file's order.
+    let names: Vec<String> = infos.chunks(PICKLE_BATCH).flat_map(|c| c.iter().rev().map(|t| t.name.to_uppercase())).collect();
+    let mut seen = HashSet::with_capacity(names.len());
+    Ok(names.into_iter().filter(|g| seen.insert(g.clone())).collect())
 }
 
 /// The species' first token row in species_offsets.pkl (a pickled dict {species: int}).

@@ -136,7 +136,7 @@ fn uce_embeddings_match_upstream_at_any_batch_size() {
     let d: f32 = alone.iter().zip(&rows[3 * dim..4 * dim]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(d < 1e-5, "{d}");
     // upstream's own batches of 25 differ from cells alone: the fixture says by how much
-    assert!(f["upstream_batched_25"]["max_abs_diff"].as_f64().unwrap() > 1e-3);
+    assert!(f["upstream_batched_25"]["max_abs_diff"].as_f64().unwrap() > 1e-5);
 }
 
 #[test]
@@ -174,7 +174,7 @@ fn uce_bad_species_files() {
     let e = ChromTable::load(&ctx.path("c.csv"), "human").unwrap_err();
     assert!(e.to_string().contains("c.csv") && e.to_string().contains("gene_symbol"), "{e}");
     // the checkpoint must be a UCE state_dict
-    let e = Uce::load(&repo().join("tests/fixtures/scgpt/best_model_inproj.pt"), Config::default()).unwrap_err();
+    let e = Uce::load(&repo().join("tests/fixtures/scgpt/best_model_inproj.pt"), Config::default()).err().expect("a scGPT checkpoint is not UCE's");
     assert!(e.to_string().contains("pe_embedding.weight"), "{e}");
     // a token beyond the checkpoint's table
     let f = fixture();
