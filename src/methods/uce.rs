@@ -64,6 +64,8 @@ pub const COMMON_ENTRIES: &[&str] = &["uce-esm2-human-protein-embeddings", "uce-
 pub const UPSTREAM_BATCH_SIZE: usize = 25;
 /// The file of the human protein embeddings inside the extracted archive (data_utils.get_species_to_pe).
 pub const HUMAN_PE_FILE: &str = "protein_embeddings/Homo_sapiens.GRCh38.gene_symbol_to_embedding_ESM2.pt";
+/// Rows of the released token table (all_tokens.torch's 143,574 plus 1,895 chromosome rows).
+pub const RELEASED_TOKENS: usize = 145_469;
 /// Items per SETITEMS batch in a pickled dict (pickle.py `_BATCHSIZE`).
 const PICKLE_BATCH: usize = 1000;
 /// Attention scores per forward chunk (floats), to bound memory at 1,000-token sentences.
@@ -589,6 +591,18 @@ impl Uce {
 
     pub fn dim(&self) -> usize {
         self.dims.output_dim
+    }
+
+    /// CHROM_TOKEN_OFFSET for this checkpoint and a csv with `n_categories` chromosome
+    /// categories: upstream's 143,574 for the released table (145,469 rows); for another table,
+    /// built as upstream builds it (the token rows, then one row per chromosome category), the
+    /// rows before the chromosome rows.
+    pub fn chrom_offset(&self, n_categories: usize) -> i64 {
+        if self.dims.tokens == RELEASED_TOKENS || self.dims.tokens < n_categories {
+            self.cfg.chrom_token_offset
+        } else {
+            (self.dims.tokens - n_categories) as i64
+        }
     }
 
     /// The largest token id a sentence may hold.

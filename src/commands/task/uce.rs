@@ -21,7 +21,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let nlayers = param_u64(spec, "nlayers", 33);
     let shas = verified_weights("uce", &dir, &uce::required_entries(nlayers)?)?;
     let (model_path, pe_path, chrom_path, offsets_path) = uce::files(&dir, &Manifest::load()?, nlayers)?;
-    let cfg = Config::default();
+    let mut cfg = Config::default();
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -60,8 +60,20 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     ));
 
     let dev = TaskDevice::start(spec)?;
-    let model = Uce::load_on(&model_path, cfg.clone(), candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut model = Uce::load_on(&model_path, cfg.clone(), candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
+    cfg.chrom_token_offset = model.chrom_offset(chroms.categories.len());
+    model.cfg.chrom_token_offset = cfg.chrom_token_offset;
+    if cfg.chrom_token_offset != Config::default().chrom_token_offset {
+        notes.push(format!(
+            "{} has {} token rows, not the released {}: chromosome tokens start at row {} (its last {} rows, one per species_chrom.csv chromosome)",
+            model_path.display(),
+            model.dims.tokens,
+            uce::RELEASED_TOKENS,
+            cfg.chrom_token_offset,
+            chroms.categories.len()
+        ));
+    }
     let max_token = map.token.iter().copied().chain(chroms.categories.iter().enumerate().map(|(i, _)| (i as i64 + cfg.chrom_token_offset) as u32)).max().unwrap_or(0);
     model.check_tokens(max_token)?;
     if model.dims.nlayers as u64 != nlayers {
@@ -128,6 +140,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("sample_size".into(), json!(cfg.sample_size));
     params.insert("pad_length".into(), json!(cfg.pad_length));
     params.insert("min_cells".into(), json!(cfg.min_cells));
+    params.insert("chrom_token_offset".into(), json!(cfg.chrom_token_offset));
     params.insert("genes_embedded".into(), json!(map.n_kept()));
     params.insert("genes_without_embedding".into(), json!(map.no_embedding));
     params.insert("genes_filtered".into(), json!(map.filtered));
