@@ -138,6 +138,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "scgpt" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?;
     }
+    if m.name == "uce" {
+        let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     ad.matrix(args.layer.as_deref())?;

@@ -18,6 +18,8 @@ use crate::progress::reporter;
 use crate::runner::stats::TaskStats;
 use crate::runner::{Step, TaskResult, TaskSpec};
 
+mod uce;
+
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let started = Instant::now();
     let text = std::fs::read_to_string(spec_path).map_err(|e| Error::Io { path: spec_path.into(), source: e })?;
@@ -31,6 +33,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "cellama", Step::Embed) => embed_cellama(&spec, dir).map_err(Into::into),
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
         ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
+        ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

@@ -10,10 +10,11 @@ pub mod pca;
 pub mod scgpt;
 pub mod scvi;
 pub mod seurat;
+pub mod uce;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

@@ -23,6 +23,7 @@ mod runner;
 mod scgpt;
 mod scvi_denovo;
 mod seurat;
+mod uce;
 mod transfer;
 mod weights_pull;
 mod workspace;

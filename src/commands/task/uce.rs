@@ -1,0 +1,160 @@
+//! The `embed` task of UCE (see `methods/uce.rs`): species files, genes, seeded sentences, the
+//! transformer in batches with the GPU back-off, provenance.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::uce::{self, ChromTable, Config, GeneMap, Uce};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let nlayers = param_u64(spec, "nlayers", 33);
+    let shas = verified_weights("uce", &dir, &uce::required_entries(nlayers)?)?;
+    let (model_path, pe_path, chrom_path, offsets_path) = uce::files(&dir, &Manifest::load()?, nlayers)?;
+    let mut cfg = Config::default();
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+
+    // species files, then the genes
+    let pe_genes = uce::protein_embedding_genes(&pe_path)?;
+    let offset = uce::species_offset(&offsets_path, &cfg.species)?;
+    let chroms = ChromTable::load(&chrom_path, &cfg.species)?;
+    let expressing = uce::cells_expressing(&x, ad.n_vars)?;
+    let map = GeneMap::new(&ad.var_names, &expressing, cfg.min_cells, &pe_genes, offset, &chroms);
+    if map.n_kept() == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!(
+                "no gene is left to embed: of {} genes, {} are expressed in fewer than {} cells and {} of the rest have no protein embedding in {} (e.g. {example})",
+                ad.n_vars,
+                map.filtered,
+                cfg.min_cells,
+                map.no_embedding,
+                pe_path.display()
+            ),
+            hint: Some("UCE matches gene symbols (e.g. CD3E) in var_names, as upstream; data with Ensembl ids in var_names needs the symbols there".into()),
+        });
+    }
+    notes.push(format!(
+        "{} of {} genes are embedded: {} are expressed in fewer than {} cells (upstream's filter_genes), {} have no ESM2 protein embedding{}",
+        map.n_kept(),
+        ad.n_vars,
+        map.filtered,
+        cfg.min_cells,
+        map.no_embedding,
+        if map.no_chromosome > 0 { format!(", {} have no row in species_chrom.csv (upstream fails on them)", map.no_chromosome) } else { String::new() }
+    ));
+
+    let dev = TaskDevice::start(spec)?;
+    let mut model = Uce::load_on(&model_path, cfg.clone(), candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    cfg.chrom_token_offset = model.chrom_offset(chroms.categories.len());
+    model.cfg.chrom_token_offset = cfg.chrom_token_offset;
+    if cfg.chrom_token_offset != Config::default().chrom_token_offset {
+        notes.push(format!(
+            "{} has {} token rows, not the released {}: chromosome tokens start at row {} (its last {} rows, one per species_chrom.csv chromosome)",
+            model_path.display(),
+            model.dims.tokens,
+            uce::RELEASED_TOKENS,
+            cfg.chrom_token_offset,
+            chroms.categories.len()
+        ));
+    }
+    let max_token = map.token.iter().copied().chain(chroms.categories.iter().enumerate().map(|(i, _)| (i as i64 + cfg.chrom_token_offset) as u32)).max().unwrap_or(0);
+    model.check_tokens(max_token)?;
+    if model.dims.nlayers as u64 != nlayers {
+        notes.push(format!("{} has {} layers, not --nlayers {nlayers}: its layers were run", model_path.display(), model.dims.nlayers));
+    }
+    let batch = param_u64(spec, "batch_size", uce::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let dim = model.dim();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_uce";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("uce: embed", ad.n_obs as u64, "cells");
+    let (mut empty, mut few) = (Vec::new(), 0usize);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let mut sentences: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            let n_genes = idx.iter().zip(vals).filter(|(&j, &v)| v > 0.0 && expressing[j as usize] >= cfg.min_cells).count();
+            if n_genes < cfg.min_genes {
+                few += 1;
+            }
+            let (g, c) = uce::cell_counts(idx, vals, &map).map_err(|v| Error::BadField {
+                path: spec.data.clone(),
+                field: x.field.clone(),
+                detail: format!("cell {} ({}) has the negative value {v}", s + i, ad.obs_names[s + i]),
+                hint: Some("UCE reads raw counts; pass the counts layer with --layer".into()),
+            })?;
+            match uce::sentence(&g, &c, &map, &cfg, spec.seed, s + i)? {
+                Some(t) => sentences.push(t),
+                None => {
+                    empty.push(s + i);
+                    sentences.push(vec![cfg.cls_token_idx]);
+                }
+            }
+        }
+        let order: Vec<usize> = (0..sentences.len()).collect();
+        let rows = batches.run(sentences.len(), dim, &order, 0.0, |idx| model.embed_padded(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if few > 0 {
+        notes.push(format!("{few} cell(s) express fewer than {} of the filtered genes: upstream's filter_cells drops them; they are embedded here", cfg.min_genes));
+    }
+    if !empty.is_empty() {
+        let shown: Vec<&str> = empty.iter().take(5).map(|&i| ad.obs_names[i].as_str()).collect();
+        notes.push(format!(
+            "{} cell(s) have no count in any embedded gene ({}{}): embedded from CLS alone, so they share one embedding (upstream cannot sample them)",
+            empty.len(),
+            shown.join(", "),
+            if empty.len() > shown.len() { ", ..." } else { "" }
+        ));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("nlayers".into(), json!(model.dims.nlayers));
+    params.insert("species".into(), json!(cfg.species));
+    params.insert("sample_size".into(), json!(cfg.sample_size));
+    params.insert("pad_length".into(), json!(cfg.pad_length));
+    params.insert("min_cells".into(), json!(cfg.min_cells));
+    params.insert("chrom_token_offset".into(), json!(cfg.chrom_token_offset));
+    params.insert("genes_embedded".into(), json!(map.n_kept()));
+    params.insert("genes_without_embedding".into(), json!(map.no_embedding));
+    params.insert("genes_filtered".into(), json!(map.filtered));
+    params.insert("cell_embedding".into(), json!("CLS output through the decoder, L2-normalised; padding masked (each cell as in a batch of one)"));
+    params.insert("rng".into(), json!("numpy MT19937 per cell, seeded with (seed + cell row) mod 2^32: np.random.choice of the genes, then the chromosome shuffle"));
+    params.insert("cells_without_counts".into(), json!(empty.len()));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("model".into(), json!(model_path.display().to_string()));
+    w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
