@@ -164,6 +164,10 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
                 return Err(Error::BadOption { option: flag.into(), detail: "must be at least 1".into(), hint: None }.into());
             }
         }
+    } else if m.name == "scvi_denovo" {
+        if args.log_normalized || args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
+            warn("--log-normalized, --dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them (it trains on raw counts)");
+        }
     } else if args.layer.is_some() || args.log_normalized || args.dims.is_some() || args.k_weight.is_some() {
         warn("--layer, --log-normalized, --dims and --k-weight are seurat options; harmony ignores them");
     }
