@@ -661,7 +661,8 @@ impl Uce {
             for layer in &self.layers {
                 h = layer.forward(&h, &mk).map_err(&ctx)?;
             }
-            cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)).map_err(&ctx)?);
+            // contiguous: CUDA's matmul takes no strided rows (the decoder's Linear would fail there)
+            cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)?.contiguous()).map_err(&ctx)?);
             start += m;
         }
         (|| -> candle_core::Result<Vec<f32>> {
