@@ -15,8 +15,10 @@ in a FRESH process and on the same file:
   (b) scfoundry benchmark --embedding X_pca --label-key cell_type --batch-key batch --quiet
       (same metric set: exact 90-NN, the same PCA of X for PCR).
 
-Wall time is the child's whole life (imports and JAX compilation included for (a)); peak
-RSS is the child's own ru_maxrss (os.wait4). The measuring helpers are those of
+Wall time is the child's whole life (imports and JAX compilation included for (a)); CPU time
+is the child's user + system seconds and peak RSS its own ru_maxrss (both from os.wait4). The
+load average is sampled every 30 s while each child runs and reported (min/median/max): on a
+shared machine the wall ratio depends on the load, the CPU-time ratio much less. The measuring helpers are those of
 bench/pca_vs_scanpy.py. Values are printed side by side (KMeans differs by design: a
 different random stream).
 """
@@ -39,6 +41,36 @@ CLEAN = {"isolated_labels": "Isolated labels", "nmi_ari_cluster_labels_kmeans_nm
          "nmi_ari_cluster_labels_kmeans_ari": "KMeans ARI", "silhouette_label": "Silhouette label",
          "clisi_knn": "cLISI", "bras": "BRAS", "ilisi_knn": "iLISI", "kbet_per_label": "KBET",
          "graph_connectivity": "Graph connectivity", "pcr_comparison": "PCR comparison"}
+
+
+class LoadSampler:
+    """Samples /proc/loadavg every `every` seconds in a thread while a child runs."""
+
+    def __init__(self, every: float = 30.0):
+        import threading
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._every = every
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+            if self._stop.wait(self._every):
+                return
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+    def summary(self) -> dict:
+        import statistics
+        v = self.samples or [float("nan")]
+        return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(self.samples)}
 
 
 def main() -> None:
@@ -69,33 +101,42 @@ def main() -> None:
                             "--runs-dir", str(work / "runs")], check=True)
         rec = {}
         if not a.skip_scib:
-            runs = [run_measured([a.scib_python, str(CHILD), str(emb), "X_pca", "cell_type", "batch"], env=env_scib,
-                                 timeout=a.timeout) for _ in range(a.repeats)]
+            with LoadSampler() as load:
+                runs = [run_measured([a.scib_python, str(CHILD), str(emb), "X_pca", "cell_type", "batch"],
+                                     env=env_scib, timeout=a.timeout) for _ in range(a.repeats)]
             rec["scib"] = summarize(runs)
+            rec["scib"]["load"] = load.summary()
             if runs[-1]["rc"] == 0:
                 rec["scib"]["child"] = json.loads(runs[-1]["stdout"].strip().splitlines()[-1])
         with tempfile.TemporaryDirectory() as td:
             cmd = [exe, "benchmark", "--data", str(emb), "--embedding", "X_pca", "--label-key", "cell_type",
                    "--batch-key", "batch", "--out", td, "--quiet"]
-            runs = [run_measured(cmd, timeout=a.timeout) for _ in range(a.repeats)]
+            with LoadSampler() as load:
+                runs = [run_measured(cmd, timeout=a.timeout) for _ in range(a.repeats)]
             rec["scfoundry"] = summarize(runs)
+            rec["scfoundry"]["load"] = load.summary()
             if runs[-1]["rc"] == 0:
                 rec["scfoundry"]["results"] = json.loads(Path(td, "results.json").read_text())
         out["sizes"][n] = rec
         print(f"\n== {n} cells x {a.genes} genes (SYNTHETIC), one embedding (X_pca, 50 dims), default metric set ==")
-        print(f"{'tool':<34} {'wall s':>10} {'peak MB':>10}")
+        print(f"{'tool':<34} {'wall s':>10} {'CPU s':>10} {'peak MB':>10}  load avg (min/median/max)")
         for tool, label in (("scib", "scib-metrics 0.5.10 Benchmarker"), ("scfoundry", "scfoundry benchmark")):
             s = rec.get(tool)
             if s and s.get("wall_s") is not None:
-                print(f"{label:<34} {s['wall_s']:>10.1f} {s['peak_mb']:>10.0f}")
+                ld = s["load"]
+                print(f"{label:<34} {s['wall_s']:>10.1f} {s['cpu_s']:>10.1f} {s['peak_mb']:>10.0f}  "
+                      f"{ld['min']:.1f}/{ld['median']:.1f}/{ld['max']:.1f}")
             elif s:
                 print(f"{label:<34} failed (rc {s.get('rc')}): {s.get('stderr_tail', '')[-400:]}")
         if rec.get("scib", {}).get("wall_s") and rec["scfoundry"].get("wall_s"):
-            print(f"ratio (scib / scfoundry): time {rec['scib']['wall_s'] / rec['scfoundry']['wall_s']:.1f}x, "
+            print(f"ratio (scib / scfoundry): wall time {rec['scib']['wall_s'] / rec['scfoundry']['wall_s']:.1f}x, "
+                  f"CPU time {rec['scib']['cpu_s'] / rec['scfoundry']['cpu_s']:.1f}x, "
                   f"peak memory {rec['scib']['peak_mb'] / rec['scfoundry']['peak_mb']:.1f}x")
             print("scib steps (s):", {k: round(v, 1) for k, v in rec["scib"]["child"]["seconds"].items()})
             ours = rec["scfoundry"]["results"]["results"][0]
             print("scfoundry steps (s):", {k: round(v, 1) for k, v in ours["seconds"].items()})
+            if "step_seconds" in ours:
+                print("scfoundry per step (s):", {s["step"]: round(s["seconds"], 1) for s in ours["step_seconds"]})
             theirs = rec["scib"]["child"]["results"]["X_pca"]
             print(f"{'metric':<22} {'scib-metrics':>12} {'scfoundry':>12}")
             for key, name in CLEAN.items():

@@ -71,8 +71,8 @@ def run_measured(cmd: list[str], env: dict | None = None, timeout: float | None 
     for x in th:
         x.join()
     p.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall_s": wall, "peak_mb": ru.ru_maxrss / 1024.0, "rc": p.returncode,
-            "stdout": buf["out"], "stderr": buf["err"]}
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_mb": ru.ru_maxrss / 1024.0,
+            "rc": p.returncode, "stdout": buf["out"], "stderr": buf["err"]}
 
 
 def machine() -> dict:
@@ -127,7 +127,8 @@ def summarize(runs: list[dict]) -> dict:
         return {"ok": False, "rc": runs[-1]["rc"], "stderr_tail": runs[-1]["stderr"][-2000:]}
     return {"ok": len(ok) == len(runs), "wall_s": statistics.median(r["wall_s"] for r in ok),
             "first_s": ok[0]["wall_s"], "peak_mb": statistics.median(r["peak_mb"] for r in ok),
-            "all_s": [r["wall_s"] for r in ok], "all_peak_mb": [r["peak_mb"] for r in ok]}
+            "all_s": [r["wall_s"] for r in ok], "all_peak_mb": [r["peak_mb"] for r in ok],
+            "cpu_s": statistics.median(r["cpu_s"] for r in ok)}
 
 
 def fmt_s(s: dict) -> str:

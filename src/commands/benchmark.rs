@@ -264,6 +264,8 @@ struct Scored {
     values: Vec<MetricValue>,
     knn_s: f64,
     metrics_s: f64,
+    /// Wall seconds per metric step, in the order run ("(subsample)" marks the batch half).
+    steps: Vec<(String, f64)>,
     lisi: Option<(Vec<f64>, Vec<f64>)>,
 }
 
@@ -279,22 +281,27 @@ fn run_metrics(
     nn: &NeighborsResults,
     cfg: &BenchmarkConfig,
     rep: &dyn Reporter,
+    steps: &mut Vec<(String, f64)>,
 ) -> Vec<MetricValue> {
     let mut bar: Option<(String, Box<dyn Progress>)> = None;
+    let mut started = Instant::now();
     let mut on = |key: &str| {
         if bar.as_ref().is_some_and(|(k, _)| k == key) {
             return;
         }
-        if let Some((_, b)) = bar.take() {
+        if let Some((k, b)) = bar.take() {
             b.inc(1);
             b.finish();
+            steps.push((k, started.elapsed().as_secs_f64()));
         }
+        started = Instant::now();
         bar = Some((key.to_string(), rep.step(&format!("{tag} {key}"), 1, "metric")));
     };
     let out = metrics::run_benchmark_with(emb, n, d, pre, d_pre, labels, batches, nn, cfg, &mut on);
-    if let Some((_, b)) = bar.take() {
+    if let Some((k, b)) = bar.take() {
         b.inc(1);
         b.finish();
+        steps.push((k, started.elapsed().as_secs_f64()));
     }
     out
 }
@@ -495,16 +502,21 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         let knn_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut values = Vec::new();
+        let mut steps = vec![("knn".to_string(), knn_s)];
         match &sub {
-            None => values = run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &cfg, rep.as_ref()),
+            None => values = run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &cfg, rep.as_ref(), &mut steps),
             Some(idx) => {
-                values.extend(run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &bio_cfg, rep.as_ref()));
+                values.extend(run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &bio_cfg, rep.as_ref(), &mut steps));
                 let xs = take_rows(x, d, idx);
                 let ps = if d_pre > 0 { take_rows(&pre, d_pre, idx) } else { Vec::new() };
                 let ls: Vec<u32> = idx.iter().map(|&i| labels[i]).collect();
                 let bs: Vec<u32> = idx.iter().map(|&i| batches[i]).collect();
+                let t_sub = Instant::now();
                 let nns = knn(&format!("{name} (subsample)"), &xs, idx.len(), d, a.neighbors, seed, rep.as_ref(), &mut ann_reports);
-                values.extend(run_metrics(name, &xs, idx.len(), d, &ps, d_pre, &ls, &bs, &nns, &batch_cfg, rep.as_ref()));
+                steps.push(("knn (subsample)".to_string(), t_sub.elapsed().as_secs_f64()));
+                let mut sub_steps = Vec::new();
+                values.extend(run_metrics(name, &xs, idx.len(), d, &ps, d_pre, &ls, &bs, &nns, &batch_cfg, rep.as_ref(), &mut sub_steps));
+                steps.extend(sub_steps.into_iter().map(|(k, s)| (format!("{k} (subsample)"), s)));
             }
         }
         // rows in scib-metrics' order: bio first, then batch, each in dataclass order
@@ -514,7 +526,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                 warn(&format!("{} is NaN for {name}: {}", v.name, nan_reason(&v.key)));
             }
         }
-        scored.push(Scored { embedding: name.clone(), dim: d, values, knn_s, metrics_s: t.elapsed().as_secs_f64(), lisi });
+        scored.push(Scored { embedding: name.clone(), dim: d, values, knn_s, metrics_s: t.elapsed().as_secs_f64(), steps, lisi });
     }
 
     // aggregate and rank
@@ -595,6 +607,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                     "Total": stamp(g.total),
                 },
                 "seconds": { "knn": sc.knn_s, "metrics": sc.metrics_s },
+                "step_seconds": sc.steps.iter().map(|(k, s)| json!({ "step": k, "seconds": s })).collect::<Vec<_>>(),
             })
         })
         .collect();

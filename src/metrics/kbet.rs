@@ -311,7 +311,8 @@ fn kbet_per_label_scores_with(
     let mut uniq: Vec<u32> = labels.to_vec();
     uniq.sort_unstable();
     uniq.dedup();
-    uniq.into_iter()
+    // labels in parallel (each one's Lanczos and kNN are parallel inside too)
+    uniq.into_par_iter()
         .map(|lab| {
             let nodes: Vec<usize> = (0..nn.n).filter(|&i| labels[i] == lab).collect();
             let bsub: Vec<u32> = nodes.iter().map(|&i| batches[i]).collect();

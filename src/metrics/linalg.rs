@@ -2,6 +2,8 @@
 //! symmetric eigen-decomposition by Householder tridiagonalisation + implicit
 //! QL (the EISPACK tred2/tql2 pair, as in JAMA).
 
+use rayon::prelude::*;
+
 /// Eigen-decomposition of a symmetric `n x n` row-major matrix `a`.
 /// Returns (eigenvalues ascending, eigenvectors as `v[row * n + col]`, column
 /// `col` belongs to eigenvalue `col`).
@@ -278,14 +280,13 @@ where
         let mut beta_last = 0.0;
         for j in j0..ncv {
             matvec(&v[j], &mut w);
-            // full (twice) Gram-Schmidt against v[0..=j]
+            // full classical Gram-Schmidt against v[0..=j], twice (DGKS, as ARPACK),
+            // each pass parallel over the basis (dots) and over rows (update)
             let mut coef = vec![0f64; j + 1];
             for _pass in 0..2 {
-                for (i, vi) in v.iter().enumerate().take(j + 1) {
-                    let c = dotf(vi, &w);
-                    coef[i] += c;
-                    axpy(-c, vi, &mut w);
-                }
+                let c: Vec<f64> = v[..=j].par_iter().map(|vi| dotf(vi, &w)).collect();
+                subtract_combination(&mut w, &v[..=j], &c);
+                coef.iter_mut().zip(&c).for_each(|(a, b)| *a += b);
             }
             for i in 0..=j {
                 h[i * ncv + j] = coef[i];
@@ -296,10 +297,8 @@ where
                 // invariant subspace: continue with a fresh random orthogonal direction
                 let mut r: Vec<f64> = (0..m).map(|_| rng.gen::<f64>() - 0.5).collect();
                 for _pass in 0..2 {
-                    for vi in v.iter().take(j + 1) {
-                        let c = dotf(vi, &r);
-                        axpy(-c, vi, &mut r);
-                    }
+                    let c: Vec<f64> = v[..=j].par_iter().map(|vi| dotf(vi, &r)).collect();
+                    subtract_combination(&mut r, &v[..=j], &c);
                 }
                 normalize(&mut r);
                 w.copy_from_slice(&r);
@@ -329,7 +328,7 @@ where
         // Ritz vectors of the kept set
         let kept: Vec<usize> = order[..if converged { k } else { keep }].to_vec();
         let ritz: Vec<Vec<f64>> = kept
-            .iter()
+            .par_iter()
             .map(|&c| {
                 let mut y = vec![0f64; m];
                 for (i, vi) in v.iter().enumerate().take(ncv) {
@@ -367,6 +366,18 @@ where
 
 fn dotf(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+/// w -= sum_i c[i] * basis[i], in parallel over blocks of rows.
+fn subtract_combination(w: &mut [f64], basis: &[Vec<f64>], c: &[f64]) {
+    const B: usize = 2048;
+    w.par_chunks_mut(B).enumerate().for_each(|(bi, wc)| {
+        let (o, len) = (bi * B, wc.len());
+        for (vi, &ci) in basis.iter().zip(c) {
+            for (x, &y) in wc.iter_mut().zip(&vi[o..o + len]) {
+                *x -= ci * y;
+            }
+        }
+    });
 }
 fn axpy(a: f64, x: &[f64], y: &mut [f64]) {
     y.iter_mut().zip(x).for_each(|(yi, xi)| *yi += a * xi);

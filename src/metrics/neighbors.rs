@@ -75,7 +75,6 @@ impl Ord for Cand {
     }
 }
 
-const ROW_BLOCK: usize = 64;
 const COL_BLOCK: usize = 512;
 
 /// A block of columns (cells) transposed to `d x ncp` (ncp = nc rounded up to
@@ -220,68 +219,125 @@ fn tile_generic<const SQ: bool>(
     }
 }
 
-/// Exact Euclidean kNN by blocked brute force (row blocks in parallel, column
-/// blocks through a register-blocked distance kernel, per-row bounded max-heap).
+/// Rounds of disjoint pairs of blocks `(r, c)`, `r <= c`, that together cover
+/// every unordered pair of `nb` blocks exactly once (the diagonal pairs form
+/// the first round; the rest is the circle method of a round-robin
+/// tournament). No block appears twice in one round, so the pairs of a round
+/// can run in parallel, each writing to its two blocks' accumulators.
+pub(crate) fn block_pair_rounds(nb: usize) -> Vec<Vec<(usize, usize)>> {
+    let mut rounds = vec![(0..nb).map(|b| (b, b)).collect::<Vec<_>>()];
+    if nb < 2 {
+        return rounds;
+    }
+    let m = nb + nb % 2; // an odd count gets a dummy block (a bye)
+    for r in 0..m - 1 {
+        let pos = |i: usize| if i == 0 { 0 } else { (i - 1 + r) % (m - 1) + 1 };
+        let round: Vec<(usize, usize)> = (0..m / 2)
+            .map(|i| (pos(i), pos(m - 1 - i)))
+            .filter(|&(a, b)| a < nb && b < nb)
+            .map(|(a, b)| (a.min(b), a.max(b)))
+            .collect();
+        rounds.push(round);
+    }
+    rounds
+}
+
+/// Offer the candidates `(dist[j], c0 + j)` to a bounded max-heap of the k best.
+#[inline]
+fn offer(heap: &mut BinaryHeap<Cand>, k: usize, dist: &[f32], c0: usize, self_idx: Option<usize>) {
+    let mut worst = if heap.len() < k { f32::INFINITY } else { heap.peek().unwrap().0 };
+    for (cj, &dd) in dist.iter().enumerate() {
+        let c = c0 + cj;
+        let d2 = if Some(c) == self_idx { 0.0 } else { dd };
+        if d2 > worst {
+            continue;
+        }
+        let cand = Cand(d2, c as u32);
+        if heap.len() < k {
+            heap.push(cand);
+            if heap.len() == k {
+                worst = heap.peek().unwrap().0;
+            }
+        } else if cand < *heap.peek().unwrap() {
+            heap.pop();
+            heap.push(cand);
+            worst = heap.peek().unwrap().0;
+        }
+    }
+}
+
+/// Exact Euclidean kNN by blocked brute force.
+///
+/// Each pair of 512-cell blocks is computed once (register-blocked distance
+/// kernel) and offered both ways, to the rows' heaps and, transposed, to the
+/// columns' heaps: half the distance work of a row-by-row scan. The pairs run
+/// in rounds of disjoint blocks ([`block_pair_rounds`]), in parallel.
+/// Squared differences are symmetric bit for bit and the heaps keep the k
+/// smallest `(distance, index)`, so the result does not depend on the order.
 ///
 /// Self is included (normally first, distance 0), like pynndescent and
 /// scib-metrics' `NeighborsResults`. Ties are broken by the smaller index.
-/// Memory: O(n*k + ROW_BLOCK*COL_BLOCK) per thread.
+/// Memory: O(n*k) heaps (the size of the result) + two tiles per thread.
 pub fn exact_knn(x: &[f32], n: usize, d: usize, k: usize) -> NeighborsResults {
     assert_eq!(x.len(), n * d);
     assert!(k >= 1 && k <= n, "need 1 <= k <= n");
-    let mut indices = vec![0u32; n * k];
-    let mut distances = vec![0f32; n * k];
+    const S: usize = COL_BLOCK;
+    let nb = n.div_ceil(S);
     // all column blocks transposed once (n*d floats), shared by the threads
-    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_BLOCK))
+    let blocks: Vec<ColBlock> = (0..nb)
         .into_par_iter()
-        .map(|b| ColBlock::new(x, d, b * COL_BLOCK, ((b + 1) * COL_BLOCK).min(n)))
+        .map(|b| ColBlock::new(x, d, b * S, ((b + 1) * S).min(n)))
         .collect();
-    indices
-        .par_chunks_mut(ROW_BLOCK * k)
-        .zip(distances.par_chunks_mut(ROW_BLOCK * k))
-        .enumerate()
-        .for_each(|(bi, (idx_out, dist_out))| {
-            let r0 = bi * ROW_BLOCK;
-            let r1 = (r0 + ROW_BLOCK).min(n);
-            let nr = r1 - r0;
-            let mut heaps: Vec<BinaryHeap<Cand>> =
-                (0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect();
-            let mut tile = vec![0f32; nr * (COL_BLOCK + 8)];
-            for (b, cb) in blocks.iter().enumerate() {
-                let c0 = b * COL_BLOCK;
-                tile_kernel(x, d, r0, nr, cb, TileOp::SqDist, &mut tile);
-                for ri in 0..nr {
-                    let r = r0 + ri;
-                    let heap = &mut heaps[ri];
-                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
-                    let mut worst = if heap.len() < k {
-                        f32::INFINITY
-                    } else {
-                        heap.peek().unwrap().0
-                    };
-                    for (cj, &dd) in row.iter().enumerate() {
-                        let c = c0 + cj;
-                        let d2 = if c == r { 0.0 } else { dd };
-                        if d2 > worst {
-                            continue;
-                        }
-                        let cand = Cand(d2, c as u32);
-                        if heap.len() < k {
-                            heap.push(cand);
-                            if heap.len() == k {
-                                worst = heap.peek().unwrap().0;
-                            }
-                        } else if cand < *heap.peek().unwrap() {
-                            heap.pop();
-                            heap.push(cand);
-                            worst = heap.peek().unwrap().0;
-                        }
+    let heaps: Vec<std::sync::Mutex<Vec<BinaryHeap<Cand>>>> = (0..nb)
+        .map(|b| {
+            let nr = ((b + 1) * S).min(n) - b * S;
+            std::sync::Mutex::new((0..nr).map(|_| BinaryHeap::with_capacity(k + 1)).collect())
+        })
+        .collect();
+    for round in block_pair_rounds(nb) {
+        round.par_iter().for_each_init(
+            || (vec![0f32; S * (S + 8)], vec![0f32; S * S]),
+            |(tile, tr), &(rb, cb)| {
+                let (r0, c0) = (rb * S, cb * S);
+                let cblk = &blocks[cb];
+                let nr = ((rb + 1) * S).min(n) - r0;
+                let (nc, ncp) = (cblk.nc, cblk.ncp);
+                tile_kernel(x, d, r0, nr, cblk, TileOp::SqDist, tile);
+                {
+                    let mut hr = heaps[rb].lock().unwrap();
+                    for ri in 0..nr {
+                        let self_idx = (rb == cb).then_some(r0 + ri);
+                        offer(&mut hr[ri], k, &tile[ri * ncp..ri * ncp + nc], c0, self_idx);
                     }
                 }
-            }
-            for (ri, heap) in heaps.into_iter().enumerate() {
-                let v = heap.into_sorted_vec();
-                for (t, c) in v.into_iter().enumerate() {
+                if rb != cb {
+                    // transpose in 8 x 8 blocks, then offer the rows to the columns
+                    for ci in (0..nc).step_by(8) {
+                        for ri in (0..nr).step_by(8) {
+                            for c in ci..(ci + 8).min(nc) {
+                                for r in ri..(ri + 8).min(nr) {
+                                    tr[c * nr + r] = tile[r * ncp + c];
+                                }
+                            }
+                        }
+                    }
+                    let mut hc = heaps[cb].lock().unwrap();
+                    for cj in 0..nc {
+                        offer(&mut hc[cj], k, &tr[cj * nr..(cj + 1) * nr], r0, None);
+                    }
+                }
+            },
+        );
+    }
+    let mut indices = vec![0u32; n * k];
+    let mut distances = vec![0f32; n * k];
+    indices
+        .par_chunks_mut(S * k)
+        .zip(distances.par_chunks_mut(S * k))
+        .zip(heaps.into_par_iter())
+        .for_each(|((idx_out, dist_out), hs)| {
+            for (ri, heap) in hs.into_inner().unwrap().into_iter().enumerate() {
+                for (t, c) in heap.into_sorted_vec().into_iter().enumerate() {
                     idx_out[ri * k + t] = c.1;
                     dist_out[ri * k + t] = c.0.sqrt();
                 }
@@ -363,6 +419,44 @@ mod tests {
             }
             eprintln!("{case}: exact_knn vs pynndescent: {set_mismatch} rows differ (ties), max |dist diff| {max_dd:e}");
             assert!(max_dd < 1e-3);
+        }
+    }
+
+    #[test]
+    fn block_pair_rounds_cover_each_pair_once() {
+        for nb in 0..12 {
+            let rounds = block_pair_rounds(nb);
+            let mut seen = std::collections::HashSet::new();
+            for round in &rounds {
+                let mut used = std::collections::HashSet::new();
+                for &(a, b) in round {
+                    assert!(a <= b && b < nb);
+                    assert!(used.insert(a) && (a == b || used.insert(b)), "nb {nb}: block twice in a round");
+                    assert!(seen.insert((a, b)), "nb {nb}: pair twice");
+                }
+            }
+            assert_eq!(seen.len(), nb * (nb + 1) / 2, "nb {nb}");
+        }
+    }
+
+    #[test]
+    fn exact_knn_equals_a_full_sort() {
+        // 1,300 cells: three blocks of 512 (the last one partial), so every
+        // kind of pair (diagonal, full x full, full x partial) is exercised;
+        // integer-valued coordinates make many exact ties.
+        let (n, d, k) = (1300usize, 5usize, 20usize);
+        let x: Vec<f32> = (0..n * d).map(|i| ((i * 7919 + 13) % 11) as f32).collect();
+        let nn = exact_knn(&x, n, d, k);
+        for i in (0..n).step_by(7) {
+            let mut all: Vec<(f32, u32)> = (0..n)
+                .map(|j| (if i == j { 0.0 } else { sqdist(&x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d]) }, j as u32))
+                .collect();
+            all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let want: Vec<u32> = all[..k].iter().map(|c| c.1).collect();
+            assert_eq!(nn.row(i), &want[..], "row {i}");
+            for t in 0..k {
+                assert_eq!(nn.row_dist(i)[t], all[t].0.sqrt());
+            }
         }
     }
 

@@ -1,13 +1,14 @@
 //! Silhouette-based metrics: `silhouette_label`, `silhouette_batch`, `bras`
 //! (scib-metrics `metrics/_silhouette.py`, `utils/_silhouette.py`).
 //!
-//! Distances are computed on the fly in blocks of rows (`chunk_size`), never as
-//! an n x n matrix: memory is O(chunk_size * n_clusters + n).
+//! Distances are computed on the fly in tiles of `chunk_size` x `chunk_size`
+//! cells, never as an n x n matrix; each pair of tiles is computed once and
+//! summed both ways. Memory: O(n * n_clusters) sums + one tile per thread.
 
 use rayon::prelude::*;
 
 use super::compact_codes;
-use super::neighbors::{tile_kernel, ColBlock, TileOp};
+use super::neighbors::{block_pair_rounds, tile_kernel, ColBlock, TileOp};
 
 /// Distance used by the silhouette.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,22 +65,23 @@ pub fn silhouette_samples(
             .collect(),
         Distance::Euclidean => Vec::new(),
     };
-    let chunk = chunk_size.max(1);
-    let mut out_sorted = vec![0f64; n];
-    const COL_TILE: usize = 512;
+    // Tiles of S x S cells; each pair of tiles is computed once and summed both
+    // ways (rows into the columns' labels, columns into the rows' labels).
+    let s_tile = chunk_size.clamp(64, 2048).div_ceil(8) * 8;
+    let nb = n.div_ceil(s_tile);
     let op = match metric {
         Distance::Euclidean => TileOp::SqDist,
         Distance::Cosine => TileOp::Dot,
     };
-    let blocks: Vec<ColBlock> = (0..n.div_ceil(COL_TILE))
+    let blocks: Vec<ColBlock> = (0..nb)
         .into_par_iter()
-        .map(|b| ColBlock::new(&xs, d, b * COL_TILE, ((b + 1) * COL_TILE).min(n)))
+        .map(|b| ColBlock::new(&xs, d, b * s_tile, ((b + 1) * s_tile).min(n)))
         .collect();
     // label runs inside each tile: (label, start, end) relative to the tile
-    let segments: Vec<Vec<(usize, usize, usize)>> = (0..blocks.len())
+    let segments: Vec<Vec<(usize, usize, usize)>> = (0..nb)
         .map(|b| {
-            let c0 = b * COL_TILE;
-            let c1 = (c0 + COL_TILE).min(n);
+            let c0 = b * s_tile;
+            let c1 = (c0 + s_tile).min(n);
             let mut segs = Vec::new();
             let mut a = c0;
             while a < c1 {
@@ -94,73 +96,96 @@ pub fn silhouette_samples(
             segs
         })
         .collect();
+    // per block: sums[i * n_clusters + l] = sum of distances from cell i to label l
+    let sums: Vec<std::sync::Mutex<Vec<f64>>> = (0..nb)
+        .map(|b| std::sync::Mutex::new(vec![0f64; (((b + 1) * s_tile).min(n) - b * s_tile) * n_clusters]))
+        .collect();
     let x = &xs;
-    let codes = &cs;
-    out_sorted
-        .par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(bi, out_chunk)| {
-            let r0 = bi * chunk;
-            let nr = out_chunk.len();
-            let mut sums = vec![0f64; nr * n_clusters];
-            let mut tile = vec![0f32; nr * (COL_TILE + 8)];
-            for (b, cb) in blocks.iter().enumerate() {
-                let c0 = b * COL_TILE;
-                tile_kernel(x, d, r0, nr, cb, op, &mut tile);
+    for round in block_pair_rounds(nb) {
+        round.par_iter().for_each_init(
+            || (vec![0f32; s_tile * (s_tile + 8)], vec![0f32; s_tile + 8]),
+            |(tile, acc), &(rb, cb)| {
+                let (r0, c0) = (rb * s_tile, cb * s_tile);
+                let cblk = &blocks[cb];
+                let nr = ((rb + 1) * s_tile).min(n) - r0;
+                let (nc, ncp) = (cblk.nc, cblk.ncp);
+                tile_kernel(x, d, r0, nr, cblk, op, tile);
+                // distances in place
                 for ri in 0..nr {
-                    let r = r0 + ri;
-                    let s = &mut sums[ri * n_clusters..(ri + 1) * n_clusters];
-                    let row = &tile[ri * cb.ncp..ri * cb.ncp + cb.nc];
-                    for &(l, a, e) in &segments[b] {
-                        let part: f32 = match metric {
-                            Distance::Euclidean => row[a..e].iter().map(|v| v.sqrt()).sum(),
-                            Distance::Cosine => {
-                                let nrm = norms[r];
-                                row[a..e]
-                                    .iter()
-                                    .zip(&norms[c0 + a..c0 + e])
-                                    .map(|(&v, &nc)| (1.0 - v / (nrm * nc).sqrt()).clamp(0.0, 2.0))
-                                    .sum()
+                    let row = &mut tile[ri * ncp..ri * ncp + nc];
+                    match metric {
+                        Distance::Euclidean => row.iter_mut().for_each(|v| *v = v.sqrt()),
+                        Distance::Cosine => {
+                            let nrm = norms[r0 + ri];
+                            for (v, &nc) in row.iter_mut().zip(&norms[c0..c0 + nc]) {
+                                *v = (1.0 - *v / (nrm * nc).sqrt()).clamp(0.0, 2.0);
                             }
-                        };
-                        s[l] += part as f64;
+                        }
                     }
                 }
-            }
-            let total: usize = n;
-            for ri in 0..nr {
-                let r = r0 + ri;
-                let own = codes[r] as usize;
-                let s = &sums[ri * n_clusters..(ri + 1) * n_clusters];
-                let a = s[own] / (freqs[own] as f64 - 1.0);
-                let b = match between {
-                    BetweenCluster::Nearest => {
-                        let mut m = f64::INFINITY;
-                        for c in 0..n_clusters {
-                            if c != own {
-                                m = m.min(s[c] / freqs[c] as f64);
+                {
+                    let mut sr = sums[rb].lock().unwrap();
+                    for ri in 0..nr {
+                        let srow = &mut sr[ri * n_clusters..(ri + 1) * n_clusters];
+                        let row = &tile[ri * ncp..ri * ncp + nc];
+                        for &(l, a, e) in &segments[cb] {
+                            srow[l] += row[a..e].iter().sum::<f32>() as f64;
+                        }
+                    }
+                }
+                if rb != cb {
+                    let mut sc = sums[cb].lock().unwrap();
+                    for &(l, a, e) in &segments[rb] {
+                        let acc = &mut acc[..nc];
+                        acc.iter_mut().for_each(|v| *v = 0.0);
+                        for ri in a..e {
+                            for (v, &t) in acc.iter_mut().zip(&tile[ri * ncp..ri * ncp + nc]) {
+                                *v += t;
                             }
                         }
-                        m
-                    }
-                    BetweenCluster::Furthest => {
-                        let mut m = f64::NEG_INFINITY;
-                        for c in 0..n_clusters {
-                            if c != own {
-                                m = m.max(s[c] / freqs[c] as f64);
-                            }
+                        for (cj, &v) in acc.iter().enumerate() {
+                            sc[cj * n_clusters + l] += v as f64;
                         }
-                        m
                     }
-                    BetweenCluster::MeanOther => {
-                        let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
-                        tot / (total - freqs[own]) as f64
+                }
+            },
+        );
+    }
+    let codes = &cs;
+    let sums: Vec<f64> = sums.into_iter().flat_map(|m| m.into_inner().unwrap()).collect();
+    let out_sorted: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|r| {
+            let own = codes[r] as usize;
+            let s = &sums[r * n_clusters..(r + 1) * n_clusters];
+            let a = s[own] / (freqs[own] as f64 - 1.0);
+            let b = match between {
+                BetweenCluster::Nearest => {
+                    let mut m = f64::INFINITY;
+                    for c in 0..n_clusters {
+                        if c != own {
+                            m = m.min(s[c] / freqs[c] as f64);
+                        }
                     }
-                };
-                let sil = (b - a) / a.max(b);
-                out_chunk[ri] = nan_to_num(sil);
-            }
-        });
+                    m
+                }
+                BetweenCluster::Furthest => {
+                    let mut m = f64::NEG_INFINITY;
+                    for c in 0..n_clusters {
+                        if c != own {
+                            m = m.max(s[c] / freqs[c] as f64);
+                        }
+                    }
+                    m
+                }
+                BetweenCluster::MeanOther => {
+                    let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
+                    tot / (n - freqs[own]) as f64
+                }
+            };
+            nan_to_num((b - a) / a.max(b))
+        })
+        .collect();
     let mut out = vec![0f64; n];
     for (t, &i) in perm.iter().enumerate() {
         out[i] = out_sorted[t];
