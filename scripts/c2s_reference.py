@@ -175,6 +175,7 @@ def main():
         d.mkdir(exist_ok=True)
         m = tiny_model(len(tokenizer), layers, parallel, tied, seed=seed)
         m.save_pretrained(d)
+        (d / "generation_config.json").unlink(missing_ok=True)  # generation only; not read
         legacy_config(d / "config.json", parallel)
         model = AutoModelForCausalLM.from_pretrained(d).eval()
         with torch.no_grad():
