@@ -77,17 +77,21 @@ pub enum Commands {
 
 #[derive(Debug, Args)]
 pub struct BenchEncoderArgs {
+    /// `bert` (candle's BERT encoder; --layers, --hidden, --heads, --ffn needed), or
+    /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override).
+    #[arg(long, default_value = "bert")]
+    pub arch: String,
     /// Encoder layers.
     #[arg(long)]
-    pub layers: usize,
+    pub layers: Option<usize>,
     /// Model width (d_model).
     #[arg(long)]
-    pub hidden: usize,
+    pub hidden: Option<usize>,
     #[arg(long)]
-    pub heads: usize,
+    pub heads: Option<usize>,
     /// Feed-forward width.
     #[arg(long)]
-    pub ffn: usize,
+    pub ffn: Option<usize>,
     /// Longest sequence (longer cells are cut, as the tokenizers do).
     #[arg(long)]
     pub max_len: usize,

@@ -49,13 +49,18 @@ fn device_of(name: &str) -> anyhow::Result<Device> {
     }
 }
 
-pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    let dtype = match a.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f16" => DType::F16,
-        "f32" => DType::F32,
-        other => return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{other:?}"), hint: Some("bf16, f16 or f32".into()) }.into()),
-    };
+fn dtype_of(name: &str) -> anyhow::Result<DType> {
+    match name {
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        "f32" => Ok(DType::F32),
+        other => Err(Error::BadOption { option: "--dtype".into(), detail: format!("{other:?}"), hint: Some("bf16, f16 or f32".into()) }.into()),
+    }
+}
+
+/// Token counts of `a.cells` cells (from the lengths file, cycling, capped at --max-len) and
+/// their run order.
+fn lengths(a: &BenchEncoderArgs) -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
     let text = std::fs::read_to_string(&a.lengths).map_err(|e| Error::Io { path: a.lengths.clone(), source: e })?;
     let pool: Vec<usize> = text.lines().filter_map(|l| l.trim().parse::<usize>().ok()).filter(|&n| n > 0).collect();
     if pool.is_empty() {
@@ -66,10 +71,80 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     if a.order == "sorted" {
         order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
     }
+    Ok((lens, order))
+}
+
+/// Best wall time of `repeat` passes over `batches` (after one untimed warm-up batch).
+fn time_batches(device: &Device, batches: &[Vec<usize>], repeat: usize, mut run_batch: impl FnMut(&[usize]) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    run_batch(&batches[0])?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        for b in batches {
+            run_batch(b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Cell2Sentence's model (methods/c2s.rs, our GPT-NeoX) at Pythia's full size with random
+/// weights: each batch right-padded to its longest prompt, embeddings averaged over each cell's
+/// own tokens, as the c2s task runs it.
+fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::c2s::{self, GptNeoX};
+    let mut cfg = match a.arch.as_str() {
+        "c2s-160m" => c2s::Config::pythia_160m(),
+        "c2s-410m" => c2s::Config::pythia_410m(),
+        other => return Err(Error::BadOption { option: "--arch".into(), detail: format!("{other:?}"), hint: Some("bert, c2s-160m or c2s-410m".into()) }.into()),
+    };
+    cfg.num_hidden_layers = a.layers.unwrap_or(cfg.num_hidden_layers);
+    cfg.hidden_size = a.hidden.unwrap_or(cfg.hidden_size);
+    cfg.num_attention_heads = a.heads.unwrap_or(cfg.num_attention_heads);
+    cfg.intermediate_size = a.ffn.unwrap_or(cfg.intermediate_size);
+    let dtype = dtype_of(&a.dtype)?;
+    let (lens, order) = lengths(a)?;
+    let device = device_of(&a.device)?;
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let model = GptNeoX::build(cfg.clone(), vb, dtype, device.clone())?;
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let vocab = cfg.vocab_size;
+    let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| (0..n).map(|p| 2 + ((i * 7919 + p * 104729) % (vocab - 2)) as u32).collect()).collect();
+    let best = time_batches(&device, &batches, a.repeat, |cells| {
+        let refs: Vec<&[u32]> = cells.iter().map(|&i| seqs[i].as_slice()).collect();
+        model.embed(&refs)?;
+        Ok(())
+    })?;
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| c2s::forward_flops(&cfg, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "scfoundry GPT-NeoX (methods/c2s.rs)", "arch": a.arch,
+        "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "ffn": cfg.intermediate_size,
+        "rotary_dims": cfg.rotary_dims(), "max_len": a.max_len,
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
+pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    if a.arch != "bert" {
+        return run_c2s(a);
+    }
+    let need = |v: Option<usize>, flag: &str| v.ok_or_else(|| Error::BadOption { option: flag.into(), detail: "is needed with --arch bert".into(), hint: None });
+    let (layers, hidden, heads, ffn) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?, need(a.ffn, "--ffn")?);
+    let dtype = dtype_of(&a.dtype)?;
+    let (lens, order) = lengths(a)?;
     let device = device_of(&a.device)?;
     let cfg: Config = serde_json::from_value(json!({
-        "vocab_size": 25426, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads, "intermediate_size": a.ffn, "hidden_act": "gelu",
+        "vocab_size": 25426, "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "intermediate_size": ffn, "hidden_act": "gelu",
         "hidden_dropout_prob": 0.0, "max_position_embeddings": a.max_len, "type_vocab_size": 2,
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
         "classifier_dropout": null, "model_type": "bert"
@@ -111,10 +186,10 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     let real: usize = lens.iter().sum();
     let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
-    let flops: f64 = lens.iter().map(|&s| cell_flops(a.layers, a.hidden, a.ffn, s)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "candle-transformers BertModel",
-        "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "ffn": a.ffn, "max_len": a.max_len,
+        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": a.max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,

@@ -142,6 +142,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
     }
+    if m.name == "c2s" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     ad.matrix(args.layer.as_deref())?;

@@ -18,6 +18,7 @@ use crate::progress::reporter;
 use crate::runner::stats::TaskStats;
 use crate::runner::{Step, TaskResult, TaskSpec};
 
+mod c2s;
 mod uce;
 
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
@@ -34,6 +35,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
         ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
         ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
+        ("embed", "c2s", Step::Embed) => c2s::embed_c2s(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

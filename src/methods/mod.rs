@@ -1,6 +1,7 @@
 //! Method implementations, one file per method. The registry (`methods/*.toml`) declares
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
+pub mod c2s;
 pub mod cellama;
 pub mod finetune;
 pub mod geneformer;
@@ -14,7 +15,7 @@ pub mod uce;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

@@ -210,6 +210,39 @@ impl Mt19937 {
         Mt19937 { mt, pos: 624 }
     }
 
+    /// `init_by_array(key)`: CPython's `random.seed(int)` (the int's 32-bit words, low first).
+    pub fn by_array(key: &[u32]) -> Mt19937 {
+        const N: usize = 624;
+        let mut r = Mt19937::new(19650218);
+        let mt = &mut r.mt;
+        let (mut i, mut j) = (1usize, 0usize);
+        let len = key.len().max(1);
+        for _ in 0..N.max(len) {
+            let prev = mt[i - 1] ^ (mt[i - 1] >> 30);
+            mt[i] = (mt[i] ^ prev.wrapping_mul(1664525)).wrapping_add(key.get(j).copied().unwrap_or(0)).wrapping_add(j as u32);
+            i += 1;
+            j += 1;
+            if i >= N {
+                mt[0] = mt[N - 1];
+                i = 1;
+            }
+            if j >= len {
+                j = 0;
+            }
+        }
+        for _ in 0..N - 1 {
+            let prev = mt[i - 1] ^ (mt[i - 1] >> 30);
+            mt[i] = (mt[i] ^ prev.wrapping_mul(1566083941)).wrapping_sub(i as u32);
+            i += 1;
+            if i >= N {
+                mt[0] = mt[N - 1];
+                i = 1;
+            }
+        }
+        mt[0] = 0x8000_0000;
+        r
+    }
+
     fn generate(&mut self) {
         const UPPER: u32 = 0x8000_0000;
         const LOWER: u32 = 0x7fff_ffff;

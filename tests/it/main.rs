@@ -27,3 +27,4 @@ mod uce;
 mod transfer;
 mod weights_pull;
 mod workspace;
+mod c2s;

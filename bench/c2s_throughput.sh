@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Cell2Sentence throughput on the device: scfoundry's GPT-NeoX (methods/c2s.rs; cells sorted by
+# prompt length, right-padded) against a torch-only GPT-NeoX run as upstream runs it
+# (bench/c2s_torch.py: left padding, attention mask, sdpa; file order and sorted), full-size
+# Pythia-160M and -410M shapes, random weights, batch 8 (upstream's), prompt token counts from
+# bench/c2s_prompt_lengths.txt (the 24 fixture prompts of tests/fixtures/c2s, 468-517 tokens:
+# top 100 genes through a 400-token BPE trained on them; the real Pythia tokenizer was not
+# available offline to measure with).
+#
+#   bash bench/c2s_throughput.sh OUT_DIR [scfoundry binary]
+# Prints one JSON line per run and writes them to OUT_DIR/c2s_throughput.jsonl.
+set -uo pipefail
+out="${1:?usage: c2s_throughput.sh OUT_DIR [binary]}"
+bin="${2:-dist/cuda/scfoundry}"
+py="${PYTHON:-python3}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
+jsonl="$out/c2s_throughput.jsonl"
+: > "$jsonl"
+lengths=bench/c2s_prompt_lengths.txt
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
+for arch in c2s-160m c2s-410m; do
+  for dtype in bf16 f32; do
+    common=(--arch "$arch" --max-len 2048 --lengths "$lengths" --cells 1024 --batch 8 --dtype "$dtype")
+    line=$("$bin" __bench-encoder "${common[@]}" --order sorted 2>"$out/$arch.$dtype.scfoundry.err") || line="{\"tool\":\"scfoundry\",\"error\":\"$(tail -1 "$out/$arch.$dtype.scfoundry.err" | tr -d '"')\"}"
+    echo "{\"shape\":\"$arch\",\"run\":$line}" | tee -a "$jsonl"
+    for order in file sorted; do
+      line=$("$py" bench/c2s_torch.py "${common[@]}" --order "$order" 2>"$out/$arch.$dtype.torch.$order.err") || line="{\"tool\":\"pytorch\",\"error\":\"$(tail -1 "$out/$arch.$dtype.torch.$order.err" | tr -d '"')\"}"
+      echo "{\"shape\":\"$arch\",\"run\":$line}" | tee -a "$jsonl"
+    done
+  done
+done

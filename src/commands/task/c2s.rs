@@ -1,0 +1,143 @@
+//! The `embed` task of Cell2Sentence (see `methods/c2s.rs`): cell sentences and prompts in data
+//! order (upstream's two seeded RNG streams), the model's tokenizer, the GPT-NeoX model in
+//! batches with the GPU back-off, provenance.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{obs_strings, param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::c2s::{self, C2sTokenizer, GptNeoX, Prompter};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+/// The files of the default model under a weights folder: (config.json, weights, tokenizer.json).
+pub fn files(dir: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
+    let m = Manifest::load()?;
+    let f = |id: &str| {
+        m.weights.get(id).map(|e| dir.join(&e.file)).ok_or_else(|| Error::Config { path: "weights.toml".into(), detail: format!("has no entry {id}"), hint: None })
+    };
+    Ok((f(c2s::REQUIRED_ENTRIES[0])?, f(c2s::REQUIRED_ENTRIES[1])?, f(c2s::REQUIRED_ENTRIES[2])?))
+}
+
+pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("c2s", &dir, c2s::REQUIRED_ENTRIES)?;
+    let (config_path, model_path, tokenizer_path) = files(&dir)?;
+    let top = param_u64(spec, "top_genes", 100) as usize;
+    if top == 0 {
+        return Err(Error::BadOption { option: "--top-genes".into(), detail: "must be at least 1".into(), hint: Some("upstream asserts top_k_genes > 0; its default is 100".into()) });
+    }
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    if ad.var_names.first().is_some_and(|n| n.contains("ENS")) {
+        let msg = format!(
+            "var_names of {} look like Ensembl ids ({}): Cell2Sentence writes var names into its sentences and its models read gene symbols",
+            spec.data.display(),
+            ad.var_names[0]
+        );
+        crate::progress::warn(&msg);
+        notes.push(msg);
+    }
+    let collisions = c2s::upper_case_collisions(&ad.var_names);
+    if !collisions.is_empty() {
+        notes.push(format!(
+            "{} gene name(s) are shared by several var names once upper-cased (e.g. {}): each gene keeps its own name here; upstream's vocabulary merges them and shifts the names after them",
+            collisions.len(),
+            collisions[0]
+        ));
+    }
+    let organisms: Vec<String> = {
+        let has = ad.obs()?.column("organism").is_some();
+        if has {
+            obs_strings(&ad, &["organism".to_string()], &mut notes)?.pop().map(|(_, v)| v).unwrap_or_default()
+        } else {
+            notes.push(format!("obs has no `organism` column: the prompts say \"{}\" (upstream reads the column)", c2s::DEFAULT_ORGANISM));
+            vec![c2s::DEFAULT_ORGANISM.to_string(); ad.n_obs]
+        }
+    };
+    let tokenizer = C2sTokenizer::load(&tokenizer_path)?;
+    let dev = TaskDevice::start(spec)?;
+    let model = GptNeoX::load(&config_path, &model_path, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let dim = model.hidden();
+    let batch = param_u64(spec, "batch_size", c2s::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let mut prompter = Prompter::new(&ad.var_names, top, spec.seed)?;
+
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_c2s";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("c2s: embed", ad.n_obs as u64, "cells");
+    let (mut tokens_total, mut longest, mut too_long, mut short) = (0usize, 0usize, 0usize, 0usize);
+    for (s, e) in x.blocks(200_000) {
+        let b = x.read_rows(s, e)?;
+        let mut seqs: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            if idx.len() < top {
+                short += 1;
+            }
+            let sentence = prompter.sentence(idx, vals);
+            let prompt = prompter.prompt(&sentence, &organisms[s + i]);
+            let ids = tokenizer.encode(&prompt)?;
+            tokens_total += ids.len();
+            longest = longest.max(ids.len());
+            if model.cfg.max_position_embeddings > 0 && ids.len() > model.cfg.max_position_embeddings {
+                too_long += 1;
+            }
+            seqs.push(ids);
+        }
+        // longest first, so a batch's cells have similar lengths (each cell's embedding does not
+        // depend on its batch: see methods/c2s.rs)
+        let mut order: Vec<usize> = (0..seqs.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].len()));
+        let rows = batches.run(seqs.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| seqs[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if short > 0 {
+        notes.push(format!("{short} cell(s) express fewer than --top-genes {top} genes: their sentences are shorter (the prompt still says {top}, as upstream's)"));
+    }
+    if too_long > 0 {
+        notes.push(format!(
+            "{too_long} prompt(s) are longer than the model's max_position_embeddings {} (longest {longest} tokens): run whole, as upstream runs them; lower --top-genes to stay within the model's training length",
+            model.cfg.max_position_embeddings
+        ));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("top_genes".into(), json!(top));
+    params.insert("seed".into(), json!(spec.seed));
+    params.insert("rng".into(), json!("numpy legacy MT19937 seeded once with --seed (np.random.seed), sklearn.utils.shuffle per cell in data order (ties); CPython random seeded once with --seed, random.choice of the prompt template per cell in data order; upstream's seed is 42"));
+    params.insert("prompt_task".into(), json!("cell_type_prediction"));
+    params.insert("layers".into(), json!(model.cfg.num_hidden_layers));
+    params.insert("mean_tokens".into(), json!(tokens_total as f64 / ad.n_obs.max(1) as f64));
+    params.insert("longest_prompt_tokens".into(), json!(longest));
+    params.insert("cell_embedding".into(), json!("mean over the prompt's tokens of the last hidden state (after final_layer_norm); each cell as in a batch of one"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("config".into(), json!(config_path.display().to_string()));
+    w.insert("model".into(), json!(model_path.display().to_string()));
+    w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
