@@ -480,7 +480,9 @@ pub fn read_pickle_with(b: &[u8], o: PickleOptions) -> std::result::Result<Py, S
                         *shape = dims;
                     }
                     (Some(Py::Object { state: st, .. }), v) => *st = Some(Box::new(v)),
-                    (Some(Py::Dict(_)), Py::None) => {}
+                    // a dict subclass's instance attributes (an OrderedDict state_dict's
+                    // `_metadata`): not part of its items, dropped
+                    (Some(Py::Dict(_)), _) => {}
                     _ => return Err("BUILD of an object that is not a numpy dtype or array".into()),
                 }
             }

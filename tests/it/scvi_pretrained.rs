@@ -135,16 +135,12 @@ fn scvi_deep_layernorm_batch_ln_model_matches_scvi_tools() {
     let rows: Vec<usize> = (0..codes.len()).collect();
     let z = model.embed(dense.clone(), &codes, 0, &rows).unwrap();
     let want = r["latent"].as_array().unwrap();
-    let mut worst = 0f64;
-    for (i, w) in want.iter().enumerate() {
-        let row = &z[i * 6..(i + 1) * 6];
-        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4, "row {i} does not sum to 1");
-        for (k, w) in w.as_array().unwrap().iter().enumerate() {
-            worst = worst.max((row[k] as f64 - w.as_f64().unwrap()).abs());
-        }
+    for i in 0..want.len() {
+        assert!((z[i * 6..(i + 1) * 6].iter().sum::<f32>() - 1.0).abs() < 1e-4, "row {i} does not sum to 1");
     }
-    eprintln!("scvi deep_ln: ln embedding largest absolute difference {worst:.2e} (5,000 draws each side)");
-    assert!(worst < 1e-2, "{worst}");
+    let (worst, mean) = ln_diff(&z, &r["latent"], 6);
+    eprintln!("scvi deep_ln: ln embedding vs scvi-tools: largest absolute difference {worst:.2e}, mean {mean:.2e} (5,000 draws each side)");
+    assert!(worst < LN_MAX_ABS && mean < LN_MEAN_ABS, "{worst} {mean}");
     // seeded: the same rows from any batch split; another seed moves them a little
     let z2: Vec<f32> = (0..codes.len()).step_by(9).flat_map(|s| {
         let e = (s + 9).min(codes.len());
@@ -154,6 +150,19 @@ fn scvi_deep_layernorm_batch_ln_model_matches_scvi_tools() {
     assert_eq!(z, z2);
     let z3 = model.embed(dense, &codes, 1, &rows).unwrap();
     assert_ne!(z, z3);
+}
+
+/// Two independent 5,000-draw estimates of the "ln" mean differ by sampling error alone: on this
+/// fixture's q_m and q_v, numpy draws against scvi-tools' give a largest absolute difference of
+/// 0.009-0.015 and a mean of 0.0022-0.0026 over 5 seeds. A wrong q_m, q_v or softmax moves
+/// the mean far more.
+const LN_MAX_ABS: f64 = 3e-2;
+const LN_MEAN_ABS: f64 = 4e-3;
+
+/// (largest, mean) absolute difference between rows and the reference.
+fn ln_diff(got: &[f32], want: &Value, dim: usize) -> (f64, f64) {
+    let d: Vec<f64> = want.as_array().unwrap().iter().enumerate().flat_map(|(i, w)| w.as_array().unwrap().iter().enumerate().map(move |(k, w)| (i * dim + k, w.as_f64().unwrap()))).map(|(j, w)| (got[j] as f64 - w).abs()).collect();
+    (d.iter().cloned().fold(0f64, f64::max), d.iter().sum::<f64>() / d.len() as f64)
 }
 
 fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
@@ -179,9 +188,8 @@ fn scvi_embed_command_runs_saved_models() {
     r.success();
     let (got, dim) = read_obsm(&ctx.path("ln.h5ad"), "X_scvi");
     assert_eq!(dim, 6);
-    let want = reference("deep_ln")["latent"].clone();
-    let worst = want.as_array().unwrap().iter().enumerate().flat_map(|(i, w)| w.as_array().unwrap().iter().enumerate().map(move |(k, w)| (i, k, w.as_f64().unwrap()))).map(|(i, k, w)| (got[i * dim + k] as f64 - w).abs()).fold(0f64, f64::max);
-    assert!(worst < 1e-2, "{worst}");
+    let (worst, mean) = ln_diff(&got, &reference("deep_ln")["latent"], dim);
+    assert!(worst < LN_MAX_ABS && mean < LN_MEAN_ABS, "{worst} {mean}");
     // the input is untouched
     assert_eq!(crate::common::sha256(&ctx.path("q.h5ad")), crate::common::sha256(&dir().join("query.h5ad")));
 }
