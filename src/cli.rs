@@ -73,6 +73,9 @@ pub enum Commands {
     /// with random weights, over a file of real token lengths (bench/encoder_throughput.sh).
     #[command(name = "__bench-encoder", hide = true)]
     BenchEncoder(BenchEncoderArgs),
+    /// Throughput of the pretrained-scVI encoder at a full-size shape, random weights.
+    #[command(name = "__bench-scvi", hide = true)]
+    BenchScvi(BenchScviArgs),
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +117,37 @@ pub struct BenchEncoderArgs {
     #[arg(long, default_value = "sorted")]
     pub order: String,
     /// Timed passes over the cells (after one untimed warm-up batch); the best is reported.
+    #[arg(long, default_value_t = 2)]
+    pub repeat: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchScviArgs {
+    /// Model genes (encoder inputs).
+    #[arg(long, default_value_t = 2000)]
+    pub genes: usize,
+    /// n_hidden.
+    #[arg(long, default_value_t = 128)]
+    pub hidden: usize,
+    /// n_latent.
+    #[arg(long, default_value_t = 10)]
+    pub latent: usize,
+    /// n_layers.
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    /// Cells to run.
+    #[arg(long, default_value_t = 100_000)]
+    pub cells: usize,
+    /// Cells per batch.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Distinct synthetic batches made before timing, cycled.
+    #[arg(long, default_value_t = 8)]
+    pub pool: usize,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Timed passes (after one untimed batch); the best is reported.
     #[arg(long, default_value_t = 2)]
     pub repeat: usize,
 }
@@ -425,11 +459,16 @@ pub struct KnobArgs {
     pub emb_mode: Option<String>,
     /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
+    /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).
     #[arg(long, value_name = "COL")]
     pub gene_col: Option<String>,
+    /// scvi: obs column of the query's batches, for a model whose encoder reads the batch
+    /// (default: the model's own batch_key).
+    #[arg(long, value_name = "COL")]
+    pub batch_key: Option<String>,
 }
 
 impl KnobArgs {
@@ -450,6 +489,7 @@ impl KnobArgs {
             ("--emb-layer", self.emb_layer.map(|v| json!(v))),
             ("--emb-mode", self.emb_mode.as_ref().map(|v| json!(v))),
             ("--model-dir", dir),
+            ("--batch-key", self.batch_key.as_ref().map(|v| json!(v))),
         ]
         .into_iter()
         .filter_map(|(f, v)| v.map(|v| (f, v)))

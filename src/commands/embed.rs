@@ -145,8 +145,16 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "c2s" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
     }
+    if m.name == "scvi" {
+        // the saved model is read (as data) first: a wrong folder fails before the data is read
+        crate::methods::scvi_pretrained::SavedModel::read(&crate::commands::task::scvi_model_dir(&params)?)?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
+    if m.name == "scvi" {
+        // genes and batches against the model, before any run folder exists
+        crate::commands::task::scvi_prepare(&params, &args.data, &ad)?;
+    }
     ad.matrix(args.layer.as_deref())?;
     let n_obs = ad.n_obs;
     drop(ad);

@@ -19,7 +19,10 @@ use crate::runner::stats::TaskStats;
 use crate::runner::{Step, TaskResult, TaskSpec};
 
 mod c2s;
+mod scvi;
 mod uce;
+
+pub use scvi::{model_dir as scvi_model_dir, prepare as scvi_prepare};
 
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let started = Instant::now();
@@ -36,6 +39,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
         ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
         ("embed", "c2s", Step::Embed) => c2s::embed_c2s(&spec, dir).map_err(Into::into),
+        ("embed", "scvi", Step::Embed) => scvi::embed_scvi(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),
@@ -674,7 +678,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,
 /// command, seed, date, run, input and the matrix read. Callers add parameters and weights.
-fn provenance(spec: &TaskSpec, key: &str, matrix: &str) -> serde_json::Map<String, Value> {
+pub(crate) fn provenance(spec: &TaskSpec, key: &str, matrix: &str) -> serde_json::Map<String, Value> {
     let meta = std::fs::metadata(&spec.data).ok();
     let mut prov = serde_json::Map::new();
     prov.insert("tool".into(), json!("scfoundry"));

@@ -83,7 +83,34 @@ pub enum Py {
     Global(String),
     /// A numpy dtype: its type string (`f8`, `<i8`) and whether it is big-endian.
     Dtype(String, bool),
+    /// A numpy array: its dtype string (`O8`, `<f4`, `<U5`), shape and elements in C order
+    /// (numbers as Int/Float, strings as Str, object arrays' items as they are).
+    Array { dtype: String, shape: Vec<usize>, items: Vec<Py> },
+    /// An object this reader does not build (only with `PickleOptions::opaque`): the global
+    /// named, its call's arguments and its BUILD state, kept as data. A torch tensor's
+    /// storage reference (BINPERSID) is kept as an Object named `persistent_id`.
+    Object { global: String, args: Vec<Py>, state: Option<Box<Py>> },
     Mark,
+}
+
+impl Py {
+    /// The value of `key` in a dict with string keys.
+    pub fn get(&self, key: &str) -> Option<&Py> {
+        match self {
+            Py::Dict(items) => items.iter().find(|(k, _)| matches!(k, Py::Str(s) if s == key)).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+}
+
+/// What `read_pickle_with` accepts beyond plain data.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PickleOptions<'a> {
+    /// Globals (`module.name`, or a prefix ending in `.`) whose calls are kept as opaque
+    /// `Py::Object`s instead of refused. Nothing is ever imported or run.
+    pub opaque: &'a [&'a str],
+    /// Accept persistent ids (torch's tensor storages) as opaque objects.
+    pub persistent_ids: bool,
 }
 
 /// Globals whose call builds data and nothing else.
@@ -95,7 +122,55 @@ const DATA_GLOBALS: &[&str] = &[
     "collections.OrderedDict",
     "builtins.set",
     "builtins.frozenset",
+    "builtins.dict",
+    "builtins.bytes",
+    "collections.defaultdict",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray",
 ];
+
+/// The elements of a numpy array's BUILD state: `data` is a list (object arrays) or the raw
+/// bytes of `n` elements of `dtype`.
+fn array_items(dtype: &str, big: bool, n: usize, data: Py) -> std::result::Result<Vec<Py>, String> {
+    let bytes = match data {
+        Py::List(v) => return if v.len() == n { Ok(v) } else { Err(format!("numpy object array of {n} elements holds {}", v.len())) },
+        Py::Bytes(b) => b,
+        Py::Str(s) => s.chars().map(|c| c as u32 as u8).collect(), // protocol 2 latin-1 text
+        other => return Err(format!("numpy array data {other:?}")),
+    };
+    let t = dtype.trim_start_matches(['<', '>', '=', '|']);
+    let big = big || dtype.starts_with('>');
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let width = bytes.len() / n;
+    if width * n != bytes.len() {
+        return Err(format!("numpy {dtype} array of {n} elements with {} bytes", bytes.len()));
+    }
+    match t.chars().next() {
+        Some('U') => bytes
+            .chunks(width)
+            .map(|c| {
+                let s: String = c
+                    .chunks(4)
+                    .map(|u| {
+                        let v: [u8; 4] = u.try_into().unwrap();
+                        if big { u32::from_be_bytes(v) } else { u32::from_le_bytes(v) }
+                    })
+                    .take_while(|&u| u != 0)
+                    .map(|u| char::from_u32(u).unwrap_or('\u{fffd}'))
+                    .collect();
+                Ok(Py::Str(s))
+            })
+            .collect(),
+        Some('S') => Ok(bytes.chunks(width).map(|c| Py::Bytes(c.iter().copied().take_while(|&b| b != 0).collect())).collect()),
+        _ => {
+            let code = format!("{}{}", &t[..1], width);
+            bytes.chunks(width).map(|c| numpy_scalar(&code, big, c)).collect()
+        }
+    }
+}
 
 fn numpy_scalar(dtype: &str, big: bool, bytes: &[u8]) -> std::result::Result<Py, String> {
     let t = dtype.trim_start_matches(['<', '>', '=', '|']);
@@ -141,6 +216,9 @@ fn call(global: &str, args: Vec<Py>) -> std::result::Result<Py, String> {
             })
             .collect::<std::result::Result<Vec<_>, String>>()
             .map(Py::Dict),
+        ("collections.defaultdict", _) | ("builtins.dict", []) => Ok(Py::Dict(vec![])),
+        ("builtins.bytes", []) => Ok(Py::Bytes(vec![])),
+        ("numpy.core.multiarray._reconstruct" | "numpy._core.multiarray._reconstruct", [Py::Global(c), ..]) if c == "numpy.ndarray" => Ok(Py::Array { dtype: String::new(), shape: vec![], items: vec![] }),
         ("builtins.set" | "builtins.frozenset", []) => Ok(Py::List(vec![])),
         ("builtins.set" | "builtins.frozenset", [Py::List(v)]) => Ok(Py::List(v.clone())),
         (g, a) => Err(format!("unsupported call {g}{a:?}")),
@@ -156,8 +234,20 @@ fn text_line(b: &[u8], pos: &mut usize) -> std::result::Result<String, String> {
 
 /// Read a pickle as data. Any opcode or global that is not data is refused, never run.
 pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
+    read_pickle_with(b, PickleOptions::default())
+}
+
+/// Read a pickle as data, keeping the calls of `o.opaque` globals (and, with
+/// `o.persistent_ids`, torch's storage references) as `Py::Object`s. Nothing is run.
+///
+/// The memo holds values, not references: an object stored with PUT and then filled (BUILD,
+/// SETITEMS, APPENDS) is stored again after each filling op, so a later GET sees it filled.
+pub fn read_pickle_with(b: &[u8], o: PickleOptions) -> std::result::Result<Py, String> {
     let mut stack: Vec<Py> = Vec::new();
     let mut memo: HashMap<u64, Py> = HashMap::new();
+    // the memo key each stack entry was stored under, if any
+    let mut tags: Vec<Option<u64>> = Vec::new();
+    let is_opaque = |g: &str| o.opaque.iter().any(|p| if p.ends_with('.') { g.starts_with(p) } else { g == *p });
     let mut pos = 0usize;
     let take = |pos: &mut usize, n: usize| -> std::result::Result<&[u8], String> {
         if *pos + n > b.len() {
@@ -188,6 +278,9 @@ pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
     };
     loop {
         let op = *take(&mut pos, 1)?.first().unwrap();
+        let filled = matches!(op, b'b' | b's' | b'u' | b'a' | b'e' | 0x90);
+        let keeps_top = filled || matches!(op, b'0' | b'1' | 0x80 | 0x95);
+        let mut put_key: Option<u64> = None;
         match op {
             0x80 => {
                 take(&mut pos, 1)?;
@@ -322,6 +415,7 @@ pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
                 };
                 let v = stack.last().cloned().ok_or("PUT on an empty stack")?;
                 memo.insert(key, v);
+                put_key = Some(key);
             }
             b'h' | b'j' | b'g' => {
                 let key = match op {
@@ -344,19 +438,27 @@ pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
                 };
                 let module = if module == "__builtin__" { "builtins".to_string() } else { module };
                 let g = format!("{module}.{name}");
-                if !DATA_GLOBALS.contains(&g.as_str()) {
+                if !DATA_GLOBALS.contains(&g.as_str()) && !is_opaque(&g) {
                     return Err(format!("the pickle refers to {g}, which is code, not data; only plain dicts of strings and numbers are read"));
                 }
                 stack.push(Py::Global(g))
+            }
+            b'Q' if o.persistent_ids => {
+                let pid = pop(&mut stack)?;
+                stack.push(Py::Object { global: "persistent_id".into(), args: vec![pid], state: None })
             }
             b'R' | 0x81 => {
                 let args = pop(&mut stack)?;
                 let f = pop(&mut stack)?;
                 let (Py::Global(g), Py::Tuple(args)) = (f, args) else { return Err("REDUCE without a global and a tuple".into()) };
-                stack.push(call(&g, args)?)
+                if is_opaque(&g) && !DATA_GLOBALS.contains(&g.as_str()) {
+                    stack.push(Py::Object { global: g, args, state: None })
+                } else {
+                    stack.push(call(&g, args)?)
+                }
             }
             b'b' => {
-                // BUILD: only a numpy dtype's state (version, byte order, ...) is expected
+                // BUILD: a numpy dtype's or array's state; an opaque object keeps its state
                 let state = pop(&mut stack)?;
                 match (stack.last_mut(), state) {
                     (Some(Py::Dtype(_, big)), Py::Tuple(s)) => {
@@ -364,11 +466,40 @@ pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
                             *big = order == ">";
                         }
                     }
-                    (Some(Py::Dict(_)), Py::None) => {}
-                    _ => return Err("BUILD of an object that is not a numpy dtype".into()),
+                    (Some(Py::Array { dtype, shape, items }), Py::Tuple(s)) if s.len() == 5 => {
+                        // (version, shape, dtype, is_fortran, data)
+                        let Py::Tuple(dims) = &s[1] else { return Err("numpy array state without a shape".into()) };
+                        let dims = dims.iter().map(|d| if let Py::Int(n) = d { usize::try_from(*n).map_err(|_| "negative numpy dimension".to_string()) } else { Err("numpy shape that is not integers".to_string()) }).collect::<std::result::Result<Vec<usize>, String>>()?;
+                        let Py::Dtype(t, big) = &s[2] else { return Err("numpy array state without a dtype".into()) };
+                        if s[3] == Py::Bool(true) && dims.len() > 1 {
+                            return Err("Fortran-ordered numpy arrays are not read".into());
+                        }
+                        let n = dims.iter().product();
+                        *items = array_items(t, *big, n, s[4].clone())?;
+                        *dtype = t.clone();
+                        *shape = dims;
+                    }
+                    (Some(Py::Object { state: st, .. }), v) => *st = Some(Box::new(v)),
+                    // a dict subclass's instance attributes (an OrderedDict state_dict's
+                    // `_metadata`): not part of its items, dropped
+                    (Some(Py::Dict(_)), _) => {}
+                    _ => return Err("BUILD of an object that is not a numpy dtype or array".into()),
                 }
             }
             other => return Err(format!("pickle opcode 0x{other:02x} is not supported (only data is read)")),
+        }
+        tags.truncate(stack.len());
+        tags.resize(stack.len(), None);
+        if let Some(top) = tags.last_mut() {
+            if let Some(k) = put_key {
+                *top = Some(k);
+            } else if !keeps_top {
+                *top = None;
+            } else if filled {
+                if let (Some(k), Some(v)) = (*top, stack.last()) {
+                    memo.insert(k, v.clone());
+                }
+            }
         }
     }
 }
@@ -891,5 +1022,46 @@ mod tests {
         assert_eq!(numpy_scalar("f8", false, &2.5f64.to_le_bytes()).unwrap(), Py::Float(2.5));
         assert_eq!(numpy_scalar("<i8", false, &(-7i64).to_le_bytes()).unwrap(), Py::Int(-7));
         assert_eq!(numpy_scalar("f4", true, &1.5f32.to_be_bytes()).unwrap(), Py::Float(1.5));
+    }
+
+    #[test]
+    fn numpy_arrays_defaultdicts_and_shared_references() {
+        // scripts: a defaultdict(dict) holding an object array, a float32 array and a <U2
+        // array; a dict referenced twice (the second time through the memo); an int64 array.
+        // Written by pickle.dumps(..., protocol=2) and protocol=4.
+        let p2 = include_bytes!("../../tests/fixtures/scvi_pretrained/arrays_p2.pkl");
+        let p4 = include_bytes!("../../tests/fixtures/scvi_pretrained/arrays_p4.pkl");
+        for b in [&p2[..], &p4[..]] {
+            let v = read_pickle(b).unwrap();
+            let batch = v.get("reg").and_then(|r| r.get("batch")).unwrap();
+            let arr = |k: &str| match batch.get(k) {
+                Some(Py::Array { items, shape, .. }) => (items.clone(), shape.clone()),
+                other => panic!("{k}: {other:?}"),
+            };
+            assert_eq!(arr("categorical_mapping"), (vec![Py::Str("HES4".into()), Py::Str("CD3E".into())], vec![2]));
+            assert_eq!(arr("n"), (vec![Py::Float(1.5), Py::Float(-2.0)], vec![2]));
+            assert_eq!(arr("u"), (vec![Py::Str("ab".into()), Py::Str("c".into())], vec![2]));
+            // the shared dict is seen filled both times
+            assert_eq!(v.get("s1"), Some(&Py::Dict(vec![(Py::Str("k".into()), Py::Int(1))])));
+            assert_eq!(v.get("s2"), v.get("s1"));
+            assert!(matches!(v.get("i"), Some(Py::Array { items, .. }) if *items == vec![Py::Int(0), Py::Int(1), Py::Int(2)]));
+        }
+    }
+
+    #[test]
+    fn opaque_globals_are_kept_not_run() {
+        // torch-style: GLOBAL torch._utils._rebuild_tensor_v2, a persistent id, REDUCE
+        let b: &[u8] = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nq\x00X\x01\x00\x00\x000Q\x85R.";
+        assert!(read_pickle(b).unwrap_err().contains("torch._utils._rebuild_tensor_v2"));
+        let o = PickleOptions { opaque: &["torch."], persistent_ids: false };
+        assert!(read_pickle_with(b, o).unwrap_err().contains("0x51"), "persistent ids are refused unless asked for");
+        let o = PickleOptions { opaque: &["torch."], persistent_ids: true };
+        match read_pickle_with(b, o).unwrap() {
+            Py::Object { global, args, .. } => {
+                assert_eq!(global, "torch._utils._rebuild_tensor_v2");
+                assert!(matches!(&args[0], Py::Object { global, .. } if global == "persistent_id"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

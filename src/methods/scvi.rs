@@ -231,7 +231,7 @@ fn log_nb_sum(x: &Tensor, mu: &Tensor, theta: &Tensor, lgx1: &Tensor) -> candle_
 // ---------------------------------------------------------------------------------------
 // layers
 
-struct Linear {
+pub(crate) struct Linear {
     w: Var, // out x in
     b: Var, // out
 }
@@ -247,13 +247,23 @@ impl Linear {
         vars.push(b.clone());
         Ok(Linear { w, b })
     }
+    /// A layer with given weights (out x in) and bias (out), on their device.
+    pub(crate) fn from_tensors(w: Tensor, b: Tensor) -> candle_core::Result<Linear> {
+        Ok(Linear { w: Var::from_tensor(&w)?, b: Var::from_tensor(&b)? })
+    }
+    fn n_in(&self) -> usize {
+        self.w.as_tensor().dims()[1]
+    }
+    fn n_out(&self) -> usize {
+        self.w.as_tensor().dims()[0]
+    }
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         x.matmul(&self.w.as_tensor().t()?)?.broadcast_add(self.b.as_tensor())
     }
 }
 
 /// torch's BatchNorm1d(momentum=0.01, eps=0.001).
-struct BatchNorm {
+pub(crate) struct BatchNorm {
     gamma: Var,
     beta: Var,
     running_mean: Vec<f32>,
@@ -267,6 +277,13 @@ impl BatchNorm {
         vars.push(gamma.clone());
         vars.push(beta.clone());
         Ok(BatchNorm { gamma, beta, running_mean: vec![0.0; n], running_var: vec![1.0; n] })
+    }
+    /// A trained layer: weight (gamma), bias (beta) and the running statistics.
+    pub(crate) fn from_tensors(gamma: Tensor, beta: Tensor, running_mean: &Tensor, running_var: &Tensor) -> candle_core::Result<BatchNorm> {
+        Ok(BatchNorm { gamma: Var::from_tensor(&gamma)?, beta: Var::from_tensor(&beta)?, running_mean: running_mean.to_dtype(candle_core::DType::F32)?.to_vec1()?, running_var: running_var.to_dtype(candle_core::DType::F32)?.to_vec1()? })
+    }
+    fn len(&self) -> usize {
+        self.running_mean.len()
     }
     fn forward(&mut self, x: &Tensor, train: bool) -> candle_core::Result<Tensor> {
         const EPS: f64 = 1e-3;
@@ -286,18 +303,30 @@ impl BatchNorm {
             }
             (mean, var)
         } else {
-            (Tensor::from_vec(self.running_mean.clone(), (1, n), &Device::Cpu)?, Tensor::from_vec(self.running_var.clone(), (1, n), &Device::Cpu)?)
+            (Tensor::from_vec(self.running_mean.clone(), (1, n), x.device())?, Tensor::from_vec(self.running_var.clone(), (1, n), x.device())?)
         };
         let xhat = x.broadcast_sub(&mean)?.broadcast_div(&var.affine(1.0, EPS)?.sqrt()?)?;
         xhat.broadcast_mul(&self.gamma.as_tensor().unsqueeze(0)?)?.broadcast_add(&self.beta.as_tensor().unsqueeze(0)?)
     }
 }
 
-/// scvi-tools' FCLayers: Linear -> BatchNorm -> ReLU -> Dropout per layer; covariates (one-hot)
-/// concatenated to the input of every layer when `n_cat > 0`.
-struct FcLayers {
-    layers: Vec<(Linear, BatchNorm)>,
+/// torch's LayerNorm(n, elementwise_affine=False): each row to mean 0, variance 1 (biased), eps 1e-5.
+fn layer_norm(x: &Tensor) -> candle_core::Result<Tensor> {
+    let mean = x.mean_keepdim(1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(1)?;
+    xc.broadcast_div(&var.affine(1.0, 1e-5)?.sqrt()?)
+}
+
+/// scvi-tools' FCLayers: per layer Linear -> BatchNorm1d (`use_batch_norm`) -> LayerNorm
+/// without affine (`use_layer_norm`) -> ReLU -> Dropout; covariates (one-hot, `n_cat` columns
+/// in all) concatenated to the input of the first layer, and of every layer when
+/// `inject_covariates` (upstream's `deeply_inject_covariates`, default True).
+pub(crate) struct FcLayers {
+    layers: Vec<(Linear, Option<BatchNorm>)>,
+    layer_norm: bool,
     n_cat: usize,
+    inject_covariates: bool,
     dropout: f32,
 }
 
@@ -310,33 +339,105 @@ impl FcLayers {
         for w in dims.windows(2) {
             let lin = Linear::new(w[0] + n_cat, w[1], rng, vars)?;
             let bn = BatchNorm::new(w[1], vars)?;
-            layers.push((lin, bn));
+            layers.push((lin, Some(bn)));
         }
-        Ok(FcLayers { layers, n_cat, dropout })
+        Ok(FcLayers { layers, n_cat, dropout, layer_norm: false, inject_covariates: true })
     }
+
+    /// Trained layers (evaluation only): each layer's Linear and, with `use_batch_norm`, its
+    /// BatchNorm; the shapes must chain, with `n_cat` covariate columns where injected.
+    pub(crate) fn from_layers(layers: Vec<(Linear, Option<BatchNorm>)>, layer_norm: bool, n_cat: usize, inject_covariates: bool) -> std::result::Result<FcLayers, String> {
+        let mut prev: Option<usize> = None;
+        for (i, (lin, bn)) in layers.iter().enumerate() {
+            let cat = if i == 0 || inject_covariates { n_cat } else { 0 };
+            if let Some(p) = prev {
+                if lin.n_in() != p + cat {
+                    return Err(format!("layer {i} takes {} inputs, but the layer before gives {p} (+ {cat} covariate columns)", lin.n_in()));
+                }
+            }
+            if let Some(bn) = bn {
+                if bn.len() != lin.n_out() {
+                    return Err(format!("layer {i}'s BatchNorm has {} features for {} outputs", bn.len(), lin.n_out()));
+                }
+            }
+            prev = Some(lin.n_out());
+        }
+        Ok(FcLayers { layers, layer_norm, n_cat, inject_covariates, dropout: 0.0 })
+    }
+
+    fn n_out(&self) -> usize {
+        self.layers.last().map(|(l, _)| l.n_out()).unwrap_or(0)
+    }
+
     fn forward(&mut self, x: &Tensor, onehot: Option<&Tensor>, train: bool, rng: &mut ChaCha8Rng) -> candle_core::Result<Tensor> {
         let mut h = x.clone();
-        for (lin, bn) in self.layers.iter_mut() {
-            if self.n_cat > 0 {
+        for (i, (lin, bn)) in self.layers.iter_mut().enumerate() {
+            if self.n_cat > 0 && (i == 0 || self.inject_covariates) {
                 h = Tensor::cat(&[&h, onehot.expect("covariates")], 1)?;
             }
-            h = bn.forward(&lin.forward(&h)?, train)?.relu()?;
+            h = lin.forward(&h)?;
+            if let Some(bn) = bn {
+                h = bn.forward(&h, train)?;
+            }
+            if self.layer_norm {
+                h = layer_norm(&h)?;
+            }
+            h = h.relu()?;
             if train && self.dropout > 0.0 {
                 let (b, d) = h.dims2()?;
                 let keep = 1.0 - self.dropout;
                 let mask: Vec<f32> = (0..b * d).map(|_| if rng.gen::<f32>() < keep { 1.0 / keep } else { 0.0 }).collect();
-                h = h.mul(&Tensor::from_vec(mask, (b, d), &Device::Cpu)?)?;
+                h = h.mul(&Tensor::from_vec(mask, (b, d), h.device())?)?;
             }
         }
         Ok(h)
     }
 }
 
-/// The VAE.
-pub struct Vae {
-    encoder: FcLayers,
+/// scvi-tools' `Encoder` (the VAE's `z_encoder`): FCLayers, then `q_m = mean_encoder(q)` and
+/// `q_v = exp(var_encoder(q)) + 1e-4` (`var_eps`). The VAE trained here and a pretrained
+/// model loaded by `scvi_pretrained.rs` share it.
+pub(crate) struct ZEncoder {
+    pub(crate) encoder: FcLayers,
     mean_encoder: Linear,
     var_encoder: Linear,
+}
+
+impl ZEncoder {
+    pub(crate) fn new(encoder: FcLayers, mean_encoder: Linear, var_encoder: Linear) -> std::result::Result<ZEncoder, String> {
+        let h = encoder.n_out();
+        for (name, l) in [("mean_encoder", &mean_encoder), ("var_encoder", &var_encoder)] {
+            if l.n_in() != h {
+                return Err(format!("{name} takes {} inputs, but the encoder gives {h}", l.n_in()));
+            }
+        }
+        if mean_encoder.n_out() != var_encoder.n_out() {
+            return Err(format!("mean_encoder gives {} latent dimensions, var_encoder {}", mean_encoder.n_out(), var_encoder.n_out()));
+        }
+        Ok(ZEncoder { encoder, mean_encoder, var_encoder })
+    }
+
+    /// Inputs the first layer takes (genes + covariate columns).
+    pub(crate) fn n_input(&self) -> usize {
+        self.encoder.layers.first().map(|(l, _)| l.n_in()).unwrap_or(0)
+    }
+
+    pub(crate) fn n_latent(&self) -> usize {
+        self.mean_encoder.n_out()
+    }
+
+    /// (q_m, q_v) of the encoder's input (already log1p'd when the model says so).
+    pub(crate) fn forward(&mut self, x: &Tensor, onehot: Option<&Tensor>, train: bool, rng: &mut ChaCha8Rng) -> candle_core::Result<(Tensor, Tensor)> {
+        let q = self.encoder.forward(x, onehot, train, rng)?;
+        let qm = self.mean_encoder.forward(&q)?;
+        let qv = self.var_encoder.forward(&q)?.exp()?.affine(1.0, 1e-4)?;
+        Ok((qm, qv))
+    }
+}
+
+/// The VAE.
+pub struct Vae {
+    z_encoder: ZEncoder,
     decoder: FcLayers,
     px_scale_decoder: Linear,
     px_r: Var,
@@ -362,11 +463,12 @@ impl Vae {
         let encoder = FcLayers::new(n_genes, o.n_hidden, 0, o.n_layers, o.n_hidden, o.dropout_rate, rng, &mut vars)?;
         let mean_encoder = Linear::new(o.n_hidden, o.n_latent, rng, &mut vars)?;
         let var_encoder = Linear::new(o.n_hidden, o.n_latent, rng, &mut vars)?;
+        let z_encoder = ZEncoder { encoder, mean_encoder, var_encoder };
         // FCLayers ignores a covariate with one category
         let n_batch_cat = if n_batch > 1 { n_batch } else { 0 };
         let decoder = FcLayers::new(o.n_latent, o.n_hidden, n_batch_cat, o.n_layers, o.n_hidden, 0.0, rng, &mut vars)?;
         let px_scale_decoder = Linear::new(o.n_hidden, n_genes, rng, &mut vars)?;
-        Ok(Vae { encoder, mean_encoder, var_encoder, decoder, px_scale_decoder, px_r, vars, n_batch_cat, n_genes, n_latent: o.n_latent })
+        Ok(Vae { z_encoder, decoder, px_scale_decoder, px_r, vars, n_batch_cat, n_genes, n_latent: o.n_latent })
     }
 
     pub fn n_params(&self) -> usize {
@@ -376,10 +478,7 @@ impl Vae {
     /// q(z|x): mean and variance. `x` is raw counts (b x g).
     fn encode(&mut self, x: &Tensor, train: bool, rng: &mut ChaCha8Rng) -> candle_core::Result<(Tensor, Tensor)> {
         let xl = x.affine(1.0, 1.0)?.log()?;
-        let q = self.encoder.forward(&xl, None, train, rng)?;
-        let qm = self.mean_encoder.forward(&q)?;
-        let qv = self.var_encoder.forward(&q)?.exp()?.affine(1.0, 1e-4)?;
-        Ok((qm, qv))
+        self.z_encoder.forward(&xl, None, train, rng)
     }
 
     fn onehot(&self, codes: &[u32]) -> candle_core::Result<Option<Tensor>> {

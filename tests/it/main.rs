@@ -22,6 +22,7 @@ mod registry;
 mod runner;
 mod scgpt;
 mod scvi_denovo;
+mod scvi_pretrained;
 mod seurat;
 mod uce;
 mod transfer;

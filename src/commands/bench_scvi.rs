@@ -1,0 +1,97 @@
+//! `scfoundry __bench-scvi`: throughput of the pretrained-scVI embedding path
+//! (`methods/scvi_pretrained.rs`: log1p, the encoder MLP, q_m back to the host) at a
+//! full-size shape with random weights. Cells are synthetic counts (a fixed pattern, the same
+//! as bench/scvi_torch.py's), made before timing; each batch is copied to the device, run and
+//! copied back, as `scfoundry embed --method scvi` does. The PyTorch side is
+//! bench/scvi_torch.py.
+
+use std::time::Instant;
+
+use candle_core::Device;
+use serde_json::json;
+
+use crate::cli::BenchScviArgs;
+use crate::commands::ExitStatus;
+use crate::error::Error;
+use crate::methods::scvi_pretrained::{Arch, Latent, PretrainedScvi};
+
+/// Synthetic counts of cell `i`, gene `j` (bench/scvi_torch.py computes the same).
+pub fn synthetic_count(i: usize, j: usize) -> f32 {
+    let h = (i.wrapping_mul(7919) + j.wrapping_mul(104_729)) % 23;
+    if h < 6 { (h % 5) as f32 } else { 0.0 }
+}
+
+pub fn run(a: &BenchScviArgs) -> anyhow::Result<ExitStatus> {
+    let device = match a.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::new_cuda(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?,
+        other => return Err(Error::BadOption { option: "--device".into(), detail: format!("{other:?}"), hint: Some("cpu or cuda".into()) }.into()),
+    };
+    let arch = Arch {
+        model_name: "SCVI".into(),
+        scvi_version: "random".into(),
+        n_hidden: a.hidden,
+        n_latent: a.latent,
+        n_layers: a.layers,
+        gene_likelihood: "zinb".into(),
+        latent_distribution: Latent::Normal,
+        log_variational: true,
+        encode_covariates: false,
+        deeply_inject_covariates: true,
+        batch_norm_encoder: true,
+        layer_norm_encoder: false,
+        n_batch: 1,
+        batch_key: None,
+        batch_categories: vec![],
+    };
+    let mut model = PretrainedScvi::random(&arch, a.genes, &device)?;
+    let batch = a.batch.max(1);
+    // a pool of distinct batches, cycled
+    let pool: Vec<Vec<f32>> = (0..a.pool.max(1))
+        .map(|p| (0..batch * a.genes).map(|k| synthetic_count(p * batch + k / a.genes, k % a.genes)).collect())
+        .collect();
+    let n_batches = a.cells.div_ceil(batch);
+    let codes = vec![0u32; batch];
+    let rows: Vec<usize> = (0..batch).collect();
+    let mut run_batch = |b: usize| -> anyhow::Result<usize> {
+        let n = batch.min(a.cells - b * batch);
+        let x = pool[b % pool.len()][..n * a.genes].to_vec();
+        let z = model.embed(x, &codes[..n], 0, &rows[..n])?;
+        Ok(z.len())
+    };
+    run_batch(0)?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        for b in 0..n_batches {
+            run_batch(b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let flops = 2.0 * a.cells as f64 * (a.genes * a.hidden + (a.layers - 1) * a.hidden * a.hidden + 2 * a.hidden * a.latent) as f64;
+    println!(
+        "{}",
+        json!({
+            "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "model": "scvi encoder (methods/scvi_pretrained.rs)",
+            "genes": a.genes, "hidden": a.hidden, "latent": a.latent, "layers": a.layers, "batch": batch,
+            "cells": a.cells, "device": a.device, "dtype": "f32", "seconds": best,
+            "cells_per_s": a.cells as f64 / best, "useful_tflops": flops / best / 1e12,
+        })
+    );
+    Ok(ExitStatus::Success)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_counts_are_sparse_small_integers() {
+        let v: Vec<f32> = (0..2000).map(|j| synthetic_count(3, j)).collect();
+        let nz = v.iter().filter(|x| **x > 0.0).count();
+        assert!(nz > 200 && nz < 600, "{nz}");
+        assert!(v.iter().all(|x| x.fract() == 0.0 && *x <= 4.0));
+    }
+}
