@@ -169,6 +169,43 @@ fn preflight_weights(s: &Settings, method: &str, params: &Map<String, Value>) ->
     Ok(())
 }
 
+/// More `--unfreeze-layers` than the model runs is a user error before any run folder exists
+/// (the loading hook checks again in the task). A config it cannot read is left to the task.
+fn preflight_layers(s: &Settings, method: &str, params: &Map<String, Value>, unfreeze: u64) -> anyhow::Result<()> {
+    use crate::methods::{cellama, geneformer, scgpt};
+    if unfreeze == 0 {
+        return Ok(());
+    }
+    let (path, key, left_out) = match method {
+        "cellama" => (cellama::model_dir(&s.weights_dir, &Manifest::load()?).join("config.json"), "num_hidden_layers", 0),
+        "scgpt" => (scgpt::model_dir(&s.weights_dir, &Manifest::load()?).join("args.json"), "nlayers", 0),
+        "geneformer" => {
+            let dir = match param_str(params, "model_dir") {
+                Some(d) => PathBuf::from(d),
+                None => geneformer::model_dir(&s.weights_dir, &Manifest::load()?),
+            };
+            // emb_layer -1 reads the second-to-last layer: the last one is not run
+            let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1);
+            (dir.join("config.json"), "num_hidden_layers", emb_layer.unsigned_abs())
+        }
+        _ => return Ok(()),
+    };
+    let Some(n) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()).and_then(|v| v.get(key).and_then(Value::as_u64)) else {
+        return Ok(());
+    };
+    let runs = n.saturating_sub(left_out);
+    if unfreeze > runs {
+        let why = if left_out > 0 { format!(" (the {n} of {} less the last, which --emb-layer -1 does not read)", path.display()) } else { format!(" ({key} in {})", path.display()) };
+        return Err(Error::BadOption {
+            option: "--unfreeze-layers".into(),
+            detail: format!("{unfreeze} layers asked, but {method} runs {runs} encoder layers{why}"),
+            hint: Some(format!("pass --unfreeze-layers {runs} or fewer{}", if left_out > 0 { " (or --emb-layer 0 to run and train the last layer too)" } else { "" })),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 fn resolve_device(s: &Settings, method: &str, a: &FinetuneArgs) -> anyhow::Result<crate::gpu::DeviceSpec> {
     let spec = s.device_spec(&a.device)?;
     if !crate::methods::runs_on_cuda(method) {
@@ -201,14 +238,6 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         None => batch_size * 4,
     };
-    if a.unfreeze_layers > 0 && matches!(m.name.as_str(), "cellama" | "geneformer") {
-        return Err(Error::BadOption {
-            option: "--unfreeze-layers".into(),
-            detail: format!("{} runs candle-transformers' BERT, whose fused layer norm has no backward pass, so its layers cannot be trained in this version", m.name),
-            hint: Some("leave --unfreeze-layers out (0) to train the head on the frozen embedding, or unfreeze scgpt's layers".into()),
-        }
-        .into());
-    }
     if a.unfreeze_layers > 0 && m.name == "pca" {
         warn("pca has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained");
     }
@@ -221,6 +250,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         .into());
     }
     preflight_weights(s, &m.name, &params)?;
+    preflight_layers(s, &m.name, &params, a.unfreeze_layers)?;
     // the input is checked before any run folder exists; the task reads it again
     let ad = AnnData::open(&data)?;
     ad.check_usable()?;

@@ -16,7 +16,8 @@
 //! ties by gene order (`np.argsort(-row, kind="stable")`); `scripts/cellama_reference.py` records
 //! how much that changes on the machine that made the fixture.
 //!
-//! The encoder is candle-transformers' `BertModel` over the tokens of `tokenizer.json`
+//! The encoder is candle-transformers' `BertModel` (with `finetune --unfreeze-layers N`, its last
+//! N layers are `methods/bert.rs`'s differentiable ones) over the tokens of `tokenizer.json`
 //! (truncated at `max_seq_length` from `sentence_bert_config.json`, 256), then mean pooling over
 //! the attention mask and L2 normalisation, as the model's sentence-transformers modules
 //! (Transformer, Pooling(mean), Normalize). Sentences are encoded in batches of
@@ -27,7 +28,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
+
+use crate::methods::bert::Bert;
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::error::{Error, Result};
@@ -110,7 +113,7 @@ fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 
 /// all-MiniLM-L6-v2 (or any BERT sentence-transformer folder with mean pooling + normalise).
 pub struct Encoder {
-    model: BertModel,
+    model: Bert,
     tokenizer: Tokenizer,
     device: Device,
     pub max_seq_length: usize,
@@ -164,7 +167,9 @@ impl Encoder {
             Some(h) => h.wrap(vb, "encoder.layer.", config.num_hidden_layers, &device)?,
             None => vb,
         };
-        let model = BertModel::load(vb, &config).map_err(|e| bad("model.safetensors", e.to_string()))?;
+        // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
+        let trainable = hook.map(|h| h.unfreeze).unwrap_or(0);
+        let model = Bert::load(vb, &config, trainable).map_err(|e| bad("model.safetensors", e.to_string()))?;
         Ok(Encoder { model, tokenizer, device, max_seq_length, hidden: config.hidden_size })
     }
 

@@ -305,11 +305,26 @@ pub struct LoadHook {
     pub unfreeze: usize,
     pub overrides: HashMap<String, Tensor>,
     vars: Arc<Mutex<Vec<(String, Var)>>>,
+    /// Record every tensor handed out (see `loaded`); off by default.
+    record: bool,
+    loaded: Arc<Mutex<Vec<(String, Tensor)>>>,
 }
 
 impl LoadHook {
     pub fn new(unfreeze: usize, overrides: HashMap<String, Tensor>) -> LoadHook {
-        LoadHook { unfreeze, overrides, vars: Default::default() }
+        LoadHook { unfreeze, overrides, vars: Default::default(), record: false, loaded: Default::default() }
+    }
+
+    /// Keep a handle on every tensor the model takes, for `loaded`.
+    pub fn recording(mut self) -> LoadHook {
+        self.record = true;
+        self
+    }
+
+    /// With `recording`: every tensor the model took, by checkpoint name, as the model holds it
+    /// (a trainable tensor's handle shows the optimiser's updates), to check the live weights.
+    pub fn loaded(&self) -> Vec<(String, Tensor)> {
+        self.loaded.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// The trainable tensors the model took, by checkpoint name, in load order.
@@ -327,7 +342,7 @@ impl LoadHook {
                 hint: Some(format!("pass --unfreeze-layers {n_layers} or fewer")),
             });
         }
-        let backend = Backend { inner: vb, marker: marker.to_string(), first: n_layers - self.unfreeze, unfreeze: self.unfreeze, overrides: self.overrides.clone(), vars: self.vars.clone() };
+        let backend = Backend { inner: vb, marker: marker.to_string(), first: n_layers - self.unfreeze, unfreeze: self.unfreeze, overrides: self.overrides.clone(), vars: self.vars.clone(), loaded: self.record.then(|| self.loaded.clone()) };
         Ok(VarBuilder::from_backend(Box::new(backend), DType::F32, device.clone()))
     }
 }
@@ -339,10 +354,19 @@ struct Backend {
     unfreeze: usize,
     overrides: HashMap<String, Tensor>,
     vars: Arc<Mutex<Vec<(String, Var)>>>,
+    loaded: Option<Arc<Mutex<Vec<(String, Tensor)>>>>,
 }
 
 impl Backend {
     fn finish(&self, name: &str, t: Tensor) -> candle_core::Result<Tensor> {
+        let t = self.trainable(name, t)?;
+        if let Some(Ok(mut l)) = self.loaded.as_ref().map(|l| l.lock()) {
+            l.push((name.to_string(), t.clone()));
+        }
+        Ok(t)
+    }
+
+    fn trainable(&self, name: &str, t: Tensor) -> candle_core::Result<Tensor> {
         if self.unfreeze == 0 || !layer_of(name, &self.marker).is_some_and(|l| l >= self.first) {
             return Ok(t);
         }

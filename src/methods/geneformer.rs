@@ -25,7 +25,8 @@
 //!
 //! The encoder is a Hugging Face `BertForMaskedLM` folder (config.json + model.safetensors or
 //! pytorch_model.bin, keys under `bert.`), run by candle-transformers' `BertModel` (absolute
-//! positions, relu). As `EmbExtractor.extract_embs`, the layer read is
+//! positions, relu); with `finetune --unfreeze-layers N` the last N layers run are
+//! `methods/bert.rs`'s differentiable ones. As `EmbExtractor.extract_embs`, the layer read is
 //! `hidden_states[n_layers + emb_layer]` with `emb_layer` -1 (upstream's default: the output of
 //! the second-to-last layer) or 0 (the last layer), so the model is built with that many layers.
 //! Cell embedding (`emb_mode="cell"`) = mean of that layer over the cell's tokens, leaving out
@@ -46,7 +47,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
+
+use crate::methods::bert::Bert;
 
 use crate::error::{Error, Result};
 
@@ -775,7 +778,7 @@ fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
 
 /// A Geneformer checkpoint with its dictionaries.
 pub struct Geneformer {
-    model: BertModel,
+    model: Bert,
     pub dict: Dictionaries,
     pub config: Config,
     device: Device,
@@ -864,7 +867,9 @@ impl Geneformer {
             None => vb,
         };
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
-        let model = BertModel::load(vb, &run_cfg).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") })?;
+        // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
+        let trainable = hook.map(|h| h.unfreeze).unwrap_or(0);
+        let model = Bert::load(vb, &run_cfg, trainable).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") })?;
         let input_size = config.max_position_embeddings;
         Ok(Geneformer { model, dict, config, device, input_size, emb_layer, emb_mode, weights_path })
     }

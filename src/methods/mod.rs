@@ -1,6 +1,7 @@
 //! Method implementations, one file per method. The registry (`methods/*.toml`) declares
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
+pub mod bert;
 pub mod c2s;
 pub mod cellama;
 pub mod finetune;

@@ -214,11 +214,9 @@ fn finetune_unfreezes_exactly_the_last_layers() {
         .stderr_has("runs 2 encoder layers");
 }
 
-/// Geneformer (tiny V1): the head trains on the frozen embedding and predicts; its BERT layers
-/// (candle-transformers, whose fused layer norm has no backward) cannot be unfrozen, which is
-/// refused plainly rather than trained silently without gradients.
+/// Geneformer (tiny V1): the head trains on the frozen embedding and predicts.
 #[test]
-fn finetune_geneformer_head_and_refused_unfreeze() {
+fn finetune_geneformer_head_on_the_frozen_embedding() {
     let ctx = TestContext::new();
     std::fs::copy(repo().join("tests/fixtures/geneformer/pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
     let dir = repo().join("tests/fixtures/geneformer/v1");
@@ -228,9 +226,327 @@ fn finetune_geneformer_head_and_refused_unfreeze() {
     let m = tensors(&ctx.path("ft/model.safetensors"));
     assert_eq!(m.len(), 2, "the head only");
     assert_eq!(m["head.weight"].dims()[1], 32);
-    ctx.run(&["finetune", "-m", "geneformer", "-d", "cells.h5ad", "--label-key", "cell_type", "--model-dir", d, "--unfreeze-layers", "1", "-o", "ft1"])
+}
+
+// ---- unfrozen BERT layers (geneformer, cellama): methods/bert.rs ----------------------------
+
+use candle_core::{DType, Var};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config, HiddenAct};
+use scfoundry::methods::bert::{self, Bert, TrainableLayer};
+
+fn bert_config(path: &Path) -> Config {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Largest |a - b| over the largest |b|.
+fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+    let m = b.abs().unwrap().max_all().unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+    d / m.max(1e-30)
+}
+
+/// Three sequences of different lengths (so padding and the mask matter): ids and mask.
+fn padded_batch(lens: &[usize], vocab: (u32, u32), first: Option<u32>) -> (Tensor, Tensor) {
+    let l = *lens.iter().max().unwrap();
+    let mut ids = vec![0u32; lens.len() * l];
+    let mut mask = vec![0u32; lens.len() * l];
+    for (r, &n) in lens.iter().enumerate() {
+        for p in 0..n {
+            ids[r * l + p] = match (p, first) {
+                (0, Some(f)) => f,
+                _ => vocab.0 + ((r * 7919 + p * 104_729) as u32 % (vocab.1 - vocab.0)),
+            };
+            mask[r * l + p] = 1;
+        }
+    }
+    (Tensor::from_vec(ids, (lens.len(), l), &Device::Cpu).unwrap(), Tensor::from_vec(mask, (lens.len(), l), &Device::Cpu).unwrap())
+}
+
+/// Our differentiable layers against candle-transformers' BertModel on the same checkpoint:
+/// the hidden states with the last 1..=n layers run as TrainableLayers; returns the largest
+/// relative difference.
+fn compare_with_candle_bert(vb: VarBuilder<'static>, cfg: &Config, ids: &Tensor, mask: &Tensor) -> f64 {
+    let types = ids.zeros_like().unwrap();
+    let reference = BertModel::load(vb.clone(), cfg).unwrap().forward(ids, &types, Some(mask)).unwrap();
+    let mut worst = 0f64;
+    for t in 1..=cfg.num_hidden_layers {
+        let ours = Bert::load(vb.clone(), cfg, t).unwrap();
+        assert_eq!(ours.trainable(), t);
+        let d = rel_diff(&ours.forward(ids, &types, Some(mask)).unwrap(), &reference);
+        assert!(d < 1e-5, "{t} trainable layer(s): largest difference {d:e} of the largest value");
+        worst = worst.max(d);
+    }
+    // no trainable layer: BertModel itself
+    let same = Bert::load(vb, cfg, 0).unwrap().forward(ids, &types, Some(mask)).unwrap();
+    assert_eq!(values(&same), values(&reference));
+    worst
+}
+
+/// The tiny Geneformer V1 checkpoint (2 layers, relu): our layers equal candle's within 1e-5.
+#[test]
+fn finetune_bert_layer_equals_candle_bert_on_geneformer_weights() {
+    let dir = repo().join("tests/fixtures/geneformer/v1");
+    let cfg = bert_config(&dir.join("config.json"));
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu) }.unwrap().pp("bert");
+    let (ids, mask) = padded_batch(&[40, 17, 3], (2, cfg.vocab_size as u32), None);
+    let worst = compare_with_candle_bert(vb, &cfg, &ids, &mask);
+    eprintln!("geneformer fixture: largest relative difference {worst:e}");
+}
+
+/// The real all-MiniLM-L6-v2 (6 layers, gelu, cellama's encoder): our layers equal candle's
+/// within 1e-5.
+#[test]
+fn finetune_bert_layer_equals_candle_bert_on_minilm_weights() {
+    let ctx = TestContext::new();
+    let Some(w) = crate::cellama::minilm_weights(&ctx) else { return };
+    let dir = scfoundry::methods::cellama::model_dir(&w, &scfoundry::weights::Manifest::builtin());
+    let cfg = bert_config(&dir.join("config.json"));
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu) }.unwrap();
+    let (ids, mask) = padded_batch(&[48, 30, 9], (1000, 29_000), Some(101));
+    let worst = compare_with_candle_bert(vb, &cfg, &ids, &mask);
+    eprintln!("all-MiniLM-L6-v2: largest relative difference {worst:e}");
+}
+
+/// Autograd through a tiny TrainableLayer (f64, gelu, a padded batch) equals central finite
+/// differences for every weight and the input.
+#[test]
+fn finetune_bert_layer_gradient_matches_finite_differences() {
+    let dev = Device::Cpu;
+    let cfg = Config { hidden_size: 4, num_attention_heads: 2, intermediate_size: 6, num_hidden_layers: 1, hidden_act: HiddenAct::Gelu, layer_norm_eps: 1e-12, ..Default::default() };
+    let shapes: Vec<(&str, Vec<usize>)> = vec![
+        ("attention.self.query.weight", vec![4, 4]),
+        ("attention.self.query.bias", vec![4]),
+        ("attention.self.key.weight", vec![4, 4]),
+        ("attention.self.key.bias", vec![4]),
+        ("attention.self.value.weight", vec![4, 4]),
+        ("attention.self.value.bias", vec![4]),
+        ("attention.output.dense.weight", vec![4, 4]),
+        ("attention.output.dense.bias", vec![4]),
+        ("attention.output.LayerNorm.weight", vec![4]),
+        ("attention.output.LayerNorm.bias", vec![4]),
+        ("intermediate.dense.weight", vec![6, 4]),
+        ("intermediate.dense.bias", vec![6]),
+        ("output.dense.weight", vec![4, 6]),
+        ("output.dense.bias", vec![4]),
+        ("output.LayerNorm.weight", vec![4]),
+        ("output.LayerNorm.bias", vec![4]),
+    ];
+    assert_eq!(shapes.len(), bert::LAYER_TENSORS);
+    let mut k = 0u64;
+    let mut next = || {
+        k += 1;
+        // a fixed pseudo-random value in [-0.8, 0.8)
+        ((k.wrapping_mul(2_654_435_761) % 1000) as f64 / 625.0) - 0.8
+    };
+    let mut vars = Vec::new();
+    let mut map = HashMap::new();
+    for (name, shape) in &shapes {
+        let n: usize = shape.iter().product();
+        let mut v: Vec<f64> = (0..n).map(|_| next()).collect();
+        if name.ends_with("LayerNorm.weight") {
+            v.iter_mut().for_each(|x| *x += 1.0);
+        }
+        let var = Var::from_vec(v, shape.as_slice(), &dev).unwrap();
+        map.insert(name.to_string(), var.as_tensor().clone());
+        vars.push((name.to_string(), var));
+    }
+    let layer = TrainableLayer::load(VarBuilder::from_tensors(map, DType::F64, &dev), &cfg).unwrap();
+    // batch 2 x len 3, the second sequence padded after 2 tokens
+    let x = Var::from_vec((0..24).map(|_| next() * 2.0).collect::<Vec<f64>>(), (2, 3, 4), &dev).unwrap();
+    let mask = bert::extended_mask(&Tensor::new(&[[1u32, 1, 1], [1, 1, 0]], &dev).unwrap(), DType::F64).unwrap();
+    let r = Tensor::from_vec((0..24).map(|_| next()).collect::<Vec<f64>>(), (2, 3, 4), &dev).unwrap();
+    let loss = |x: &Tensor| -> Tensor { (layer.forward(x, &mask).unwrap() * &r).unwrap().sum_all().unwrap() };
+    let grads = loss(x.as_tensor()).backward().unwrap();
+    let h = 1e-6;
+    let mut checked = 0;
+    let mut worst = 0f64;
+    for (name, var) in vars.iter().chain(std::iter::once(&("input".to_string(), x.clone()))) {
+        let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}")).flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let shape = var.as_tensor().shape().clone();
+        for i in 0..base.len() {
+            let at = |delta: f64| -> f64 {
+                let mut v = base.clone();
+                v[i] += delta;
+                var.set(&Tensor::from_vec(v, shape.clone(), &dev).unwrap()).unwrap();
+                let l = loss(x.as_tensor()).to_scalar::<f64>().unwrap();
+                var.set(&Tensor::from_vec(base.clone(), shape.clone(), &dev).unwrap()).unwrap();
+                l
+            };
+            let num = (at(h) - at(-h)) / (2.0 * h);
+            let err = (num - g[i]).abs() / (1.0 + num.abs());
+            assert!(err < 1e-6, "{name}[{i}]: autograd {} vs finite difference {num}", g[i]);
+            worst = worst.max(err);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, shapes.iter().map(|(_, s)| s.iter().product::<usize>()).sum::<usize>() + 24, "every weight and input value");
+    eprintln!("{checked} partial derivatives, largest error {worst:e}");
+}
+
+/// Train through a model loaded by a recording hook, then compare every tensor the model holds
+/// with the checkpoint: the unfrozen layer's tensors all changed, every other tensor (earlier
+/// layers, embeddings) is bit-identical.
+fn check_only_unfrozen_moved(hook: &ft::LoadHook, checkpoint: &HashMap<String, Tensor>, marker: &str) {
+    let loaded = hook.loaded();
+    let trainable: Vec<String> = hook.vars().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(trainable.len(), bert::LAYER_TENSORS, "{trainable:?}");
+    assert!(trainable.iter().all(|n| n.contains(marker)), "{trainable:?} not all in {marker}");
+    let (mut moved, mut kept) = (0, 0);
+    for (name, t) in &loaded {
+        let before = values(&checkpoint[name.as_str()].to_dtype(DType::F32).unwrap());
+        if trainable.contains(name) {
+            assert_ne!(before, values(t), "{name} is trainable but did not change");
+            moved += 1;
+        } else {
+            assert_eq!(before, values(t), "{name} is frozen but changed");
+            kept += 1;
+        }
+    }
+    assert_eq!(moved, bert::LAYER_TENSORS);
+    assert!(kept > bert::LAYER_TENSORS, "only {kept} frozen tensors seen");
+}
+
+/// Geneformer (tiny V1, both layers run with --emb-layer 0), last layer unfrozen: one
+/// training run through ft::train moves exactly that layer and the loss falls.
+#[test]
+fn finetune_geneformer_training_moves_only_the_unfrozen_layer() {
+    use scfoundry::methods::geneformer::{Dictionaries, EmbMode, Geneformer};
+    let dir = repo().join("tests/fixtures/geneformer/v1");
+    let hook = ft::LoadHook::new(1, HashMap::new()).recording();
+    let model = Geneformer::load_hooked(&dir, Dictionaries::find(&dir).unwrap(), 0, EmbMode::Cell, Device::Cpu, Some(&hook)).unwrap();
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(repo().join("tests/fixtures/geneformer/reference.json")).unwrap()).unwrap();
+    let cells: Vec<Vec<u32>> = reference["v1"]["tokens"].as_array().unwrap().iter().map(|c| c.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()).collect();
+    struct Feats<'a>(&'a Geneformer, &'a [Vec<u32>]);
+    impl ft::Features for Feats<'_> {
+        fn forward(&mut self, cells: &[usize]) -> scfoundry::error::Result<Tensor> {
+            self.0.forward_tensor(cells.iter().map(|&i| self.1[i].as_slice()).collect())
+        }
+    }
+    // labels: two classes by token count (learnable from the states)
+    let mut lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+    lens.sort_unstable();
+    let median = lens[lens.len() / 2];
+    let labels: Vec<u32> = cells.iter().map(|c| (c.len() >= median) as u32).collect();
+    let split = ft::split(&labels, 2, 0.0, 0);
+    let o = ft::TrainOptions { epochs: 6, lr: 1e-3, batch_size: 10, patience: 0, ..Default::default() };
+    let t = ft::train(&mut Feats(&model, &cells), 32, &labels, 2, &split, &hook.vars(), &o, &Device::Cpu, |_| {}).unwrap();
+    let first = t.history[0].train_loss;
+    let last = t.history.last().unwrap().train_loss;
+    assert!(last < first, "training loss did not fall: {first} -> {last}");
+    let checkpoint = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    check_only_unfrozen_moved(&hook, &checkpoint, "bert.encoder.layer.1.");
+}
+
+/// cellama (real all-MiniLM-L6-v2, 6 layers), last layer unfrozen: the same check.
+#[test]
+fn finetune_cellama_training_moves_only_the_unfrozen_layer() {
+    let ctx = TestContext::new();
+    let Some(w) = crate::cellama::minilm_weights(&ctx) else { return };
+    let dir = scfoundry::methods::cellama::model_dir(&w, &scfoundry::weights::Manifest::builtin());
+    let hook = ft::LoadHook::new(1, HashMap::new()).recording();
+    let enc = scfoundry::methods::cellama::Encoder::load_hooked(&dir, Device::Cpu, Some(&hook)).unwrap();
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(repo().join("tests/fixtures/cellama/pbmc68k_first64.json")).unwrap()).unwrap();
+    let sentences: Vec<String> = fx["sentences"].as_array().unwrap().iter().take(24).map(|s| s.as_str().unwrap().to_string()).collect();
+    struct Feats<'a>(&'a scfoundry::methods::cellama::Encoder, &'a [String]);
+    impl ft::Features for Feats<'_> {
+        fn forward(&mut self, cells: &[usize]) -> scfoundry::error::Result<Tensor> {
+            self.0.encode_tensor(&cells.iter().map(|&i| self.1[i].clone()).collect::<Vec<_>>())
+        }
+    }
+    let labels: Vec<u32> = (0..sentences.len()).map(|i| (i % 2) as u32).collect();
+    let split = ft::split(&labels, 2, 0.0, 0);
+    let o = ft::TrainOptions { epochs: 3, lr: 1e-3, batch_size: 8, patience: 0, ..Default::default() };
+    let t = ft::train(&mut Feats(&enc, &sentences), enc.hidden, &labels, 2, &split, &hook.vars(), &o, &Device::Cpu, |_| {}).unwrap();
+    assert!(t.history.last().unwrap().train_loss < t.history[0].train_loss, "training loss did not fall: {:?}", t.history);
+    let checkpoint = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    check_only_unfrozen_moved(&hook, &checkpoint, "encoder.layer.5.");
+}
+
+/// `finetune -m geneformer --unfreeze-layers 1` end to end: model.safetensors holds the head
+/// and exactly the last run layer's 16 tensors, all changed; the training loss falls; the
+/// same seed gives bit-identical weights and another seed other weights; prediction with the
+/// saved folder works; more layers than the model runs is a clear user error.
+#[test]
+fn finetune_geneformer_unfreezes_the_last_layer() {
+    let ctx = TestContext::new();
+    std::fs::copy(repo().join("tests/fixtures/geneformer/pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let dir = repo().join("tests/fixtures/geneformer/v1");
+    let d = dir.to_str().unwrap();
+    let train = |seed: &str, out: &str| {
+        ctx.run(&["finetune", "-m", "geneformer", "-d", "cells.h5ad", "--label-key", "cell_type", "--model-dir", d, "--emb-layer", "0", "--unfreeze-layers", "1", "--epochs", "6", "--lr", "0.003", "--batch-size", "10", "--val-fraction", "0", "--patience", "0", "--seed", seed, "-o", out]).success();
+        tensors(&ctx.path(out).join("model.safetensors"))
+    };
+    let a = train("1", "a");
+    let base = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut keys: Vec<&String> = a.keys().filter(|k| !k.starts_with("head.")).collect();
+    keys.sort();
+    assert_eq!(keys.len(), bert::LAYER_TENSORS, "{keys:?}");
+    for k in &keys {
+        assert!(k.starts_with("bert.encoder.layer.1."), "{k} is not in the last layer");
+        assert_ne!(values(&base[k.as_str()]), values(&a[k.as_str()]), "{k} did not change");
+    }
+    let p = provenance(&ctx.path("a"));
+    assert_eq!(p["unfrozen_tensors"].as_array().unwrap().len(), bert::LAYER_TENSORS);
+    let hist = p["history"].as_array().unwrap();
+    let (first, last) = (hist[0]["train_loss"].as_f64().unwrap(), hist.last().unwrap()["train_loss"].as_f64().unwrap());
+    assert!(last < first, "training loss did not fall: {first} -> {last}");
+    // seeds
+    let b = train("1", "b");
+    for (k, t) in &a {
+        assert_eq!(values(t), values(&b[k]), "{k}: same seed, different weights");
+    }
+    let c = train("2", "c");
+    assert_ne!(values(&a["bert.encoder.layer.1.output.dense.weight"]), values(&c["bert.encoder.layer.1.output.dense.weight"]), "another seed gave the same weights");
+    // predict with the saved folder: the fine-tuned layer replaces the checkpoint's
+    ctx.run(&["finetune", "--model", "a", "--predict", "cells.h5ad", "--predict-out", "pred.h5ad"]).success().stderr_has("accuracy against its obs['cell_type']");
+    // more layers than run: with --emb-layer -1 (default) the model runs 1 of its 2 layers
+    ctx.run(&["finetune", "-m", "geneformer", "-d", "cells.h5ad", "--label-key", "cell_type", "--model-dir", d, "--unfreeze-layers", "2", "-o", "ft2"])
         .user_error()
-        .stderr_has("no backward pass")
+        .stderr_has("--unfreeze-layers")
+        .stderr_has("runs 1 encoder layers")
+        .has_hint();
+    ctx.run(&["finetune", "-m", "geneformer", "-d", "cells.h5ad", "--label-key", "cell_type", "--model-dir", d, "--emb-layer", "0", "--unfreeze-layers", "3", "-o", "ft3"])
+        .user_error()
+        .stderr_has("runs 2 encoder layers")
+        .has_hint();
+    assert!(!ctx.path("ft2").exists() && !ctx.path("ft3").exists());
+}
+
+/// `finetune -m cellama --unfreeze-layers 1` end to end on the real all-MiniLM-L6-v2: the last
+/// layer's 16 tensors saved and changed, the loss falls, seeds reproduce, 7 layers refused.
+#[test]
+fn finetune_cellama_unfreezes_the_last_layer() {
+    let ctx = TestContext::new();
+    let Some(w) = crate::cellama::minilm_weights(&ctx) else { return };
+    std::fs::copy(repo().join("tests/fixtures/geneformer/pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let ws = w.to_str().unwrap();
+    let train = |seed: &str, out: &str| {
+        ctx.run(&["--weights-dir", ws, "finetune", "-m", "cellama", "-d", "cells.h5ad", "--label-key", "cell_type", "--unfreeze-layers", "1", "--epochs", "3", "--lr", "0.003", "--batch-size", "16", "--val-fraction", "0", "--patience", "0", "--seed", seed, "-o", out]).success();
+        tensors(&ctx.path(out).join("model.safetensors"))
+    };
+    let a = train("1", "a");
+    let dir = scfoundry::methods::cellama::model_dir(&w, &scfoundry::weights::Manifest::builtin());
+    let base = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut keys: Vec<&String> = a.keys().filter(|k| !k.starts_with("head.")).collect();
+    keys.sort();
+    assert_eq!(keys.len(), bert::LAYER_TENSORS, "{keys:?}");
+    for k in &keys {
+        assert!(k.starts_with("encoder.layer.5."), "{k} is not in the last layer");
+        assert_ne!(values(&base[k.as_str()]), values(&a[k.as_str()]), "{k} did not change");
+    }
+    let p = provenance(&ctx.path("a"));
+    let hist = p["history"].as_array().unwrap();
+    let (first, last) = (hist[0]["train_loss"].as_f64().unwrap(), hist.last().unwrap()["train_loss"].as_f64().unwrap());
+    assert!(last < first, "training loss did not fall: {first} -> {last}");
+    let b = train("1", "b");
+    for (k, t) in &a {
+        assert_eq!(values(t), values(&b[k]), "{k}: same seed, different weights");
+    }
+    ctx.run(&["--weights-dir", ws, "finetune", "-m", "cellama", "-d", "cells.h5ad", "--label-key", "cell_type", "--unfreeze-layers", "7", "-o", "ft7"])
+        .user_error()
+        .stderr_has("runs 6 encoder layers")
         .has_hint();
 }
 
