@@ -75,6 +75,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Trace(a) => commands::trace::run(a),
         Commands::Doctor(a) => commands::doctor::run(&s, a),
         Commands::BenchEncoder(a) => commands::bench_encoder::run(a),
+        Commands::BenchScimilarity(a) => commands::bench_scimilarity::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

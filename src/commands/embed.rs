@@ -142,6 +142,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
     }
+    if (m.name == "scimilarity" || m.name == "genept") && args.knobs.model_dir.is_none() {
+        let entry = if m.name == "genept" { crate::methods::genept::ARCHIVE_ENTRY } else { crate::methods::scimilarity::ARCHIVE_ENTRY };
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &[entry])?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     ad.matrix(args.layer.as_deref())?;

@@ -1,6 +1,7 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
 pub mod bench_encoder;
+pub mod bench_scimilarity;
 pub mod config;
 pub mod doctor;
 pub mod benchmark;

@@ -83,6 +83,8 @@ pub enum Py {
     Global(String),
     /// A numpy dtype: its type string (`f8`, `<i8`) and whether it is big-endian.
     Dtype(String, bool),
+    /// A numpy array (numeric dtypes): dtype string, big-endian, shape, Fortran order, raw bytes.
+    Array { dtype: String, big: bool, shape: Vec<usize>, fortran: bool, data: Vec<u8> },
     Mark,
 }
 
@@ -95,6 +97,12 @@ const DATA_GLOBALS: &[&str] = &[
     "collections.OrderedDict",
     "builtins.set",
     "builtins.frozenset",
+    // numpy arrays: protocol <= 4 (`_reconstruct` + BUILD state) and protocol 5 (`_frombuffer`)
+    "numpy.ndarray",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.numeric._frombuffer",
+    "numpy._core.numeric._frombuffer",
 ];
 
 fn numpy_scalar(dtype: &str, big: bool, bytes: &[u8]) -> std::result::Result<Py, String> {
@@ -141,10 +149,24 @@ fn call(global: &str, args: Vec<Py>) -> std::result::Result<Py, String> {
             })
             .collect::<std::result::Result<Vec<_>, String>>()
             .map(Py::Dict),
+        ("numpy.core.multiarray._reconstruct" | "numpy._core.multiarray._reconstruct", [Py::Global(t), ..]) if t == "numpy.ndarray" => {
+            Ok(Py::Array { dtype: String::new(), big: false, shape: vec![0], fortran: false, data: vec![] })
+        }
+        ("numpy.core.numeric._frombuffer" | "numpy._core.numeric._frombuffer", [Py::Bytes(b), Py::Dtype(t, big), Py::Tuple(shape), Py::Str(order)]) => Ok(Py::Array {
+            dtype: t.clone(),
+            big: *big,
+            shape: array_shape(shape)?,
+            fortran: order == "F",
+            data: b.clone(),
+        }),
         ("builtins.set" | "builtins.frozenset", []) => Ok(Py::List(vec![])),
         ("builtins.set" | "builtins.frozenset", [Py::List(v)]) => Ok(Py::List(v.clone())),
         (g, a) => Err(format!("unsupported call {g}{a:?}")),
     }
+}
+
+fn array_shape(shape: &[Py]) -> std::result::Result<Vec<usize>, String> {
+    shape.iter().map(|d| if let Py::Int(n) = d { usize::try_from(*n).map_err(|_| "negative array dimension".to_string()) } else { Err("array shape that is not integers".to_string()) }).collect()
 }
 
 fn text_line(b: &[u8], pos: &mut usize) -> std::result::Result<String, String> {
@@ -365,7 +387,18 @@ pub fn read_pickle(b: &[u8]) -> std::result::Result<Py, String> {
                         }
                     }
                     (Some(Py::Dict(_)), Py::None) => {}
-                    _ => return Err("BUILD of an object that is not a numpy dtype".into()),
+                    // ndarray.__setstate__((version, shape, dtype, is_fortran, rawdata))
+                    (Some(Py::Array { dtype, big, shape, fortran, data }), Py::Tuple(s)) => {
+                        let (sh, dt, f, raw) = match s.as_slice() {
+                            [Py::Int(_), Py::Tuple(sh), dt, f, raw] | [Py::Tuple(sh), dt, f, raw] => (sh, dt, f, raw),
+                            _ => return Err("numpy array state of an unexpected shape".into()),
+                        };
+                        let (Py::Dtype(t, b), Py::Bool(f), Py::Bytes(raw)) = (dt, f, raw) else {
+                            return Err("numpy array state without a dtype and raw bytes (object arrays are not read)".into());
+                        };
+                        (*dtype, *big, *shape, *fortran, *data) = (t.clone(), *b, array_shape(sh)?, *f, raw.clone());
+                    }
+                    _ => return Err("BUILD of an object that is not a numpy dtype or array".into()),
                 }
             }
             other => return Err(format!("pickle opcode 0x{other:02x} is not supported (only data is read)")),

@@ -24,6 +24,8 @@ mod scgpt;
 mod scvi_denovo;
 mod seurat;
 mod uce;
+mod scimilarity;
+mod genept;
 mod transfer;
 mod weights_pull;
 mod workspace;
