@@ -25,10 +25,18 @@ f-strings and a zarr class name), and its own code runs every step:
   ce.get_embeddings(data.X) (the encoder's output is L2-normalised by Encoder.forward).
 
 The gene order holds 240 of the demo data's 765 genes (seeded choice) and 60 symbols that are
-not in the data (zero-filled by align_dataset), shuffled. The data is
+not in the data (zero-filled by align_dataset), sorted as upstream's gene orders are (see
+below). The data is
 tests/fixtures/geneformer/pbmc68k_50.h5ad (50 cells of raw counts, symbols in var_names) with
 its counts in layers['counts'], as lognorm_counts requires. align_dataset is called with
 gene_overlap_threshold=1 (its default 5000 is more than this fixture's whole gene order).
+
+align_dataset builds its result with anndata.concat(join="outer"), whose var index is the
+pandas union of the gene order and the data's genes: sorted, whatever gene_order.tsv's order.
+Upstream's gene orders are sorted (so the columns match the weights); an unsorted order would
+feed the model columns that do not match its weights (a first version of this fixture, with a
+shuffled order, showed it). scfoundry follows gene_order.tsv's order; the two agree for sorted
+files, which this fixture uses.
 """
 
 import csv
@@ -63,7 +71,11 @@ def main():
     data = anndata.read_h5ad(ROOT / DATA)
     genes = list(data.var_names)
     order = list(rng.choice(genes, N_FROM_DATA, replace=False)) + [f"ABSENT{i}" for i in range(N_ABSENT)]
-    order = [str(g) for g in rng.permutation(order)]
+    # sorted, as upstream's training writes gene_order.tsv (training_tutorial.ipynb select_genes:
+    # `gene_order = sorted(gene_order)`; tests/data/gene_order.tsv, 28,231 genes, is sorted):
+    # align_dataset's outer concat returns the columns in pandas' sorted union order, which is
+    # the file's order only for a sorted file
+    order = sorted(str(g) for g in order)
 
     enc = Encoder(n_genes=len(order), latent_dim=LATENT, hidden_dim=HIDDEN)
     with torch.no_grad():
@@ -91,6 +103,7 @@ def main():
     data.layers["counts"] = data.X.copy()
     aligned = align_dataset(data, ce.gene_order, gene_overlap_threshold=1)
     aligned = lognorm_counts(aligned)
+    assert list(aligned.var_names) == order, "align_dataset put the columns in another order"
     X = aligned.X
     emb = ce.get_embeddings(X.toarray() if hasattr(X, "toarray") else X)
     # batch size does not change the result (BatchNorm in eval mode)

@@ -134,7 +134,10 @@ impl Table {
 
     pub fn from_pickle(bytes: &[u8]) -> std::result::Result<Table, String> {
         let v = read_pickle(bytes).map_err(|e| format!("not readable as a data pickle: {e}"))?;
-        let Py::Dict(items) = v else { return Err(format!("holds {}, not a dict", kind(&v))) };
+        let items = match v {
+            Py::Dict(items) => items,
+            other => return Err(format!("holds {}, not a dict", kind(&other))),
+        };
         if items.is_empty() {
             return Err("is an empty dict".into());
         }
@@ -142,7 +145,10 @@ impl Table {
         let mut vectors = Vec::new();
         let mut dim = None;
         for (k, v) in items {
-            let Py::Str(gene) = k else { return Err(format!("has a key that is {}, not a gene symbol", kind(&k))) };
+            let gene = match k {
+                Py::Str(g) => g,
+                other => return Err(format!("has a key that is {}, not a gene symbol", kind(&other))),
+            };
             let x = vector(&v).map_err(|e| format!("the value of `{gene}` is {e}, not a vector of numbers"))?;
             match dim {
                 None => dim = Some(x.len()),

@@ -62,6 +62,9 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
             scimilarity::UPSTREAM_MIN_OVERLAP
         ));
     }
+    if !gene_order.windows(2).all(|w| w[0] <= w[1]) {
+        notes.push("gene_order.tsv is not sorted: its order is used, as the weights' columns; upstream's align_dataset would put the columns in sorted order instead (anndata's outer concat), which matches the weights only for a sorted file like the released ones".into());
+    }
     if align.duplicated > 0 {
         notes.push(format!("{} var_names entries repeat a model gene's symbol: their counts were summed (upstream's consolidate_duplicate_symbols)", align.duplicated));
     }
