@@ -149,8 +149,10 @@ fn scimilarity_embed_command_matches_upstream() {
     let d = model_copy(&ctx, "other", |_| {});
     let r = ctx.run(&["embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "-o", "b.h5ad", "--model-dir", d.to_str().unwrap()]);
     r.success();
+    // the same rows up to float32 rounding (the matmul blocks differ with the batch's size)
     let (got2, _) = read_obsm(&ctx.path("b.h5ad"), "X_scimilarity");
-    assert_eq!(got, got2);
+    let d = got.iter().zip(&got2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(d < 1e-6, "{d}");
     assert_eq!(read_i64(&ctx.path("b.h5ad"), "uns/scfoundry/parameters/batch_size"), 2048);
 }
 
