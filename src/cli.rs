@@ -76,6 +76,38 @@ pub enum Commands {
     /// Throughput of the pretrained-scVI encoder at a full-size shape, random weights.
     #[command(name = "__bench-scvi", hide = true)]
     BenchScvi(BenchScviArgs),
+    /// Internal (benchmarks): cells per second of the SCimilarity encoder at full size with
+    /// random weights on synthetic cells (bench/scimilarity_torch.py is the PyTorch side).
+    #[command(name = "__bench-scimilarity", hide = true)]
+    BenchScimilarity(BenchScimilarityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchScimilarityArgs {
+    /// Input genes (the released model_v1.1 gene order's length by default).
+    #[arg(long, default_value_t = 28231)]
+    pub genes: usize,
+    /// Hidden layer sizes, comma-separated.
+    #[arg(long, default_value = "1024,1024")]
+    pub hidden: String,
+    /// Latent (embedding) size.
+    #[arg(long, default_value_t = 128)]
+    pub latent: usize,
+    /// Cells to embed per pass.
+    #[arg(long, default_value_t = 20480)]
+    pub cells: usize,
+    /// Cells per batch (the method's default, 2048).
+    #[arg(long, default_value_t = 2048)]
+    pub batch: usize,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Timed passes (the best is reported), after one warm-up pass.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -460,6 +492,8 @@ pub struct KnobArgs {
     /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
     /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
+    /// scimilarity: an upstream model folder (encoder.ckpt, gene_order.tsv, layer_sizes.json).
+    /// genept: a folder holding GenePT_gene_embedding_ada_text.pickle.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).

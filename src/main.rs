@@ -76,6 +76,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Doctor(a) => commands::doctor::run(&s, a),
         Commands::BenchEncoder(a) => commands::bench_encoder::run(a),
         Commands::BenchScvi(a) => commands::bench_scvi::run(a),
+        Commands::BenchScimilarity(a) => commands::bench_scimilarity::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

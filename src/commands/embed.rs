@@ -149,6 +149,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         // the saved model is read (as data) first: a wrong folder fails before the data is read
         crate::methods::scvi_pretrained::SavedModel::read(&crate::commands::task::scvi_model_dir(&params)?)?;
     }
+    if (m.name == "scimilarity" || m.name == "genept") && args.knobs.model_dir.is_none() {
+        let entry = if m.name == "genept" { crate::methods::genept::ARCHIVE_ENTRY } else { crate::methods::scimilarity::ARCHIVE_ENTRY };
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &[entry])?;
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     if m.name == "scvi" {

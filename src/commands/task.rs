@@ -21,6 +21,8 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 mod c2s;
 mod scvi;
 mod uce;
+mod scimilarity;
+mod genept;
 
 pub use scvi::{model_dir as scvi_model_dir, prepare as scvi_prepare};
 
@@ -40,6 +42,8 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
         ("embed", "c2s", Step::Embed) => c2s::embed_c2s(&spec, dir).map_err(Into::into),
         ("embed", "scvi", Step::Embed) => scvi::embed_scvi(&spec, dir).map_err(Into::into),
+        ("embed", "scimilarity", Step::Embed) => scimilarity::embed_scimilarity(&spec, dir).map_err(Into::into),
+        ("embed", "genept", Step::Embed) => genept::embed_genept(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

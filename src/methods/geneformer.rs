@@ -131,6 +131,8 @@ const DATA_GLOBALS: &[&str] = &[
     "numpy.core.multiarray._reconstruct",
     "numpy._core.multiarray._reconstruct",
     "numpy.ndarray",
+    "numpy.core.numeric._frombuffer",
+    "numpy._core.numeric._frombuffer",
 ];
 
 /// The elements of a numpy array's BUILD state: `data` is a list (object arrays) or the raw
@@ -198,8 +200,21 @@ fn numpy_scalar(dtype: &str, big: bool, bytes: &[u8]) -> std::result::Result<Py,
         "u8" => Py::Int(u64::from_le_bytes(arr(8)?.try_into().unwrap()) as i64),
         "i1" => Py::Int(i8::from_le_bytes(arr(1)?.try_into().unwrap()) as i64),
         "u1" | "b1" => Py::Int(arr(1)?[0] as i64),
+        "f2" => Py::Float(f16_to_f64(u16::from_le_bytes(arr(2)?.try_into().unwrap()))),
         other => return Err(format!("numpy scalar of dtype {other} is not supported")),
     })
+}
+
+/// IEEE half precision to f64.
+pub(crate) fn f16_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f64;
+    sign * match exp {
+        0 => frac * 2f64.powi(-24),
+        31 => if frac == 0.0 { f64::INFINITY } else { f64::NAN },
+        e => (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    }
 }
 
 /// Call a data global with its arguments.
@@ -222,10 +237,23 @@ fn call(global: &str, args: Vec<Py>) -> std::result::Result<Py, String> {
         ("collections.defaultdict", _) | ("builtins.dict", []) => Ok(Py::Dict(vec![])),
         ("builtins.bytes", []) => Ok(Py::Bytes(vec![])),
         ("numpy.core.multiarray._reconstruct" | "numpy._core.multiarray._reconstruct", [Py::Global(c), ..]) if c == "numpy.ndarray" => Ok(Py::Array { dtype: String::new(), shape: vec![], items: vec![] }),
+        // protocol 5: numpy arrays pickled out of band / via `_frombuffer`
+        ("numpy.core.numeric._frombuffer" | "numpy._core.numeric._frombuffer", [Py::Bytes(b), Py::Dtype(t, big), Py::Tuple(shape), Py::Str(order)]) => {
+            let shape = array_shape(shape)?;
+            if order == "F" && shape.iter().filter(|&&d| d > 1).count() > 1 {
+                return Err("Fortran-ordered numpy arrays are not read".into());
+            }
+            let n = shape.iter().product();
+            Ok(Py::Array { dtype: t.clone(), items: array_items(t, *big, n, Py::Bytes(b.clone()))?, shape })
+        }
         ("builtins.set" | "builtins.frozenset", []) => Ok(Py::List(vec![])),
         ("builtins.set" | "builtins.frozenset", [Py::List(v)]) => Ok(Py::List(v.clone())),
         (g, a) => Err(format!("unsupported call {g}{a:?}")),
     }
+}
+
+fn array_shape(shape: &[Py]) -> std::result::Result<Vec<usize>, String> {
+    shape.iter().map(|d| if let Py::Int(n) = d { usize::try_from(*n).map_err(|_| "negative array dimension".to_string()) } else { Err("array shape that is not integers".to_string()) }).collect()
 }
 
 fn text_line(b: &[u8], pos: &mut usize) -> std::result::Result<String, String> {

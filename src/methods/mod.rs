@@ -14,10 +14,12 @@ pub mod scvi;
 pub mod scvi_pretrained;
 pub mod seurat;
 pub mod uce;
+pub mod scimilarity;
+pub mod genept;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

@@ -25,6 +25,8 @@ mod scvi_denovo;
 mod scvi_pretrained;
 mod seurat;
 mod uce;
+mod scimilarity;
+mod genept;
 mod transfer;
 mod weights_pull;
 mod workspace;

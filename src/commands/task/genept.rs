@@ -1,0 +1,92 @@
+//! The `embed` task of GenePT-w (see `methods/genept.rs`): the gene table, the data's genes
+//! looked up, each cell's weighted sum on the CPU, provenance.
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+use super::{provenance, verified_weights, write_json_dict};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::genept::{self, Lookup, Table};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let given = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let shas = match given {
+        Some(_) => serde_json::Map::new(),
+        None => verified_weights("genept", &wdir, &[genept::ARCHIVE_ENTRY])?,
+    };
+    let table_path = genept::table_path(&wdir, &Manifest::load()?, given.as_deref())?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let p = rep.step("genept: read the gene table", 1, "files");
+    let table = Table::load(&table_path)?;
+    p.finish();
+    let lookup = Lookup::new(&ad.var_names, &table);
+    if lookup.matched() == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!("none of its {} genes (e.g. {example}) has a GenePT embedding in {}", ad.n_vars, table_path.display()),
+            hint: Some("GenePT matches gene symbols (e.g. CD3E) in var_names exactly, as upstream; data with Ensembl ids in var_names needs the symbols there".into()),
+        });
+    }
+    // upstream prints "Unable to match N out of M genes in the GenePT-w embedding"
+    notes.push(format!(
+        "{} of {} genes (var_names) have no GenePT embedding: they count in the average as zero vectors, as upstream's code does",
+        lookup.missing, ad.n_vars
+    ));
+    let dim = table.dim;
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_genept";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("genept: embed", ad.n_obs as u64, "cells");
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let n = b.n_rows();
+        let mut rows = vec![0f32; n * dim];
+        rows.par_chunks_mut(dim).enumerate().for_each_init(
+            || vec![0f64; dim],
+            |acc, (i, row)| {
+                let (idx, vals) = b.row(i);
+                genept::embed_cell(idx, vals, &lookup, &table, acc);
+                for (r, a) in row.iter_mut().zip(acc.iter()) {
+                    *r = *a as f32;
+                }
+            },
+        );
+        write_rows(&ds, s, &rows, dim)?;
+        p.inc(n as u64);
+    }
+    p.finish();
+    drop(ds);
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    params.insert("device".into(), json!("cpu"));
+    params.insert("genes_matched".into(), json!(lookup.matched()));
+    params.insert("genes_without_embedding".into(), json!(lookup.missing));
+    params.insert("table_genes".into(), json!(table.index.len()));
+    params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("table".into(), json!(table_path.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}

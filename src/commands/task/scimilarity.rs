@@ -1,0 +1,152 @@
+//! The `embed` task of SCimilarity (see `methods/scimilarity.rs`): the model folder, the genes
+//! aligned to its order, log-normalised cells through the encoder in batches, provenance.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::scimilarity::{self, Alignment, Encoder};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+/// Batch size when none is given (the registry's default, methods/scimilarity.toml).
+pub const DEFAULT_BATCH: u64 = 2048;
+
+pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let given = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let (model_dir, shas) = match given {
+        Some(d) => (d, serde_json::Map::new()),
+        None => {
+            let shas = verified_weights("scimilarity", &wdir, &[scimilarity::ARCHIVE_ENTRY])?;
+            (scimilarity::model_dir(&wdir, &Manifest::load()?), shas)
+        }
+    };
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+
+    let dev = TaskDevice::start(spec)?;
+    let (enc, gene_order) = Encoder::load(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let align = Alignment::new(&ad.var_names, &gene_order);
+    if align.matched == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!("none of its {} genes (e.g. {example}) is among the model's {} genes (gene_order.tsv, e.g. {})", ad.n_vars, gene_order.len(), gene_order.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("SCimilarity matches gene symbols (e.g. CD3E) in var_names, as upstream's align_dataset; data with Ensembl ids in var_names needs the symbols there".into()),
+        });
+    }
+    notes.push(format!(
+        "{} of the model's {} genes are in the data; {} are not and were zero-filled (upstream's align_dataset); {} of the data's {} genes are not in the model and were left out",
+        align.matched,
+        align.n_genes,
+        align.missing,
+        align.column.iter().filter(|c| c.is_none()).count(),
+        ad.n_vars
+    ));
+    if align.matched < scimilarity::UPSTREAM_MIN_OVERLAP.min(align.n_genes) {
+        notes.push(format!(
+            "only {} genes are shared with the model: upstream's align_dataset refuses data with fewer than {} (gene_overlap_threshold); the embedding of such data is unreliable",
+            align.matched,
+            scimilarity::UPSTREAM_MIN_OVERLAP
+        ));
+    }
+    if !gene_order.windows(2).all(|w| w[0] <= w[1]) {
+        notes.push("gene_order.tsv is not sorted: its order is used, as the weights' columns; upstream's align_dataset would put the columns in sorted order instead (anndata's outer concat), which matches the weights only for a sorted file like the released ones".into());
+    }
+    if align.duplicated > 0 {
+        notes.push(format!("{} var_names entries repeat a model gene's symbol: their counts were summed (upstream's consolidate_duplicate_symbols)", align.duplicated));
+    }
+
+    let batch = param_u64(spec, "batch_size", DEFAULT_BATCH) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let dim = enc.latent;
+    let n_genes = enc.n_genes;
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_scimilarity";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("scimilarity: embed", ad.n_obs as u64, "cells");
+    let (mut fractional, mut empty) = (None::<(usize, f32)>, 0usize);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            if fractional.is_none() {
+                if let Some(v) = vals.iter().find(|v| v.fract() != 0.0) {
+                    fractional = Some((s + i, *v));
+                }
+            }
+            if !idx.iter().any(|&j| align.column[j as usize].is_some()) {
+                empty += 1;
+            }
+        }
+        let order: Vec<usize> = (0..b.n_rows()).collect();
+        let rows = batches.run(
+            b.n_rows(),
+            dim,
+            &order,
+            0.0,
+            |cells| {
+                let mut dense = vec![0f32; cells.len() * n_genes];
+                for (k, &i) in cells.iter().enumerate() {
+                    let (idx, vals) = b.row(i);
+                    align.lognorm_row(idx, vals, &mut dense[k * n_genes..(k + 1) * n_genes]).map_err(|v| Error::BadField {
+                        path: spec.data.clone(),
+                        field: x.field.clone(),
+                        detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
+                        hint: Some("SCimilarity reads raw counts (non-negative, finite), as upstream's align_dataset requires; pass the counts layer with --layer".into()),
+                    })?;
+                }
+                enc.embed_rows(&dense, cells.len())
+            },
+            |k| p.inc(k as u64),
+        )?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if let Some((row, v)) = fractional {
+        notes.push(format!(
+            "{} holds non-integer values (e.g. {v} at cell {row}): SCimilarity normalises raw counts itself (upstream reads layers['counts']); pass the counts layer with --layer if this is not one",
+            x.field
+        ));
+    }
+    if empty > 0 {
+        notes.push(format!("{empty} cell(s) have no count in the model's genes: their input is all zeros, so they share one embedding"));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("model_genes".into(), json!(align.n_genes));
+    params.insert("genes_matched".into(), json!(align.matched));
+    params.insert("genes_missing_zero_filled".into(), json!(align.missing));
+    params.insert("genes_duplicated_summed".into(), json!(align.duplicated));
+    params.insert("hidden_dim".into(), json!(enc.hidden));
+    params.insert("latent_dim".into(), json!(enc.latent));
+    params.insert("normalisation".into(), json!("counts over the model's genes scaled to 1e4 per cell, log1p (upstream's lognorm_counts after align_dataset)"));
+    params.insert("cell_embedding".into(), json!("encoder output, L2-normalised (Encoder.forward)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("model_dir".into(), json!(model_dir.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
