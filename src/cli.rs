@@ -77,20 +77,25 @@ pub enum Commands {
 
 #[derive(Debug, Args)]
 pub struct BenchEncoderArgs {
+    /// A model's own encoder at its released shape (`sccello`, `langcell`: the <cls> read-out,
+    /// and LangCell's projection, as `embed` runs them) instead of a bare BERT of the shape below.
+    #[arg(long, value_parser = ["sccello", "langcell"], conflicts_with_all = ["layers", "hidden", "heads", "ffn"])]
+    pub arch: Option<String>,
     /// Encoder layers.
-    #[arg(long)]
-    pub layers: usize,
+    #[arg(long, required_unless_present = "arch")]
+    pub layers: Option<usize>,
     /// Model width (d_model).
-    #[arg(long)]
-    pub hidden: usize,
-    #[arg(long)]
-    pub heads: usize,
+    #[arg(long, required_unless_present = "arch")]
+    pub hidden: Option<usize>,
+    #[arg(long, required_unless_present = "arch")]
+    pub heads: Option<usize>,
     /// Feed-forward width.
-    #[arg(long)]
-    pub ffn: usize,
-    /// Longest sequence (longer cells are cut, as the tokenizers do).
-    #[arg(long)]
-    pub max_len: usize,
+    #[arg(long, required_unless_present = "arch")]
+    pub ffn: Option<usize>,
+    /// Longest sequence (longer cells are cut, as the tokenizers do; with --arch, the model's
+    /// 2,048 positions unless given).
+    #[arg(long, required_unless_present = "arch")]
+    pub max_len: Option<usize>,
     /// Token lengths, one integer per line (cells are drawn from it in order, cycling).
     #[arg(long, value_name = "FILE")]
     pub lengths: PathBuf,

@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::cli::BenchEncoderArgs;
 use crate::commands::ExitStatus;
 use crate::error::Error;
+use crate::methods::cls_encoder::{Arch, ClsEncoder};
 
 /// Random weights of any requested shape (normal, sd 0.02), made on the device.
 struct RandomWeights;
@@ -49,28 +50,95 @@ fn device_of(name: &str) -> anyhow::Result<Device> {
     }
 }
 
-pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    let dtype = match a.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f16" => DType::F16,
-        "f32" => DType::F32,
-        other => return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{other:?}"), hint: Some("bf16, f16 or f32".into()) }.into()),
-    };
+fn dtype_of(name: &str) -> anyhow::Result<DType> {
+    match name {
+        "bf16" => Ok(DType::BF16),
+        "f16" => Ok(DType::F16),
+        "f32" => Ok(DType::F32),
+        other => Err(Error::BadOption { option: "--dtype".into(), detail: format!("{other:?}"), hint: Some("bf16, f16 or f32".into()) }.into()),
+    }
+}
+
+fn length_pool(a: &BenchEncoderArgs) -> anyhow::Result<Vec<usize>> {
     let text = std::fs::read_to_string(&a.lengths).map_err(|e| Error::Io { path: a.lengths.clone(), source: e })?;
     let pool: Vec<usize> = text.lines().filter_map(|l| l.trim().parse::<usize>().ok()).filter(|&n| n > 0).collect();
     if pool.is_empty() {
         return Err(Error::BadField { path: a.lengths.clone(), field: "lines".into(), detail: "holds no positive integer".into(), hint: None }.into());
     }
-    let lens: Vec<usize> = (0..a.cells).map(|i| pool[i % pool.len()].min(a.max_len)).collect();
+    Ok(pool)
+}
+
+/// `--arch`: the model's own encoder (`ClsEncoder`, as `embed` runs it) at its released shape
+/// with random weights. A cell is `<cls>` and its genes: 1 + the file's length, cut at the
+/// input size. FLOPs count the encoder only (the <cls> read-out and projection are negligible).
+fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
+    let dtype = dtype_of(&a.dtype)?;
+    let pool = length_pool(a)?;
+    let device = device_of(&a.device)?;
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let model = ClsEncoder::with_weights(arch, vb, device.clone())?;
+    let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
+    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if a.order == "sorted" {
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    }
+    let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let run_batch = |b: &[usize]| -> anyhow::Result<()> {
+        let _ = model.forward_batch(b.iter().map(|&i| cells[i].as_slice()).collect())?;
+        Ok(())
+    };
+    run_batch(&batches[0])?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        for b in &batches {
+            run_batch(b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let (l, d, f) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(l, d, f, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": arch.name(),
+        "encoder": "scfoundry ClsEncoder (candle-transformers BertModel, <cls> read-out)",
+        "layers": l, "hidden": d, "heads": cfg.num_attention_heads, "ffn": f, "max_len": max_len,
+        "embedding_dim": model.dim(),
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
+pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    if let Some(name) = &a.arch {
+        let arch = Arch::parse(name).ok_or_else(|| Error::BadOption { option: "--arch".into(), detail: format!("{name:?}"), hint: Some("sccello or langcell".into()) })?;
+        return run_arch(a, arch);
+    }
+    let (layers, hidden, heads, ffn, max_len) = match (a.layers, a.hidden, a.heads, a.ffn, a.max_len) {
+        (Some(l), Some(h), Some(n), Some(f), Some(m)) => (l, h, n, f, m),
+        _ => return Err(Error::BadOption { option: "--layers".into(), detail: "a shape needs --layers, --hidden, --heads, --ffn and --max-len".into(), hint: Some("or pass --arch".into()) }.into()),
+    };
+    let dtype = dtype_of(&a.dtype)?;
+    let pool = length_pool(a)?;
+    let lens: Vec<usize> = (0..a.cells).map(|i| pool[i % pool.len()].min(max_len)).collect();
     let mut order: Vec<usize> = (0..lens.len()).collect();
     if a.order == "sorted" {
         order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
     }
     let device = device_of(&a.device)?;
     let cfg: Config = serde_json::from_value(json!({
-        "vocab_size": 25426, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads, "intermediate_size": a.ffn, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.0, "max_position_embeddings": a.max_len, "type_vocab_size": 2,
+        "vocab_size": 25426, "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "intermediate_size": ffn, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0, "max_position_embeddings": max_len, "type_vocab_size": 2,
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
         "classifier_dropout": null, "model_type": "bert"
     }))?;
@@ -111,10 +179,10 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     let real: usize = lens.iter().sum();
     let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
-    let flops: f64 = lens.iter().map(|&s| cell_flops(a.layers, a.hidden, a.ffn, s)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "candle-transformers BertModel",
-        "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "ffn": a.ffn, "max_len": a.max_len,
+        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,

@@ -19,6 +19,7 @@ use crate::runner::stats::TaskStats;
 use crate::runner::{Step, TaskResult, TaskSpec};
 
 mod uce;
+pub mod cls_encoder;
 
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
     let started = Instant::now();
@@ -34,6 +35,8 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
         ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
         ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
+        ("embed", "sccello", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Sccello).map_err(Into::into),
+        ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

@@ -2,11 +2,14 @@
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
 pub mod cellama;
+pub mod cls_encoder;
 pub mod finetune;
 pub mod geneformer;
 pub mod harmony;
 pub mod knn_transfer;
+pub mod langcell;
 pub mod pca;
+pub mod sccello;
 pub mod scgpt;
 pub mod scvi;
 pub mod seurat;
@@ -14,7 +17,7 @@ pub mod uce;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "sccello", "langcell"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)
