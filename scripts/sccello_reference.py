@@ -5,7 +5,10 @@ Runs upstream's own code from a checkout of DeepGraphLearning/scCello (commit 76
 with --sccello-repo) on 50 real demo cells:
 
 - tokenisation: `ProcessSingleCellData.from_h5ad_adata` (sccello/src/data/data_proc.py, the
-  CELLxGENE sparse path that built the pre-training corpus) with the dictionaries loaded by
+  CELLxGENE sparse path that built the pre-training corpus; for the reference tokens each row is
+  handed to `_extract_info_from_cell` with sorted column indices and numpy's argsort made stable,
+  so that ties keep column order; the cells whose order differs under upstream's own code are
+  counted) with the dictionaries loaded by
   upstream's `data_loading.get_prestored_data` (which appends `<cls>` = len(dictionary)), then
   the truncation of `TranscriptomeTokenizer.tokenize` (`input_ids[:truncate_length]`, <cls>
   included) at the model's input size;
@@ -140,15 +143,24 @@ def main():
     for k in ["disease", "donor_id", "cell_type_ontology_term_id", "tissue", "tissue_ontology_term_id", "development_stage"]:
         adata.obs[k] = "x"
 
-    def tokenize(numpy_module):
+    upstream_extract = data_proc.ProcessSingleCellData._extract_info_from_cell
+
+    def column_ordered(exprank, expnum, *args, **kw):
+        # scipy's broadcast multiply returns COO, and its getrow hands the row's entries over in
+        # descending column order; sorted, a stable argsort keeps ties in column order
+        return upstream_extract(exprank.tocsr().sorted_indices(), expnum.tocsr().sorted_indices(), *args, **kw)
+
+    def tokenize(numpy_module, stable):
         data_proc.np = numpy_module
+        data_proc.ProcessSingleCellData._extract_info_from_cell = staticmethod(column_ordered if stable else upstream_extract)
         df = data_proc.ProcessSingleCellData.from_h5ad_adata(adata.copy(), "demo", is_cellxgene=True, require_raw=False)
         data_proc.np = np
+        data_proc.ProcessSingleCellData._extract_info_from_cell = staticmethod(upstream_extract)
         # TranscriptomeTokenizer.tokenize: input_ids[:truncate_length]
         return [[int(t) for t in ids[:INPUT_SIZE]] for ids in df["gene_token_ids"]], [len(ids) for ids in df["gene_token_ids"]]
 
-    cells, full_lens = tokenize(StableNumpy())
-    default_cells, _ = tokenize(np)
+    cells, full_lens = tokenize(StableNumpy(), True)
+    default_cells, _ = tokenize(np, False)
     assert len(cells) == n and all(c[0] == cls_id for c in cells)
 
     # ---- model at a small size, release format

@@ -725,14 +725,24 @@ pub fn weights_file(dir: &Path, hint: &str) -> Result<PathBuf> {
     }
 }
 
-/// Every tensor of a safetensors file or a torch pickle (`torch.save` of a state_dict, read as
-/// data by candle), as f32 on `device`.
+/// The floating-point tensors of a safetensors file or a torch pickle (`torch.save` of a
+/// state_dict, read as data by candle), as f32 on `device`. Integer and boolean buffers
+/// (position ids, scCello's ontology masks) are left out: candle reads no boolean tensors.
 pub fn read_tensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    use candle_core::safetensors::Load;
     let bad = |e: candle_core::Error| Error::BadWeights { path: path.into(), detail: e.to_string() };
     let raw: Vec<(String, Tensor)> = if path.extension().is_some_and(|e| e == "safetensors") {
-        candle_core::safetensors::load(path, &Device::Cpu).map_err(bad)?.into_iter().collect()
+        // SAFETY: memory-mapped read-only; weights are not modified while scfoundry runs.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }.map_err(bad)?;
+        let mut out = Vec::new();
+        for (name, view) in st.tensors() {
+            if DType::try_from(view.dtype()).is_ok_and(|d| d.is_float()) {
+                out.push((name, view.load(&Device::Cpu).map_err(bad)?));
+            }
+        }
+        out
     } else {
-        candle_core::pickle::read_all(path).map_err(bad)?
+        candle_core::pickle::read_all(path).map_err(bad)?.into_iter().filter(|(_, t)| t.dtype().is_float()).collect()
     };
     raw.into_iter().map(|(k, t)| Ok((k, t.to_dtype(DType::F32).and_then(|t| t.to_device(device)).map_err(bad)?))).collect()
 }
