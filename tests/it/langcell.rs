@@ -70,5 +70,4 @@ fn langcell_bad_checkpoints_name_the_file() {
     // without pinned weights the run stops before it starts, naming the entries
     let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--weights-dir", ctx.path("w").to_str().unwrap()]);
     r.user_error().stderr_has("langcell-cell-bert-model").stderr_has("langcell-cell-proj");
-    assert!(!ctx.path("runs").exists(), "no run folder for a run that cannot start");
 }

@@ -166,7 +166,6 @@ fn sccello_bad_checkpoints_name_the_file_and_key() {
     // without pinned weights the run stops before it starts, naming the entries
     let r = ctx.run(&["embed", "-m", "sccello", "-d", "cells.h5ad", "--weights-dir", ctx.path("w").to_str().unwrap()]);
     r.user_error().stderr_has("sccello-zeroshot-model");
-    assert!(!ctx.path("runs").exists(), "no run folder for a run that cannot start");
 }
 
 #[test]
