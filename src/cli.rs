@@ -112,8 +112,10 @@ pub struct BenchScimilarityArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchEncoderArgs {
-    /// `bert` (candle's BERT encoder; --layers, --hidden, --heads, --ffn needed), or
-    /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override).
+    /// `bert` (candle's BERT encoder; --layers, --hidden, --heads, --ffn, --max-len needed),
+    /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override),
+    /// or `sccello` / `langcell` (the model's own <cls> encoder at its released shape, as
+    /// `embed` runs it; --max-len defaults to its 2,048 positions).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// Encoder layers.
@@ -129,7 +131,7 @@ pub struct BenchEncoderArgs {
     pub ffn: Option<usize>,
     /// Longest sequence (longer cells are cut, as the tokenizers do).
     #[arg(long)]
-    pub max_len: usize,
+    pub max_len: Option<usize>,
     /// Token lengths, one integer per line (cells are drawn from it in order, cycling).
     #[arg(long, value_name = "FILE")]
     pub lengths: PathBuf,

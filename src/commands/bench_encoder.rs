@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::cli::BenchEncoderArgs;
 use crate::commands::ExitStatus;
 use crate::error::Error;
+use crate::methods::cls_encoder::{Arch, ClsEncoder};
 
 /// Random weights of any requested shape (normal, sd 0.02), made on the device.
 struct RandomWeights;
@@ -58,15 +59,20 @@ fn dtype_of(name: &str) -> anyhow::Result<DType> {
     }
 }
 
-/// Token counts of `a.cells` cells (from the lengths file, cycling, capped at --max-len) and
-/// their run order.
-fn lengths(a: &BenchEncoderArgs) -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
+fn length_pool(a: &BenchEncoderArgs) -> anyhow::Result<Vec<usize>> {
     let text = std::fs::read_to_string(&a.lengths).map_err(|e| Error::Io { path: a.lengths.clone(), source: e })?;
     let pool: Vec<usize> = text.lines().filter_map(|l| l.trim().parse::<usize>().ok()).filter(|&n| n > 0).collect();
     if pool.is_empty() {
         return Err(Error::BadField { path: a.lengths.clone(), field: "lines".into(), detail: "holds no positive integer".into(), hint: None }.into());
     }
-    let lens: Vec<usize> = (0..a.cells).map(|i| pool[i % pool.len()].min(a.max_len)).collect();
+    Ok(pool)
+}
+
+/// Token counts of `a.cells` cells (from the lengths file, cycling, capped at `max_len`) and
+/// their run order.
+fn lengths(a: &BenchEncoderArgs, max_len: usize) -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
+    let pool = length_pool(a)?;
+    let lens: Vec<usize> = (0..a.cells).map(|i| pool[i % pool.len()].min(max_len)).collect();
     let mut order: Vec<usize> = (0..lens.len()).collect();
     if a.order == "sorted" {
         order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
@@ -98,14 +104,15 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let mut cfg = match a.arch.as_str() {
         "c2s-160m" => c2s::Config::pythia_160m(),
         "c2s-410m" => c2s::Config::pythia_410m(),
-        other => return Err(Error::BadOption { option: "--arch".into(), detail: format!("{other:?}"), hint: Some("bert, c2s-160m or c2s-410m".into()) }.into()),
+        other => return Err(Error::BadOption { option: "--arch".into(), detail: format!("{other:?}"), hint: Some("bert, c2s-160m, c2s-410m, sccello or langcell".into()) }.into()),
     };
     cfg.num_hidden_layers = a.layers.unwrap_or(cfg.num_hidden_layers);
     cfg.hidden_size = a.hidden.unwrap_or(cfg.hidden_size);
     cfg.num_attention_heads = a.heads.unwrap_or(cfg.num_attention_heads);
     cfg.intermediate_size = a.ffn.unwrap_or(cfg.intermediate_size);
     let dtype = dtype_of(&a.dtype)?;
-    let (lens, order) = lengths(a)?;
+    let max_len = a.max_len.unwrap_or(2048);
+    let (lens, order) = lengths(a, max_len)?;
     let device = device_of(&a.device)?;
     let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
     let model = GptNeoX::build(cfg.clone(), vb, dtype, device.clone())?;
@@ -123,7 +130,57 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "scfoundry GPT-NeoX (methods/c2s.rs)", "arch": a.arch,
         "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "ffn": cfg.intermediate_size,
-        "rotary_dims": cfg.rotary_dims(), "max_len": a.max_len,
+        "rotary_dims": cfg.rotary_dims(), "max_len": max_len,
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
+/// `--arch`: the model's own encoder (`ClsEncoder`, as `embed` runs it) at its released shape
+/// with random weights. A cell is `<cls>` and its genes: 1 + the file's length, cut at the
+/// input size. FLOPs count the encoder only (the <cls> read-out and projection are negligible).
+fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
+    let dtype = dtype_of(&a.dtype)?;
+    let pool = length_pool(a)?;
+    let device = device_of(&a.device)?;
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let model = ClsEncoder::with_weights(arch, vb, device.clone())?;
+    let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
+    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if a.order == "sorted" {
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    }
+    let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let run_batch = |b: &[usize]| -> anyhow::Result<()> {
+        let _ = model.forward_batch(b.iter().map(|&i| cells[i].as_slice()).collect())?;
+        Ok(())
+    };
+    run_batch(&batches[0])?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        for b in &batches {
+            run_batch(b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let (l, d, f) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(l, d, f, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": arch.name(),
+        "encoder": "scfoundry ClsEncoder (candle-transformers BertModel, <cls> read-out)",
+        "layers": l, "hidden": d, "heads": cfg.num_attention_heads, "ffn": f, "max_len": max_len,
+        "embedding_dim": model.dim(),
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
@@ -134,18 +191,21 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 }
 
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    if let Some(arch) = Arch::parse(&a.arch) {
+        return run_arch(a, arch);
+    }
     if a.arch != "bert" {
         return run_c2s(a);
     }
     let need = |v: Option<usize>, flag: &str| v.ok_or_else(|| Error::BadOption { option: flag.into(), detail: "is needed with --arch bert".into(), hint: None });
-    let (layers, hidden, heads, ffn) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?, need(a.ffn, "--ffn")?);
+    let (layers, hidden, heads, ffn, max_len) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?, need(a.ffn, "--ffn")?, need(a.max_len, "--max-len")?);
     let dtype = dtype_of(&a.dtype)?;
-    let (lens, order) = lengths(a)?;
+    let (lens, order) = lengths(a, max_len)?;
     let device = device_of(&a.device)?;
     let cfg: Config = serde_json::from_value(json!({
         "vocab_size": 25426, "hidden_size": hidden, "num_hidden_layers": layers,
         "num_attention_heads": heads, "intermediate_size": ffn, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.0, "max_position_embeddings": a.max_len, "type_vocab_size": 2,
+        "hidden_dropout_prob": 0.0, "max_position_embeddings": max_len, "type_vocab_size": 2,
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
         "classifier_dropout": null, "model_type": "bert"
     }))?;
@@ -189,7 +249,7 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "candle-transformers BertModel",
-        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": a.max_len,
+        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,

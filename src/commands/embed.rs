@@ -138,6 +138,17 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "scgpt" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?;
     }
+    if m.name == "sccello" || m.name == "langcell" {
+        match &args.knobs.model_dir {
+            Some(d) => {
+                crate::methods::geneformer::Dictionaries::find(d)?;
+            }
+            None => {
+                let ids = if m.name == "sccello" { crate::methods::sccello::REQUIRED_ENTRIES } else { crate::methods::langcell::REQUIRED_ENTRIES };
+                crate::commands::task::verified_weights(&m.name, &s.weights_dir, ids)?;
+            }
+        }
+    }
     if m.name == "uce" {
         let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;

@@ -658,6 +658,23 @@ impl Dictionaries {
 // ------------------------------------------------------------------------------------------
 // Rank-value tokenizer
 
+/// How a cell's counts become the values it ranks. The three upstream tokenisers compute the
+/// same quantity, count / total x 10,000 / median, in different orders and float widths; the
+/// last bit decides the order of near-equal genes, so each is followed as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scaling {
+    /// Geneformer's tokenizer.py: f64 `((x * (1/n)) * 10_000) * (1/median)` (scipy divides a
+    /// sparse matrix by multiplying with the reciprocal).
+    Geneformer,
+    /// scCello's data_proc.py on a float32 matrix: `sf = f32(10_000 / n)` with `n` the cell's
+    /// total over the dictionary's genes (0 counted as 1), `e = f32(x * sf)`, then
+    /// `f64(e) * (1/median)`.
+    Sccello,
+    /// LangCell's tokenize_anndata (geneformer 0.0.1) on a float32 matrix:
+    /// `e = f32(f32(x / n) * 10_000)`, then `f64(e) / median`.
+    Langcell,
+}
+
 /// The genes of a dataset that the dictionaries know, in upstream's column order.
 #[derive(Debug, Clone)]
 pub struct GeneTable {
@@ -669,6 +686,9 @@ pub struct GeneTable {
     pub medians: Vec<f64>,
     /// Var columns whose id appeared more than once and were summed.
     pub n_duplicated: usize,
+    /// Var columns whose id appeared more than once and were kept apart (`per_column`).
+    pub n_repeated: usize,
+    pub scaling: Scaling,
 }
 
 impl GeneTable {
@@ -712,11 +732,61 @@ impl GeneTable {
             tokens: order.iter().map(|k| dict.tokens[*k]).collect(),
             medians,
             n_duplicated: count.values().filter(|&&c| c > 1).map(|&c| c).sum(),
+            n_repeated: 0,
+            scaling: Scaling::Geneformer,
         })
+    }
+
+    /// The table of geneformer 0.0.1's tokenizer, which scCello and LangCell kept: a var column
+    /// is a gene when its id is, exactly as written, a key of the median dictionary (upstream's
+    /// `genelist_dict`); every such column is its own slot, in var order, repeated ids
+    /// included (nothing is summed); its token comes from the token dictionary.
+    pub fn per_column(ids: &[String], dict: &Dictionaries, scaling: Scaling) -> Result<GeneTable> {
+        let mut slot_of_var = Vec::with_capacity(ids.len());
+        let (mut tokens, mut medians) = (Vec::new(), Vec::new());
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for id in ids {
+            let known = !id.starts_with('<') && dict.medians.contains_key(id.as_str());
+            if !known {
+                slot_of_var.push(None);
+                continue;
+            }
+            let t = *dict.tokens.get(id.as_str()).ok_or_else(|| Error::Config {
+                path: dict.token_path.clone(),
+                detail: format!("no token for {id}, which the median dictionary has"),
+                hint: Some("the token and median dictionaries must come from the same model version".into()),
+            })?;
+            *seen.entry(id.as_str()).or_default() += 1;
+            slot_of_var.push(Some(tokens.len() as u32));
+            tokens.push(t);
+            medians.push(dict.medians[id.as_str()]);
+        }
+        let n_repeated = seen.values().filter(|&&c| c > 1).sum();
+        Ok(GeneTable { slot_of_var, tokens, medians, n_duplicated: 0, n_repeated, scaling })
+    }
+
+    /// A cell's total over the table's genes, summed in f32 in column order (scCello's
+    /// `batch_data.X.sum(axis=1)` after the gene filter, on a float32 matrix).
+    pub fn known_total(&self, indices: &[u32], values: &[f32]) -> f32 {
+        indices.iter().zip(values).filter(|(&j, _)| self.slot_of_var.get(j as usize).copied().flatten().is_some()).fold(0f32, |a, (_, &v)| a + v)
     }
 
     pub fn n_genes(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// One count's ranked value, as the table's upstream computes it.
+    fn scale(&self, v: f64, n_counts: f64, median: f64) -> f64 {
+        match self.scaling {
+            Scaling::Geneformer => v * (1.0 / n_counts) * TARGET_SUM * (1.0 / median),
+            Scaling::Sccello => {
+                // `size_counts += size_counts == 0.`; `size_factor = 10_000 / size_counts`
+                let n = if n_counts == 0.0 { 1f32 } else { n_counts as f32 };
+                let sf = TARGET_SUM as f32 / n;
+                ((v as f32 * sf) as f64) * (1.0 / median)
+            }
+            Scaling::Langcell => ((v as f32 / n_counts as f32 * TARGET_SUM as f32) as f64) / median,
+        }
     }
 
     /// A cell's ranked gene tokens (untruncated, no special tokens) from its sparse row.
@@ -741,7 +811,7 @@ impl GeneTable {
             // scipy's sparse / dense is a multiplication by the reciprocal (`_divide`:
             // `self.multiply(np.divide(1, other))`), so upstream computes
             // ((x * (1/n_counts)) * 10_000) * (1/median), which is not x / n * 1e4 / m bit for bit
-            .map(|(s, v)| (s, v * (1.0 / n_counts) * TARGET_SUM * (1.0 / self.medians[s as usize])))
+            .map(|(s, v)| (s, self.scale(v, n_counts, self.medians[s as usize])))
             .filter(|&(_, v)| v != 0.0)
             .collect();
         // slot order first (upstream's column order), then values descending, stable
@@ -800,8 +870,56 @@ impl EmbMode {
     }
 }
 
-fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
+pub(crate) fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
     move |e| Error::Model { context: context.into(), detail: e.to_string() }
+}
+
+/// The weights file of a Hugging Face model folder: model.safetensors, else pytorch_model.bin.
+pub fn weights_file(dir: &Path, hint: &str) -> Result<PathBuf> {
+    let st = dir.join("model.safetensors");
+    let bin = dir.join("pytorch_model.bin");
+    if st.is_file() {
+        Ok(st)
+    } else if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(Error::Config { path: dir.into(), detail: "no model.safetensors or pytorch_model.bin".into(), hint: Some(hint.into()) })
+    }
+}
+
+/// The floating-point tensors of a safetensors file or a torch pickle (`torch.save` of a
+/// state_dict, read as data by candle), as f32 on `device`. Integer and boolean buffers
+/// (position ids, scCello's ontology masks) are left out: candle reads no boolean tensors.
+pub fn read_tensors(path: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    use candle_core::safetensors::Load;
+    let bad = |e: candle_core::Error| Error::BadWeights { path: path.into(), detail: e.to_string() };
+    let raw: Vec<(String, Tensor)> = if path.extension().is_some_and(|e| e == "safetensors") {
+        // SAFETY: memory-mapped read-only; weights are not modified while scfoundry runs.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }.map_err(bad)?;
+        let mut out = Vec::new();
+        for (name, view) in st.tensors() {
+            if DType::try_from(view.dtype()).is_ok_and(|d| d.is_float()) {
+                out.push((name, view.load(&Device::Cpu).map_err(bad)?));
+            }
+        }
+        out
+    } else {
+        candle_core::pickle::read_all(path).map_err(bad)?.into_iter().filter(|(_, t)| t.dtype().is_float()).collect()
+    };
+    raw.into_iter().map(|(k, t)| Ok((k, t.to_dtype(DType::F32).and_then(|t| t.to_device(device)).map_err(bad)?))).collect()
+}
+
+/// Token ids and attention mask of a batch padded on the right with `pad`: `(n, longest)` each.
+pub fn padded_batch(cells: &[&[u32]], pad: u32, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let n = cells.len();
+    let len = cells.iter().map(|c| c.len()).max().unwrap_or(0);
+    let mut ids = vec![pad; n * len];
+    let mut mask = vec![0u32; n * len];
+    for (r, c) in cells.iter().enumerate() {
+        ids[r * len..r * len + c.len()].copy_from_slice(c);
+        mask[r * len..r * len + c.len()].iter_mut().for_each(|m| *m = 1);
+    }
+    Ok((Tensor::from_vec(ids, (n, len), device)?, Tensor::from_vec(mask, (n, len), device)?))
 }
 
 /// A Geneformer checkpoint with its dictionaries.
@@ -870,22 +988,13 @@ impl Geneformer {
                 hint: Some("the dictionaries belong to another model version (V1 vocab 25,426; V2 20,275)".into()),
             });
         }
-        let st = dir.join("model.safetensors");
-        let bin = dir.join("pytorch_model.bin");
-        let (vb, weights_path) = if st.is_file() {
+        let weights_path = weights_file(dir, "a Geneformer model folder holds config.json and model.safetensors (or pytorch_model.bin) from huggingface.co/ctheodoris/Geneformer")?;
+        let vb = if weights_path.extension().is_some_and(|e| e == "safetensors") {
             // SAFETY: memory-mapped read-only; weights are not modified while scfoundry runs.
-            let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&st], DType::F32, &device) }.map_err(|e| Error::BadWeights { path: st.clone(), detail: e.to_string() })?;
-            (vb, st)
-        } else if bin.is_file() {
-            // candle's reader takes the tensors out of the zip archive's data.pkl as data
-            let vb = VarBuilder::from_pth(&bin, DType::F32, &device).map_err(|e| Error::BadWeights { path: bin.clone(), detail: e.to_string() })?;
-            (vb, bin)
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights_path], DType::F32, &device) }.map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
         } else {
-            return Err(Error::Config {
-                path: dir.into(),
-                detail: "no model.safetensors or pytorch_model.bin".into(),
-                hint: Some("a Geneformer model folder holds config.json and model.safetensors (or pytorch_model.bin) from huggingface.co/ctheodoris/Geneformer".into()),
-            });
+            // candle's reader takes the tensors out of the zip archive's data.pkl as data
+            VarBuilder::from_pth(&weights_path, DType::F32, &device).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
         };
         // hidden_states[n_layers + emb_layer]: the model up to that layer
         let mut run_cfg = config.clone();
@@ -943,14 +1052,10 @@ impl Geneformer {
         let ctx = model_err("running the Geneformer encoder");
         let n = cells.len();
         let len = cells.iter().map(|c| c.len()).max().unwrap_or(0);
-        let mut ids = vec![self.dict.pad; n * len];
-        let mut mask = vec![0u32; n * len];
         // pooling weights: 1 / count over the pooled positions
         let mut pool = vec![0f32; n * len];
         let special = self.dict.specials.is_some();
         for (r, c) in cells.iter().enumerate() {
-            ids[r * len..r * len + c.len()].copy_from_slice(c);
-            mask[r * len..r * len + c.len()].iter_mut().for_each(|m| *m = 1);
             match self.emb_mode {
                 EmbMode::Cls => pool[r * len] = 1.0,
                 EmbMode::Cell => {
@@ -967,8 +1072,7 @@ impl Geneformer {
             }
         }
         let counts: Vec<f32> = (0..n).map(|r| pool[r * len..(r + 1) * len].iter().sum::<f32>().max(1.0)).collect();
-        let ids = Tensor::from_vec(ids, (n, len), &self.device).map_err(&ctx)?;
-        let mask = Tensor::from_vec(mask, (n, len), &self.device).map_err(&ctx)?;
+        let (ids, mask) = padded_batch(&cells, self.dict.pad, &self.device).map_err(&ctx)?;
         let types = ids.zeros_like().map_err(&ctx)?;
         let hidden = self.model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
         let w = Tensor::from_vec(pool, (n, len, 1), &self.device).map_err(&ctx)?;

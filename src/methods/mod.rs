@@ -4,11 +4,14 @@
 pub mod bert;
 pub mod c2s;
 pub mod cellama;
+pub mod cls_encoder;
 pub mod finetune;
 pub mod geneformer;
 pub mod harmony;
 pub mod knn_transfer;
+pub mod langcell;
 pub mod pca;
+pub mod sccello;
 pub mod scgpt;
 pub mod scvi;
 pub mod scvi_pretrained;
@@ -19,7 +22,7 @@ pub mod genept;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity", "sccello", "langcell"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

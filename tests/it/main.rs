@@ -20,6 +20,8 @@ mod pca;
 mod orchestration;
 mod registry;
 mod runner;
+mod sccello;
+mod langcell;
 mod scgpt;
 mod scvi_denovo;
 mod scvi_pretrained;

@@ -1,0 +1,165 @@
+//! The `embed` task of scCello and LangCell (see `methods/cls_encoder.rs`): the V1
+//! dictionaries, geneformer 0.0.1's per-column gene table with each upstream's scaling, `<cls>`
+//! tokens, the encoder in batches with the GPU back-off, provenance.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{gene_ids, param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::cls_encoder::{Arch, ClsEncoder};
+use crate::methods::geneformer::{self, length_order, Dictionaries};
+use crate::methods::{langcell, sccello};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+/// The model folder given with --model-dir or found in the weights folder; its sha256s.
+fn model_folder(spec: &TaskSpec, arch: Arch) -> Result<(PathBuf, serde_json::Map<String, Value>, bool)> {
+    if let Some(d) = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        return Ok((PathBuf::from(d), serde_json::Map::new(), true));
+    }
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let manifest = Manifest::load()?;
+    Ok(match arch {
+        Arch::Sccello => (sccello::model_dir(&dir, &manifest), verified_weights("sccello", &dir, sccello::REQUIRED_ENTRIES)?, false),
+        Arch::Langcell => (langcell::ckpt_dir(&dir, &manifest), verified_weights("langcell", &dir, langcell::REQUIRED_ENTRIES)?, false),
+    })
+}
+
+/// Load the encoder of `arch` from its folder (dictionaries found beside it or one level up).
+pub fn load(arch: Arch, dir: &Path, device: candle_core::Device) -> Result<ClsEncoder> {
+    let dict = Dictionaries::find(dir)?;
+    match arch {
+        Arch::Sccello => sccello::load(dir, dict, device),
+        Arch::Langcell => langcell::load(dir, dict, device),
+    }
+}
+
+pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let name = arch.name();
+    let (model_dir, mut shas, given) = model_folder(spec, arch)?;
+    let default_column = match arch {
+        Arch::Sccello => sccello::DEFAULT_GENE_COLUMN,
+        Arch::Langcell => langcell::DEFAULT_GENE_COLUMN,
+    };
+    let mut column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(default_column).to_string();
+    let default_batch = match arch {
+        Arch::Sccello => sccello::DEFAULT_BATCH_SIZE,
+        Arch::Langcell => langcell::DEFAULT_BATCH_SIZE,
+    };
+    let batch = param_u64(spec, "batch_size", default_batch as u64).max(1) as usize;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let ids = match gene_ids(&ad, &column) {
+        Ok(ids) => ids,
+        // scCello reads var['ensembl_ids']; the spelling the other Geneformer-family models use
+        // is taken when that column is absent
+        Err(e) if arch == Arch::Sccello && column == sccello::DEFAULT_GENE_COLUMN => match gene_ids(&ad, geneformer::DEFAULT_GENE_COLUMN) {
+            Ok(ids) => {
+                notes.push(format!("var has no `{column}` column (scCello's name); the Ensembl ids of var['{}'] were used", geneformer::DEFAULT_GENE_COLUMN));
+                column = geneformer::DEFAULT_GENE_COLUMN.into();
+                ids
+            }
+            Err(_) => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
+    let dev = TaskDevice::start(spec)?;
+    let model = load(arch, &model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let mut batches = Batches::new(dev, batch, task_dir);
+    if given {
+        let mut files = vec![model.weights_path.clone(), model.dict.token_path.clone(), model.dict.median_path.clone()];
+        files.extend(model.proj_path.clone());
+        for p in files {
+            let n = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            shas.insert(n, json!(weights::sha256_file(&p, |_| {})?));
+        }
+    }
+    let table = model.gene_table(&ids)?;
+    if table.n_genes() == 0 {
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: format!("var/{column}"),
+            detail: format!("none of the {} ids is in the gene median dictionary {} (ids start {})", ids.len(), model.dict.median_path.display(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some(format!("{name} needs Ensembl gene ids (ENSG...), matched exactly: choose the column with --gene-column")),
+        });
+    }
+    if table.n_repeated > 0 {
+        notes.push(format!("{} var entries share an Ensembl id with another; each was ranked on its own, as upstream (nothing summed)", table.n_repeated));
+    }
+    let dim = model.dim();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = format!("X_{name}");
+    let ds = out.create_obsm(&key, ad.n_obs, dim)?;
+    let p = rep.step(&format!("{name}: embed"), ad.n_obs as u64, "cells");
+    let (mut only_cls, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
+    for (s, e) in x.blocks(2_000_000) {
+        for start in (s..e).step_by(batch * 20) {
+            let end = (start + batch * 20).min(e);
+            let b = x.read_rows(start, end)?;
+            let cells: Vec<Vec<u32>> = (0..b.n_rows())
+                .map(|i| {
+                    let (idx, vals) = b.row(i);
+                    let (tokens, cut) = model.cell_tokens(&table, idx, vals);
+                    truncated += cut as usize;
+                    tokens
+                })
+                .collect();
+            only_cls += cells.iter().filter(|c| c.len() == 1).count();
+            n_tokens += cells.iter().map(Vec::len).sum::<usize>();
+            let order = length_order(&cells);
+            let rows = batches.run(cells.len(), dim, &order, f32::NAN, |idx| model.forward_batch(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
+            write_rows(&ds, start, &rows, dim)?;
+        }
+    }
+    p.finish();
+    drop(ds);
+    if only_cls > 0 {
+        notes.push(format!("{only_cls} cell(s) have no gene in the dictionaries: their tokens are <cls> alone, embedded as upstream does"));
+    }
+    if truncated > 0 {
+        notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens (with <cls>) and were truncated, as upstream", model.input_size));
+    }
+    batches.finish(&mut notes, true);
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, &key, &x.field);
+    let mut params = spec.params.clone();
+    params.insert("gene_column".into(), json!(column));
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("model_input_size".into(), json!(model.input_size));
+    params.insert("cls_token".into(), json!(model.cls));
+    params.insert("pooling".into(), json!(match arch {
+        Arch::Sccello => "last layer at <cls>",
+        Arch::Langcell => "cell_proj(last layer at <cls>), L2-normalised",
+    }));
+    params.insert("target_sum".into(), json!(geneformer::TARGET_SUM));
+    params.insert("genes_in_dictionary".into(), json!(table.n_genes()));
+    params.insert("mean_tokens_per_cell".into(), json!(n_tokens as f64 / ad.n_obs.max(1) as f64));
+    params.insert("tie_order".into(), json!("gene order (stable sort)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
+    if let Some(pp) = &model.proj_path {
+        w.insert("cell_proj".into(), json!(pp.display().to_string()));
+    }
+    w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
+    w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}

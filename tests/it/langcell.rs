@@ -1,0 +1,73 @@
+//! langcell against the committed fixture (tests/fixtures/langcell/, made by
+//! scripts/langcell_reference.py from upstream's own functions; CI never installs torch): a
+//! small random cell encoder in LangCell's checkpoint layout (cell_bert/config.json,
+//! cell_bert/pytorch_model.bin, cell_proj.bin), the V1-format dictionaries, and the 50 demo
+//! cells of tests/fixtures/geneformer/pbmc68k_50.h5ad. Token ids must be identical for every
+//! cell; embeddings within 1e-4 relative error and of unit length.
+
+use std::path::PathBuf;
+
+use scfoundry::commands::task::cls_encoder::load;
+use scfoundry::methods::cls_encoder::Arch;
+
+use crate::common::{repo, TestContext};
+use crate::sccello::{cells_h5ad, check, matrix, max_rel, read_obsm, reference, MAX_REL};
+
+fn fx() -> PathBuf {
+    repo().join("tests/fixtures/langcell")
+}
+
+#[test]
+fn langcell_cell_encoder_matches_upstream() {
+    check(Arch::Langcell, &fx(), &fx(), 32);
+    check(Arch::Langcell, &fx(), &fx(), 7);
+    let m = load(Arch::Langcell, &fx(), candle_core::Device::Cpu).unwrap();
+    assert_eq!(m.dim(), 256);
+    assert!(m.weights_path.ends_with("cell_bert/pytorch_model.bin"));
+    // the embedding is L2-normalised, as the Pooler's F.normalize
+    let tokens = crate::sccello::our_tokens(&m);
+    let rows = m.embed(&tokens[..4], 4, |_| {}).unwrap();
+    for r in rows.chunks(256) {
+        let n: f32 = r.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((n - 1.0).abs() < 1e-5, "{n}");
+    }
+}
+
+#[test]
+fn langcell_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    std::fs::copy(cells_h5ad(), ctx.path("cells.h5ad")).unwrap();
+    let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "5"]);
+    r.success();
+    assert!(r.stderr.contains("were truncated"), "{}", r.stderr);
+    let (got, dim) = read_obsm(&ctx.path("cells.langcell.h5ad"), "X_langcell");
+    assert_eq!(dim, 256);
+    let err = max_rel(&got, &matrix(&reference(&fx())["embeddings"]), dim);
+    assert!(err < MAX_REL, "{err}");
+}
+
+#[test]
+fn langcell_bad_checkpoints_name_the_file() {
+    let ctx = TestContext::new();
+    std::fs::copy(cells_h5ad(), ctx.path("cells.h5ad")).unwrap();
+    let dir = ctx.path("ckpt");
+    std::fs::create_dir_all(dir.join("cell_bert")).unwrap();
+    for f in ["token_dictionary.pkl", "gene_median_dictionary.pkl", "cell_bert/config.json", "cell_bert/pytorch_model.bin"] {
+        std::fs::copy(fx().join(f), dir.join(f)).unwrap();
+    }
+    // no cell_proj.bin
+    let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap()]);
+    r.failed().stderr_has("cell_proj.bin").stderr_has("<cls> state");
+    // a cell_proj.bin that is not an nn.Linear state dict (here: a whole BertModel's)
+    std::fs::copy(fx().join("cell_bert/pytorch_model.bin"), dir.join("cell_proj.bin")).unwrap();
+    let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap()]);
+    r.failed().stderr_has("cell_proj.bin").stderr_has("nn.Linear");
+    // a projection for another hidden size
+    std::fs::copy(repo().join("tests/fixtures/geneformer/v1/pytorch_model.bin"), dir.join("cell_bert/pytorch_model.bin")).unwrap();
+    std::fs::copy(fx().join("cell_proj.bin"), dir.join("cell_proj.bin")).unwrap();
+    let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap()]);
+    r.failed().stderr_has("pytorch_model.bin");
+    // without pinned weights the run stops before it starts, naming the entries
+    let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--weights-dir", ctx.path("w").to_str().unwrap()]);
+    r.user_error().stderr_has("langcell-cell-bert-model").stderr_has("langcell-cell-proj");
+}
