@@ -89,6 +89,7 @@ fn kind(v: &Py) -> &'static str {
         Py::Global(_) => "a global",
         Py::Dtype(..) => "a dtype",
         Py::Array { .. } => "a numpy array",
+        Py::Object { .. } => "an object",
         Py::Mark => "a mark",
     }
 }
