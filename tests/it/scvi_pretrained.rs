@@ -147,7 +147,9 @@ fn scvi_deep_layernorm_batch_ln_model_matches_scvi_tools() {
         let rows: Vec<usize> = (s..e).collect();
         model.embed(dense[s * g..e * g].to_vec(), &codes[s..e], 0, &rows).unwrap()
     }).collect();
-    assert_eq!(z, z2);
+    // equal up to float32 rounding (the matrix products block differently by batch size)
+    let split = z.iter().zip(&z2).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(z.len() == z2.len() && split < 1e-6, "batch split moved the ln embedding by {split}");
     let z3 = model.embed(dense, &codes, 1, &rows).unwrap();
     assert_ne!(z, z3);
 }
