@@ -327,16 +327,7 @@ where
             .all(|&c| (beta_last * s[(ncv - 1) * ncv + c]).abs() <= 1e-10 * scale);
         // Ritz vectors of the kept set
         let kept: Vec<usize> = order[..if converged { k } else { keep }].to_vec();
-        let ritz: Vec<Vec<f64>> = kept
-            .par_iter()
-            .map(|&c| {
-                let mut y = vec![0f64; m];
-                for (i, vi) in v.iter().enumerate().take(ncv) {
-                    axpy(s[i * ncv + c], vi, &mut y);
-                }
-                y
-            })
-            .collect();
+        let ritz = ritz_vectors(&v[..ncv], &s, ncv, &kept, m);
         if converged {
             let vals: Vec<f64> = kept.iter().map(|&c| theta[c]).collect();
             let mut vecs = vec![0f64; m * k];
@@ -364,8 +355,21 @@ where
     result.expect("Lanczos did not converge in 500 restarts")
 }
 
+/// Dot product with eight independent accumulators: a single running sum is a
+/// chain of dependent additions (one per element, at the adder's latency) and
+/// does not vectorise; eight partial sums do both.
 fn dotf(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f64; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f64 = ar.iter().zip(br).map(|(x, y)| x * y).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 /// w -= sum_i c[i] * basis[i], in parallel over blocks of rows.
 fn subtract_combination(w: &mut [f64], basis: &[Vec<f64>], c: &[f64]) {
@@ -379,8 +383,53 @@ fn subtract_combination(w: &mut [f64], basis: &[Vec<f64>], c: &[f64]) {
         }
     });
 }
-fn axpy(a: f64, x: &[f64], y: &mut [f64]) {
-    y.iter_mut().zip(x).for_each(|(yi, xi)| *yi += a * xi);
+/// Ritz vectors `y_t = sum_i s[i, kept[t]] * v_i`, as one matrix product
+/// (kept x ncv) x (ncv x m) over column blocks of the basis: the basis is read
+/// once per block instead of once per Ritz vector.
+fn ritz_vectors(v: &[Vec<f64>], s: &[f64], ncv: usize, kept: &[usize], m: usize) -> Vec<Vec<f64>> {
+    const B: usize = 4096;
+    let nk = kept.len();
+    // coefficients, kept x ncv row-major
+    let mut coef = vec![0f64; nk * ncv];
+    for (t, &c) in kept.iter().enumerate() {
+        for i in 0..ncv {
+            coef[t * ncv + i] = s[i * ncv + c];
+        }
+    }
+    let blocks: Vec<Vec<f64>> = (0..m.div_ceil(B))
+        .into_par_iter()
+        .map(|b| {
+            let (o, len) = (b * B, B.min(m - b * B));
+            // the basis' columns o..o+len, ncv x len row-major
+            let mut vb = vec![0f64; ncv * len];
+            for (i, vi) in v.iter().enumerate() {
+                vb[i * len..(i + 1) * len].copy_from_slice(&vi[o..o + len]);
+            }
+            let mut yb = vec![0f64; nk * len];
+            // SAFETY: the pointers and strides describe the three row-major
+            // buffers above, whose sizes are nk x ncv, ncv x len and nk x len.
+            unsafe {
+                matrixmultiply::dgemm(
+                    nk, ncv, len, 1.0,
+                    coef.as_ptr(), ncv as isize, 1,
+                    vb.as_ptr(), len as isize, 1,
+                    0.0,
+                    yb.as_mut_ptr(), len as isize, 1,
+                );
+            }
+            yb
+        })
+        .collect();
+    (0..nk)
+        .map(|t| {
+            let mut y = Vec::with_capacity(m);
+            for (b, yb) in blocks.iter().enumerate() {
+                let len = B.min(m - b * B);
+                y.extend_from_slice(&yb[t * len..(t + 1) * len]);
+            }
+            y
+        })
+        .collect()
 }
 fn normalize(x: &mut [f64]) {
     let n = dotf(x, x).sqrt();

@@ -155,6 +155,42 @@ unsafe fn tile_avx2<const SQ: bool>(
     tile_generic::<SQ>(x, d, r0, nr, cb, out)
 }
 
+/// One register block: rows `r0 + i .. r0 + i + R` against the `W` columns
+/// `c .. c + W` of `cb`; each pair's sum runs over `t` in order, so the value
+/// does not depend on the blocking.
+#[inline(always)]
+fn tile_block<const SQ: bool, const R: usize, const W: usize>(
+    x: &[f32],
+    d: usize,
+    rows: usize,
+    c: usize,
+    cb: &ColBlock,
+    out: &mut [f32],
+    out_row0: usize,
+) {
+    let ncp = cb.ncp;
+    let a: [&[f32]; R] = std::array::from_fn(|q| &x[(rows + q) * d..(rows + q + 1) * d]);
+    let mut acc = [[0f32; W]; R];
+    for (t, colrow) in cb.data.chunks_exact(ncp).take(d).enumerate() {
+        let col: &[f32; W] = colrow[c..c + W].try_into().unwrap();
+        for q in 0..R {
+            let aq = a[q][t];
+            for l in 0..W {
+                if SQ {
+                    let e = aq - col[l];
+                    acc[q][l] += e * e;
+                } else {
+                    acc[q][l] += aq * col[l];
+                }
+            }
+        }
+    }
+    for (q, accq) in acc.iter().enumerate() {
+        let o = (out_row0 + q) * ncp + c;
+        out[o..o + W].copy_from_slice(accq);
+    }
+}
+
 #[inline(always)]
 fn tile_generic<const SQ: bool>(
     x: &[f32],
@@ -166,54 +202,27 @@ fn tile_generic<const SQ: bool>(
 ) {
     let ncp = cb.ncp;
     let mut i = 0;
+    // 4 rows x 16 columns: eight 8-lane accumulators, enough independent
+    // chains to hide the add latency
     while i + 4 <= nr {
-        let a0 = &x[(r0 + i) * d..(r0 + i + 1) * d];
-        let a1 = &x[(r0 + i + 1) * d..(r0 + i + 2) * d];
-        let a2 = &x[(r0 + i + 2) * d..(r0 + i + 3) * d];
-        let a3 = &x[(r0 + i + 3) * d..(r0 + i + 4) * d];
         let mut c = 0;
-        while c < ncp {
-            let mut acc = [[0f32; 8]; 4];
-            for t in 0..d {
-                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
-                let av = [a0[t], a1[t], a2[t], a3[t]];
-                for q in 0..4 {
-                    let aq = av[q];
-                    for l in 0..8 {
-                        if SQ {
-                            let e = aq - col[l];
-                            acc[q][l] += e * e;
-                        } else {
-                            acc[q][l] += aq * col[l];
-                        }
-                    }
-                }
-            }
-            for (q, accq) in acc.iter().enumerate() {
-                out[(i + q) * ncp + c..(i + q) * ncp + c + 8].copy_from_slice(accq);
-            }
-            c += 8;
+        while c + 16 <= ncp {
+            tile_block::<SQ, 4, 16>(x, d, r0 + i, c, cb, out, i);
+            c += 16;
+        }
+        if c < ncp {
+            tile_block::<SQ, 4, 8>(x, d, r0 + i, c, cb, out, i);
         }
         i += 4;
     }
     while i < nr {
-        let a = &x[(r0 + i) * d..(r0 + i + 1) * d];
         let mut c = 0;
-        while c < ncp {
-            let mut acc = [0f32; 8];
-            for t in 0..d {
-                let col: &[f32; 8] = cb.data[t * ncp + c..t * ncp + c + 8].try_into().unwrap();
-                for l in 0..8 {
-                    if SQ {
-                        let e = a[t] - col[l];
-                        acc[l] += e * e;
-                    } else {
-                        acc[l] += a[t] * col[l];
-                    }
-                }
-            }
-            out[i * ncp + c..i * ncp + c + 8].copy_from_slice(&acc);
-            c += 8;
+        while c + 16 <= ncp {
+            tile_block::<SQ, 1, 16>(x, d, r0 + i, c, cb, out, i);
+            c += 16;
+        }
+        if c < ncp {
+            tile_block::<SQ, 1, 8>(x, d, r0 + i, c, cb, out, i);
         }
         i += 1;
     }
@@ -246,23 +255,44 @@ pub(crate) fn block_pair_rounds(nb: usize) -> Vec<Vec<(usize, usize)>> {
 #[inline]
 fn offer(heap: &mut BinaryHeap<Cand>, k: usize, dist: &[f32], c0: usize, self_idx: Option<usize>) {
     let mut worst = if heap.len() < k { f32::INFINITY } else { heap.peek().unwrap().0 };
-    for (cj, &dd) in dist.iter().enumerate() {
-        let c = c0 + cj;
-        let d2 = if Some(c) == self_idx { 0.0 } else { dd };
-        if d2 > worst {
+    let self_local = self_idx.and_then(|s| s.checked_sub(c0)).filter(|&s| s < dist.len());
+    for (chunk_i, chunk) in dist.chunks(16).enumerate() {
+        let base = chunk_i * 16;
+        // most candidates lose to the k-th best once the heap is full: count
+        // the chunk's contenders first (a branch-free, vectorised test)
+        let contenders: u32 = chunk.iter().map(|&dd| (dd <= worst) as u32).sum();
+        if contenders == 0 && !self_local.is_some_and(|s| s >= base && s < base + chunk.len()) {
             continue;
         }
-        let cand = Cand(d2, c as u32);
-        if heap.len() < k {
-            heap.push(cand);
-            if heap.len() == k {
-                worst = heap.peek().unwrap().0;
-            }
-        } else if cand < *heap.peek().unwrap() {
-            heap.pop();
-            heap.push(cand);
-            worst = heap.peek().unwrap().0;
+        for (cj, &dd) in chunk.iter().enumerate() {
+            offer_one(heap, k, &mut worst, dd, c0 + base + cj, self_idx);
         }
+    }
+}
+
+#[inline(always)]
+fn offer_one(
+    heap: &mut BinaryHeap<Cand>,
+    k: usize,
+    worst: &mut f32,
+    dd: f32,
+    c: usize,
+    self_idx: Option<usize>,
+) {
+    let d2 = if Some(c) == self_idx { 0.0 } else { dd };
+    if d2 > *worst {
+        return;
+    }
+    let cand = Cand(d2, c as u32);
+    if heap.len() < k {
+        heap.push(cand);
+        if heap.len() == k {
+            *worst = heap.peek().unwrap().0;
+        }
+    } else if cand < *heap.peek().unwrap() {
+        heap.pop();
+        heap.push(cand);
+        *worst = heap.peek().unwrap().0;
     }
 }
 

@@ -59,20 +59,28 @@ pub fn silhouette_samples(
         xs.extend_from_slice(&x[i * d..(i + 1) * d]);
     }
     let cs: Vec<u32> = perm.iter().map(|&i| codes[i]).collect();
-    let norms: Vec<f32> = match metric {
-        Distance::Cosine => (0..n)
-            .map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d]))
-            .collect(),
-        Distance::Euclidean => Vec::new(),
-    };
+    if metric == Distance::Euclidean {
+        // Euclidean distances come from dot products below (|a|^2 + |b|^2 - 2 a.b,
+        // one multiply-add per term instead of a difference and a multiply-add,
+        // as scib-metrics computes them too); centring first keeps the norms,
+        // and so the cancellation, small. Distances do not change.
+        let mut mean = vec![0f64; d];
+        for row in xs.chunks_exact(d) {
+            mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v as f64);
+        }
+        let mean: Vec<f32> = mean.iter().map(|m| (m / n as f64) as f32).collect();
+        xs.par_chunks_mut(d)
+            .for_each(|row| row.iter_mut().zip(&mean).for_each(|(v, m)| *v -= m));
+    }
+    // squared norms of the rows (cosine and Euclidean both use them)
+    let norms: Vec<f32> = (0..n)
+        .map(|i| super::neighbors::dot(&xs[i * d..(i + 1) * d], &xs[i * d..(i + 1) * d]))
+        .collect();
     // Tiles of S x S cells; each pair of tiles is computed once and summed both
     // ways (rows into the columns' labels, columns into the rows' labels).
     let s_tile = chunk_size.clamp(64, 2048).div_ceil(8) * 8;
     let nb = n.div_ceil(s_tile);
-    let op = match metric {
-        Distance::Euclidean => TileOp::SqDist,
-        Distance::Cosine => TileOp::Dot,
-    };
+    let op = TileOp::Dot;
     let blocks: Vec<ColBlock> = (0..nb)
         .into_par_iter()
         .map(|b| ColBlock::new(&xs, d, b * s_tile, ((b + 1) * s_tile).min(n)))
@@ -114,7 +122,15 @@ pub fn silhouette_samples(
                 for ri in 0..nr {
                     let row = &mut tile[ri * ncp..ri * ncp + nc];
                     match metric {
-                        Distance::Euclidean => row.iter_mut().for_each(|v| *v = v.sqrt()),
+                        Distance::Euclidean => {
+                            let nrm = norms[r0 + ri];
+                            for (v, &nc) in row.iter_mut().zip(&norms[c0..c0 + nc]) {
+                                *v = (nrm + nc - 2.0 * *v).max(0.0).sqrt();
+                            }
+                            if rb == cb {
+                                row[ri] = 0.0; // a cell's distance to itself, exactly
+                            }
+                        }
                         Distance::Cosine => {
                             let nrm = norms[r0 + ri];
                             for (v, &nc) in row.iter_mut().zip(&norms[c0..c0 + nc]) {
