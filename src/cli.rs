@@ -116,6 +116,7 @@ pub struct BenchEncoderArgs {
     /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override),
     /// or `sccello` / `langcell` (the model's own <cls> encoder at its released shape, as
     /// `embed` runs it; --max-len defaults to its 2,048 positions).
+    /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// Encoder layers.

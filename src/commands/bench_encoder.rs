@@ -190,7 +190,45 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// scBERT's PerformerLM (methods/scbert.rs, as `embed` runs it) at the released shape (6 x 200,
+/// 10 heads of 64, 266 random features, 16,907 tokens) with random weights; --layers, --hidden,
+/// --heads and --max-len (the positions) may override. The tokens are (7919 i + 104729 p) mod 6
+/// with the last 0, as bench/scbert_torch.py; the lengths file is not read (every cell has all
+/// the positions). float32 only (FAVOR+'s exp features).
+fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::scbert::{Dims, ScBert};
+    let mut dims = Dims::released();
+    dims.depth = a.layers.unwrap_or(dims.depth);
+    dims.dim = a.hidden.unwrap_or(dims.dim);
+    dims.heads = a.heads.unwrap_or(dims.heads);
+    dims.seq_len = a.max_len.unwrap_or(dims.seq_len);
+    if a.dtype != "f32" {
+        return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{:?} with --arch scbert", a.dtype), hint: Some("f32 (scfoundry runs scBERT in float32)".into()) }.into());
+    }
+    let device = device_of(&a.device)?;
+    let vb = VarBuilder::from_backend(Box::new(RandomWeights), DType::F32, device.clone());
+    let model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
+    let n = dims.seq_len;
+    let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
+    let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
+        Ok(())
+    })?;
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scbert", "encoder": "scfoundry ScBert (methods/scbert.rs, FAVOR+ PerformerLM)",
+        "layers": dims.depth, "hidden": dims.dim, "heads": dims.heads, "dim_head": dims.dim_head, "nb_features": dims.nb_features,
+        "seq_len": n, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best, "useful_tflops": dims.cell_flops() * a.cells as f64 / best / 1e12,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    if a.arch == "scbert" {
+        return run_scbert(a);
+    }
     if let Some(arch) = Arch::parse(&a.arch) {
         return run_arch(a, arch);
     }

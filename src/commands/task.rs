@@ -21,6 +21,7 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 mod c2s;
 mod scvi;
 mod uce;
+mod scbert;
 mod scimilarity;
 mod genept;
 
@@ -41,6 +42,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "geneformer", Step::Embed) => embed_geneformer(&spec, dir).map_err(Into::into),
         ("embed", "scgpt", Step::Embed) => embed_scgpt(&spec, dir).map_err(Into::into),
         ("embed", "uce", Step::Embed) => uce::embed_uce(&spec, dir).map_err(Into::into),
+        ("embed", "scbert", Step::Embed) => scbert::embed_scbert(&spec, dir).map_err(Into::into),
         ("embed", "c2s", Step::Embed) => c2s::embed_c2s(&spec, dir).map_err(Into::into),
         ("embed", "scvi", Step::Embed) => scvi::embed_scvi(&spec, dir).map_err(Into::into),
         ("embed", "scimilarity", Step::Embed) => scimilarity::embed_scimilarity(&spec, dir).map_err(Into::into),

@@ -27,6 +27,7 @@ mod scvi_denovo;
 mod scvi_pretrained;
 mod seurat;
 mod uce;
+mod scbert;
 mod scimilarity;
 mod genept;
 mod transfer;

@@ -1,0 +1,136 @@
+//! The `embed` task of scBERT (see `methods/scbert.rs`): the reference gene order, preprocess.py's
+//! normalisation and predict.py's bins, the Performer in batches with the GPU back-off,
+//! provenance.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::scbert::{self, GeneAlign, ScBert};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("scbert", &dir, scbert::REQUIRED_ENTRIES)?;
+    let (model_path, ref_path) = scbert::files(&dir, &Manifest::load()?);
+    let reference = AnnData::open(&ref_path)?.var_names;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+
+    let align = GeneAlign::new(&reference, &ad.var_names);
+    if align.matched == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!("none of the {} genes is among the {} reference genes of {} (e.g. {example})", ad.n_vars, align.n_genes, ref_path.display()),
+            hint: Some("scBERT matches gene symbols exactly (e.g. CD3E), in the PanglaoDB naming of panglao_10000.h5ad; data with Ensembl ids in var_names needs the symbols there".into()),
+        });
+    }
+    notes.push(format!(
+        "{} of the {} reference genes are in the data (matched by exact name, as preprocess.py); the other {} are zero in every cell{}",
+        align.matched,
+        align.n_genes,
+        align.n_genes - align.matched,
+        if align.repeated > 0 { format!("; {} repeated var_names were left out (the first column of a name is used, as upstream)", align.repeated) } else { String::new() }
+    ));
+
+    let dev = TaskDevice::start(spec)?;
+    let model = ScBert::load_on(&model_path, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    if model.dims.seq_len != align.n_genes + 1 {
+        return Err(Error::BadWeights {
+            path: ref_path.clone(),
+            detail: format!(
+                "lists {} genes, but the checkpoint {} has {} gene2vec positions (genes + the appended one): the gene list and the checkpoint must be upstream's pair",
+                align.n_genes,
+                model_path.display(),
+                model.dims.seq_len
+            ),
+        });
+    }
+    let batch = param_u64(spec, "batch_size", scbert::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let dim = model.dim();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_scbert";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("scbert: embed", ad.n_obs as u64, "cells");
+    let (mut few, mut empty) = (0usize, Vec::new());
+    // 16,907 tokens a cell: blocks of 4,096 cells keep the token rows near 280 MB
+    for (s, e) in x.blocks(4096) {
+        let b = x.read_rows(s, e)?;
+        let mut cells: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            let (t, expressed) = scbert::tokens(idx, vals, &align).map_err(|v| Error::BadField {
+                path: spec.data.clone(),
+                field: x.field.clone(),
+                detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
+                hint: Some("scBERT reads raw counts (it normalises to 1e4 and takes log2 itself, as preprocess.py); pass the counts layer with --layer".into()),
+            })?;
+            if expressed < scbert::MIN_GENES {
+                few += 1;
+            }
+            if expressed == 0 {
+                empty.push(s + i);
+            }
+            cells.push(t);
+        }
+        let order: Vec<usize> = (0..cells.len()).collect();
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if few > 0 {
+        notes.push(format!(
+            "{few} cell(s) express fewer than {} of the reference genes: upstream's preprocess.py drops them (filter_cells min_genes=200); they are embedded here",
+            scbert::MIN_GENES
+        ));
+    }
+    if !empty.is_empty() {
+        let shown: Vec<&str> = empty.iter().take(5).map(|&i| ad.obs_names[i].as_str()).collect();
+        notes.push(format!(
+            "{} cell(s) have no count in any reference gene ({}{}): all their tokens are 0, so they share one embedding",
+            empty.len(),
+            shown.join(", "),
+            if empty.len() > shown.len() { ", ..." } else { "" }
+        ));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("depth".into(), json!(model.dims.depth));
+    params.insert("heads".into(), json!(model.dims.heads));
+    params.insert("nb_features".into(), json!(model.dims.nb_features));
+    params.insert("genes_reference".into(), json!(align.n_genes));
+    params.insert("genes_matched".into(), json!(align.matched));
+    params.insert("cells_below_min_genes".into(), json!(few));
+    params.insert("preprocessing".into(), json!("reference genes by exact name, normalize_total(1e4) over them, log2(1 + x), bins min(trunc(x), 5), a 0 appended (preprocess.py, predict.py)"));
+    params.insert("cell_embedding".into(), json!("mean of the final LayerNorm's output over the gene positions (the appended one left out), as BioLLM's 'mean'; FAVOR+ key stabiliser per cell (each cell as predict.py runs it, alone)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("model".into(), json!(model_path.display().to_string()));
+    w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
