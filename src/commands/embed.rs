@@ -153,6 +153,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
     }
+    if m.name == "scfoundation" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scfoundation::REQUIRED_ENTRIES)?;
+    }
     if m.name == "c2s" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
     }
