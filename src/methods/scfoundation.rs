@@ -646,13 +646,26 @@ pub fn random_tensors(config: &Config, seed: u64, device: &Device) -> candle_cor
             shapes.push((format!("{p}{n}"), s));
         }
     }
-    device.set_seed(seed)?;
+    // splitmix64 uniforms, Box-Muller normals: the same weights on every device for a seed
+    let mut state = seed;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
     shapes
         .into_iter()
         .map(|(n, s)| {
-            let fan_in = *s.last().unwrap_or(&1) as f64;
-            let t = if n.contains("norm") && n.ends_with("weight") { Tensor::ones(s, DType::F32, device)? } else { (Tensor::randn(0f32, 1f32, s, device)? * (1.0 / fan_in.sqrt()))? };
-            Ok((n, t))
+            let count: usize = s.iter().product();
+            let scale = 1.0 / (*s.last().unwrap_or(&1) as f64).sqrt();
+            let data: Vec<f32> = if n.contains("norm") && n.ends_with("weight") {
+                vec![1.0; count]
+            } else {
+                (0..count).map(|_| ((-2.0 * (1.0 - uniform()).ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos() * scale) as f32).collect()
+            };
+            Ok((n, Tensor::from_vec(data, s, device)?))
         })
         .collect()
 }
@@ -688,6 +701,29 @@ mod tests {
         assert_eq!(cell_input(&[3], &[1.0], &a, 4.0), Err(CellProblem::TooFew(2)));
         assert_eq!(cell_input(&[3], &[-1.0], &a, 4.0), Err(CellProblem::Negative(-1.0)));
         assert_eq!(cell_input(&[1], &[5.0], &a, 4.0), Err(CellProblem::TooFew(1)));
+    }
+
+    #[test]
+    fn random_model_runs_and_batches_do_not_matter() {
+        let mut cfg = Config::released();
+        cfg.seq_len = 52;
+        cfg.hidden_dim = 16;
+        cfg.depth = 2;
+        cfg.heads = 4;
+        cfg.bin_num = 10;
+        let t = random_tensors(&cfg, 7, &Device::Cpu).unwrap();
+        let a = random_tensors(&cfg, 7, &Device::Cpu).unwrap()["pos_emb.weight"].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = t["pos_emb.weight"].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(a, b, "the seed fixes the weights");
+        let m = ScFoundation::from_tensors(cfg, t, Path::new("random"), DType::F32, Device::Cpu).unwrap();
+        let cells: Vec<CellInput> = (0..3).map(|i| CellInput { positions: (0..(5 + 3 * i)).map(|k| k as u32 * 3).chain([50, 51]).collect(), values: (0..(5 + 3 * i)).map(|k| 1.0 + k as f32 * 0.3).chain([4.0, 2.5]).collect() }).collect();
+        let refs: Vec<&CellInput> = cells.iter().collect();
+        let all = m.embed(&refs).unwrap();
+        assert_eq!(all.len(), 3 * 64);
+        assert!(all.iter().all(|v| v.is_finite()));
+        let one = m.embed(&refs[1..2]).unwrap();
+        let d = one.iter().zip(&all[64..128]).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-5, "{d}");
     }
 
     #[test]
