@@ -115,7 +115,8 @@ pub struct BenchEncoderArgs {
     /// `bert` (candle's BERT encoder; --layers, --hidden, --heads, --ffn, --max-len needed),
     /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override),
     /// or `sccello` / `langcell` (the model's own <cls> encoder at its released shape, as
-    /// `embed` runs it; --max-len defaults to its 2,048 positions).
+    /// `embed` runs it; --max-len defaults to its 2,048 positions), `scfoundation` (its
+    /// encoder at the released 12 x 768 shape; --layers, --hidden, --heads may override).
     /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
     #[arg(long, default_value = "bert")]
     pub arch: String,

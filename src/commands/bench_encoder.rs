@@ -104,7 +104,7 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let mut cfg = match a.arch.as_str() {
         "c2s-160m" => c2s::Config::pythia_160m(),
         "c2s-410m" => c2s::Config::pythia_410m(),
-        other => return Err(Error::BadOption { option: "--arch".into(), detail: format!("{other:?}"), hint: Some("bert, c2s-160m, c2s-410m, sccello or langcell".into()) }.into()),
+        other => return Err(Error::BadOption { option: "--arch".into(), detail: format!("{other:?}"), hint: Some("bert, c2s-160m, c2s-410m, sccello, langcell or scfoundation".into()) }.into()),
     };
     cfg.num_hidden_layers = a.layers.unwrap_or(cfg.num_hidden_layers);
     cfg.hidden_size = a.hidden.unwrap_or(cfg.hidden_size);
@@ -225,9 +225,63 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// The synthetic input of bench cell `i` with `s` genes (bench/scfoundation_torch.py builds the
+/// same): genes spread evenly over the 19,264 positions, log1p-scale values, then T = 4 and S.
+pub fn scfoundation_cell(i: usize, s: usize, n_genes: usize) -> crate::methods::scfoundation::CellInput {
+    let step = (n_genes / s.max(1)).max(1);
+    let mut positions: Vec<u32> = (0..s).map(|k| ((k * step) % n_genes) as u32).collect();
+    let mut values: Vec<f32> = (0..s).map(|k| 0.5 + ((i * 7919 + k * 104729) % 1000) as f32 / 200.0).collect();
+    positions.extend([n_genes as u32, n_genes as u32 + 1]);
+    values.extend([4.0, 3.5]);
+    crate::methods::scfoundation::CellInput { positions, values }
+}
+
+/// scFoundation's encoder (methods/scfoundation.rs, as `embed` runs it) at the released 0.1B
+/// shape (12 x 768, 12 heads, 100 bins, 19,266 positions) with seeded random weights. A cell is
+/// its expressed genes (the lengths file's value, at most 19,264) plus T and S; its embedding is
+/// the 3,072-d pooled vector. FLOPs count the encoder only.
+fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::scfoundation::{self, CellInput, Config, ScFoundation};
+    let mut cfg = Config::released();
+    cfg.depth = a.layers.unwrap_or(cfg.depth);
+    cfg.hidden_dim = a.hidden.unwrap_or(cfg.hidden_dim);
+    cfg.heads = a.heads.unwrap_or(cfg.heads);
+    let n_genes = cfg.seq_len - 2;
+    let dtype = dtype_of(&a.dtype)?;
+    let device = device_of(&a.device)?;
+    let tensors = scfoundation::random_tensors(&cfg, 0, &device)?;
+    let model = ScFoundation::from_tensors(cfg.clone(), tensors, std::path::Path::new("random weights"), dtype, device.clone())?;
+    let (genes, order) = lengths(a, a.max_len.unwrap_or(n_genes).min(n_genes))?;
+    let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| scfoundation_cell(i, s, n_genes)).collect();
+    let lens: Vec<usize> = cells.iter().map(|c| c.values.len()).collect();
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
+        Ok(())
+    })?;
+    let (l, d) = (cfg.depth, cfg.hidden_dim);
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(l, d, 4 * d, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scfoundation",
+        "encoder": "scfoundry ScFoundation (methods/scfoundation.rs): value + gene embedding, post-norm transformer, S/T/max/mean pooling",
+        "layers": l, "hidden": d, "heads": cfg.heads, "ffn": 4 * d, "embedding_dim": model.dim(),
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     if a.arch == "scbert" {
         return run_scbert(a);
+    }
+    if a.arch == "scfoundation" {
+        return run_scfoundation(a);
     }
     if let Some(arch) = Arch::parse(&a.arch) {
         return run_arch(a, arch);

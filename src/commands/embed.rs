@@ -156,6 +156,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "scbert" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scbert::REQUIRED_ENTRIES)?;
     }
+    if m.name == "scfoundation" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scfoundation::REQUIRED_ENTRIES)?;
+    }
     if m.name == "c2s" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
     }

@@ -24,6 +24,7 @@ mod uce;
 mod scbert;
 mod scimilarity;
 mod genept;
+mod scfoundation;
 
 pub use scvi::{model_dir as scvi_model_dir, prepare as scvi_prepare};
 pub mod cls_encoder;
@@ -49,6 +50,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "genept", Step::Embed) => genept::embed_genept(&spec, dir).map_err(Into::into),
         ("embed", "sccello", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Sccello).map_err(Into::into),
         ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
+        ("embed", "scfoundation", Step::Embed) => scfoundation::embed_scfoundation(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

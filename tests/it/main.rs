@@ -34,3 +34,4 @@ mod transfer;
 mod weights_pull;
 mod workspace;
 mod c2s;
+mod scfoundation;
