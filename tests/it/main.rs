@@ -33,3 +33,4 @@ mod transfer;
 mod weights_pull;
 mod workspace;
 mod c2s;
+mod cellplm;
