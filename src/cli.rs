@@ -524,6 +524,7 @@ pub struct KnobArgs {
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
     /// geneformer: var column holding Ensembl ids (default `ensembl_id`; `index` for var_names).
+    /// cellplm: the same (default `index`).
     #[arg(long, value_name = "COL")]
     pub gene_column: Option<String>,
     /// geneformer: layer to read, -1 (second-to-last, upstream's default) or 0 (last).
@@ -537,6 +538,7 @@ pub struct KnobArgs {
     /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
     /// scimilarity: an upstream model folder (encoder.ckpt, gene_order.tsv, layer_sizes.json).
     /// genept: a folder holding GenePT_gene_embedding_ada_text.pickle.
+    /// cellplm: a folder with one `<prefix>.best.ckpt` and its `<prefix>.config.json`.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).
@@ -544,6 +546,7 @@ pub struct KnobArgs {
     pub gene_col: Option<String>,
     /// scvi: obs column of the query's batches, for a model whose encoder reads the batch
     /// (default: the model's own batch_key).
+    /// cellplm: obs column grouping the cells embedded together (default `batch`).
     #[arg(long, value_name = "COL")]
     pub batch_key: Option<String>,
 }
