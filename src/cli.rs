@@ -80,6 +80,47 @@ pub enum Commands {
     /// random weights on synthetic cells (bench/scimilarity_torch.py is the PyTorch side).
     #[command(name = "__bench-scimilarity", hide = true)]
     BenchScimilarity(BenchScimilarityArgs),
+    /// Internal (benchmarks): cells per second of CellPLM at its released size with random
+    /// weights on synthetic cells (bench/cellplm_torch.py is the PyTorch side).
+    #[command(name = "__bench-cellplm", hide = true)]
+    BenchCellplm(BenchCellplmArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCellplmArgs {
+    /// Model genes (the released gene_list's 19,374 by default).
+    #[arg(long, default_value_t = 19374)]
+    pub genes: usize,
+    /// Encoder width (enc_hid).
+    #[arg(long, default_value_t = 1024)]
+    pub hidden: usize,
+    /// Flowformer layers.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Latent (embedding) size.
+    #[arg(long, default_value_t = 512)]
+    pub latent: usize,
+    /// Expressed genes per synthetic cell.
+    #[arg(long, default_value_t = 1000)]
+    pub nnz: usize,
+    /// Cells to embed per pass.
+    #[arg(long, default_value_t = 100000)]
+    pub cells: usize,
+    /// Cells per forward pass (attending to each other; the method's default 50,000).
+    #[arg(long, default_value_t = 50000)]
+    pub batch: usize,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Timed passes (the best is reported), after one warm-up forward pass.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -485,6 +526,7 @@ pub struct KnobArgs {
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
     /// geneformer: var column holding Ensembl ids (default `ensembl_id`; `index` for var_names).
+    /// cellplm: the same (default `index`).
     #[arg(long, value_name = "COL")]
     pub gene_column: Option<String>,
     /// geneformer: layer to read, -1 (second-to-last, upstream's default) or 0 (last).
@@ -498,6 +540,7 @@ pub struct KnobArgs {
     /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
     /// scimilarity: an upstream model folder (encoder.ckpt, gene_order.tsv, layer_sizes.json).
     /// genept: a folder holding GenePT_gene_embedding_ada_text.pickle.
+    /// cellplm: a folder with one `<prefix>.best.ckpt` and its `<prefix>.config.json`.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).
@@ -505,6 +548,7 @@ pub struct KnobArgs {
     pub gene_col: Option<String>,
     /// scvi: obs column of the query's batches, for a model whose encoder reads the batch
     /// (default: the model's own batch_key).
+    /// cellplm: obs column grouping the cells embedded together (default `batch`).
     #[arg(long, value_name = "COL")]
     pub batch_key: Option<String>,
 }

@@ -77,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::BenchEncoder(a) => commands::bench_encoder::run(a),
         Commands::BenchScvi(a) => commands::bench_scvi::run(a),
         Commands::BenchScimilarity(a) => commands::bench_scimilarity::run(a),
+        Commands::BenchCellplm(a) => commands::bench_cellplm::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

@@ -170,6 +170,17 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         let entry = if m.name == "genept" { crate::methods::genept::ARCHIVE_ENTRY } else { crate::methods::scimilarity::ARCHIVE_ENTRY };
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &[entry])?;
     }
+    if m.name == "cellplm" {
+        // the checkpoint (pinned files, or --model-dir's one prefix) and its config, before any run folder
+        if args.knobs.model_dir.is_none() {
+            crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellplm::REQUIRED_ENTRIES)?;
+        }
+        let (dir, prefix) = crate::commands::task::cellplm_checkpoint(&params, &s.weights_dir)?;
+        crate::methods::cellplm::Config::read(&crate::methods::cellplm::checkpoint_files(&dir, &prefix).0)?;
+        if exec.shards.is_some() {
+            warn("cellplm embeds the cells of a forward pass together: --shards would change which cells share one, so it is ignored");
+        }
+    }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
     if m.name == "scvi" {
@@ -209,7 +220,8 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if let Some(p) = pipeline {
         return run_nextflow(s, args, &spec, &run, &p);
     }
-    let tasks = executor::plan_embed(&spec, &run, n_obs, exec.shards);
+    let shards = if m.name == "cellplm" { None } else { exec.shards };
+    let tasks = executor::plan_embed(&spec, &run, n_obs, shards);
     let outcomes = match executor::run_plan(&run, &tasks, &exec.base, exec.max_forks, s.quiet)? {
         Finished::Completed(o) => o,
         Finished::Failed(code) => return Ok(ExitStatus::Code(code)),

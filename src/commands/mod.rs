@@ -3,6 +3,7 @@
 pub mod bench_encoder;
 pub mod bench_scvi;
 pub mod bench_scimilarity;
+pub mod bench_cellplm;
 pub mod config;
 pub mod doctor;
 pub mod benchmark;

@@ -25,8 +25,10 @@ mod scbert;
 mod scimilarity;
 mod genept;
 mod scfoundation;
+mod cellplm;
 
 pub use scvi::{model_dir as scvi_model_dir, prepare as scvi_prepare};
+pub use cellplm::checkpoint as cellplm_checkpoint;
 pub mod cls_encoder;
 
 pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
@@ -48,6 +50,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "scvi", Step::Embed) => scvi::embed_scvi(&spec, dir).map_err(Into::into),
         ("embed", "scimilarity", Step::Embed) => scimilarity::embed_scimilarity(&spec, dir).map_err(Into::into),
         ("embed", "genept", Step::Embed) => genept::embed_genept(&spec, dir).map_err(Into::into),
+        ("embed", "cellplm", Step::Embed) => cellplm::embed_cellplm(&spec, dir).map_err(Into::into),
         ("embed", "sccello", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Sccello).map_err(Into::into),
         ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
         ("embed", "scfoundation", Step::Embed) => scfoundation::embed_scfoundation(&spec, dir).map_err(Into::into),

@@ -35,3 +35,4 @@ mod weights_pull;
 mod workspace;
 mod c2s;
 mod scfoundation;
+mod cellplm;

@@ -1,0 +1,228 @@
+//! The `embed` task of CellPLM (see `methods/cellplm.rs`): the checkpoint (pinned weights or
+//! --model-dir), the data's genes matched to the model's gene_list, cells grouped into forward
+//! passes as upstream's CellEmbeddingPipeline groups them (obs batch column, then chunks of
+//! --batch-size cells), provenance. Cells attend to each other within a forward pass, so the
+//! grouping is part of the result and is recorded.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, TaskDevice};
+use crate::anndata::dataframe::Column;
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::cellplm::{self, attention_batches, Alignment, CellPlm};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+/// Cells per forward pass when none is given (methods/cellplm.toml: the tutorial's 50,000).
+pub const DEFAULT_BATCH: u64 = 50_000;
+
+/// The checkpoint folder and prefix: `--model-dir` (its one `<prefix>.best.ckpt`), else the
+/// pinned files under the weights folder.
+pub fn checkpoint(spec_params: &serde_json::Map<String, Value>, weights_dir: &Path) -> Result<(PathBuf, String)> {
+    let given = spec_params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
+    match given {
+        Some(d) => {
+            let prefix = cellplm::find_prefix(&d)?;
+            Ok((d, prefix))
+        }
+        None => {
+            let m = Manifest::load()?;
+            let file = m.weights.get(cellplm::REQUIRED_ENTRIES[0]).map(|e| e.file.clone()).unwrap_or_else(|| format!("cellplm/ckpt/{}.best.ckpt", cellplm::RELEASED_PREFIX));
+            let path = weights_dir.join(&file);
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| weights_dir.to_path_buf());
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let prefix = name.strip_suffix(".best.ckpt").unwrap_or(cellplm::RELEASED_PREFIX).to_string();
+            Ok((dir, prefix))
+        }
+    }
+}
+
+/// Each cell's label in obs column `key` (numbers and booleans as text); None when the column
+/// is absent (upstream: all cells one sample). Missing values are refused.
+pub fn batch_labels(ad: &AnnData, key: &str) -> Result<Option<Vec<String>>> {
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let obs = ad.obs()?;
+    let Some(col) = obs.column(key) else {
+        return Ok(None);
+    };
+    let labels: Vec<Option<String>> = match col {
+        Column::Numeric(v) => v.iter().map(|x| if x.is_nan() { None } else { Some(x.to_string()) }).collect(),
+        Column::Bool(v) => v.iter().map(|b| Some(b.to_string())).collect(),
+        other => other.as_labels().unwrap_or_default(),
+    };
+    if let Some(i) = labels.iter().position(Option::is_none) {
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: format!("obs/{key}"),
+            detail: format!("cell {i} ({}) has no value: CellPLM groups the cells that attend to each other by this column", ad.obs_names.get(i).cloned().unwrap_or_default()),
+            hint: Some("fill the missing values (upstream's LabelEncoder refuses them too), or name another column with --batch-key (`--batch-key ''` puts all cells in one group)".into()),
+        });
+    }
+    Ok(Some(labels.into_iter().map(Option::unwrap_or_default).collect()))
+}
+
+pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let given = spec.params.get("model_dir").and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    let shas = if given { serde_json::Map::new() } else { verified_weights("cellplm", &wdir, cellplm::REQUIRED_ENTRIES)? };
+    let (dir, prefix) = checkpoint(&spec.params, &wdir)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+
+    let dev = TaskDevice::start(spec)?;
+    let model = CellPlm::load(&dir, &prefix, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+
+    let gene_col = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or("index");
+    let genes = super::gene_ids(&ad, gene_col)?;
+    let align = Alignment::new(&genes, &model.cfg.gene_list);
+    if align.matched == 0 {
+        let example = genes.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: if gene_col == "index" { "var_names".into() } else { format!("var/{gene_col}") },
+            detail: format!("none of its {} genes (e.g. {example}) is in the model's gene_list ({} genes, e.g. {})", ad.n_vars, model.cfg.gene_list.len(), model.cfg.gene_list.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("CellPLM's gene_list holds Ensembl ids (ENSG...): name a var column of them with --gene-column, or map symbols to Ensembl ids first (upstream's ensembl_auto_conversion asks the mygene web service, which scfoundry does not)".into()),
+        });
+    }
+    notes.push(format!(
+        "{} of the data's {} genes are in the model's gene_list and were used; {} were left out; {} of the model's {} genes are absent from the data (upstream's common_preprocess)",
+        align.matched,
+        ad.n_vars,
+        ad.n_vars - align.matched,
+        model.cfg.gene_list.len() - align.model_genes_present,
+        model.cfg.gene_list.len()
+    ));
+
+    let batch_key = spec.params.get("batch_key").and_then(Value::as_str).unwrap_or("batch").to_string();
+    let labels = batch_labels(&ad, &batch_key)?;
+    let batch = param_u64(spec, "batch_size", DEFAULT_BATCH) as usize;
+    let passes = attention_batches(labels.as_deref(), ad.n_obs, batch);
+    match &labels {
+        Some(_) => notes.push(format!(
+            "cells attend to the cells of their own obs['{batch_key}'] group in forward passes of at most {batch} cells ({} passes): an embedding depends on which cells share its pass (docs/cellplm.md)",
+            passes.len()
+        )),
+        None if batch_key.is_empty() => notes.push(format!("all cells are one group, in forward passes of at most {batch} cells ({} passes): an embedding depends on which cells share its pass", passes.len())),
+        None => notes.push(format!(
+            "obs has no `{batch_key}` column: all cells are one group (as upstream), in forward passes of at most {batch} cells ({} passes); an embedding depends on which cells share its pass",
+            passes.len()
+        )),
+    }
+    if batch > 0 && passes.iter().any(|p| p.len() < batch) && passes.len() > 1 {
+        let smallest = passes.iter().map(Vec::len).min().unwrap_or(0);
+        if smallest < 10 {
+            notes.push(format!("the smallest forward pass has {smallest} cell(s): those cells see little context"));
+        }
+    }
+
+    let dim = model.dim();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_cellplm";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let mut rows = vec![0f32; ad.n_obs * dim];
+    let p = rep.step("cellplm: embed", ad.n_obs as u64, "cells");
+    let (mut fractional, mut empty, mut negative) = (None::<(usize, f32)>, 0usize, None::<(usize, f32)>);
+    // all cells' model-gene values, read in blocks of rows (a pass may draw from any block)
+    let mut cells: Vec<Vec<(u32, f32)>> = Vec::with_capacity(ad.n_obs);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            if fractional.is_none() {
+                if let Some(v) = vals.iter().find(|v| v.fract() != 0.0) {
+                    fractional = Some((s + i, *v));
+                }
+            }
+            if negative.is_none() {
+                if let Some(v) = vals.iter().find(|v| **v < 0.0 || !v.is_finite()) {
+                    negative = Some((s + i, *v));
+                }
+            }
+            let c = align.cell(idx, vals);
+            if c.is_empty() {
+                empty += 1;
+            }
+            cells.push(c);
+        }
+    }
+    if let Some((row, v)) = negative {
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: x.field.clone(),
+            detail: format!("cell {row} ({}) has the value {v}", ad.obs_names[row]),
+            hint: Some("CellPLM reads raw counts (non-negative, finite) and takes log1p itself; pass the counts layer with --layer".into()),
+        });
+    }
+    for pass in &passes {
+        let input: Vec<Vec<(u32, f32)>> = pass.iter().map(|&i| std::mem::take(&mut cells[i])).collect();
+        let z = model.embed(&input).map_err(|e| {
+            if crate::gpu::is_out_of_memory(&e.to_string()) {
+                dev.write_report(task_dir, None, Some(batch));
+                Error::from(crate::gpu::GpuError::OutOfMemory {
+                    allocator: dev.allocator().to_string(),
+                    detail: e.to_string(),
+                    hint: format!("a forward pass of {} cells does not fit: lower --batch-size (this changes which cells attend to each other, so the embeddings change), or free the GPU", pass.len()),
+                })
+            } else {
+                e
+            }
+        })?;
+        for (k, &i) in pass.iter().enumerate() {
+            rows[i * dim..(i + 1) * dim].copy_from_slice(&z[k * dim..(k + 1) * dim]);
+        }
+        p.inc(pass.len() as u64);
+    }
+    write_rows(&ds, 0, &rows, dim)?;
+    p.finish();
+    drop(ds);
+    if let Some((row, v)) = fractional {
+        notes.push(format!("{} holds non-integer values (e.g. {v} at cell {row}): CellPLM takes log1p of raw counts itself; pass the counts layer with --layer if this is not one", x.field));
+    }
+    if empty > 0 {
+        notes.push(format!("{empty} cell(s) have no count in the model's genes: their input is all zeros"));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    dev.write_report(task_dir, None, Some(batch));
+    params.insert("batch_size".into(), json!(batch));
+    params.insert("batch_key".into(), json!(batch_key));
+    params.insert("batch_key_found".into(), json!(labels.is_some()));
+    params.insert("forward_passes".into(), json!(passes.len()));
+    params.insert("largest_pass".into(), json!(passes.iter().map(Vec::len).max().unwrap_or(0)));
+    params.insert("gene_column".into(), json!(gene_col));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("model_genes".into(), json!(model.cfg.gene_list.len()));
+    params.insert("genes_used".into(), json!(align.matched));
+    params.insert("enc_hid".into(), json!(model.cfg.enc_hid));
+    params.insert("enc_layers".into(), json!(model.cfg.enc_layers));
+    params.insert("latent_dim".into(), json!(dim));
+    params.insert("normalisation".into(), json!("log1p of the counts of the model's genes, no library-size scaling (upstream's OmicsEmbedder)"));
+    params.insert(
+        "cell_embedding".into(),
+        json!("the GMVAE latent mean (q(z|x, y) with y the argmax cluster; upstream samples y with Gumbel noise) after a Flowformer encoder over the cells of each forward pass"),
+    );
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("model_dir".into(), json!(dir.display().to_string()));
+    w.insert("prefix".into(), json!(prefix));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}

@@ -1,0 +1,271 @@
+//! cellplm against upstream's own code (committed fixture tests/fixtures/cellplm/, made by
+//! scripts/cellplm_reference.py with the cellplm 0.1.0.post2 package and torch; CI never
+//! installs either): a small checkpoint in upstream's format (`tiny.config.json` +
+//! `tiny.best.ckpt`, torch.save of {"model_state_dict": ...} with the pre-training decoder's
+//! keys too), 64 demo cells with obs['batch'], and what CellEmbeddingPipeline.predict gives in
+//! four batch compositions (by obs['batch'], in chunks of 4, all cells together, chunks of 24),
+//! with the genes it uses and its embedder output. Genes identical, embeddings within 1e-4
+//! relative error; the embedding depends on which cells share a forward pass; the command end
+//! to end; bad checkpoints and data.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use serde_json::Value;
+
+use scfoundry::anndata::AnnData;
+use scfoundry::methods::cellplm::{attention_batches, Alignment, CellPlm, Config};
+
+use crate::common::{repo, TestContext, Tiny};
+
+const MAX_REL_ERR: f64 = 1e-4;
+
+fn dir() -> PathBuf {
+    repo().join("tests/fixtures/cellplm")
+}
+
+fn fixture() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap()).unwrap()
+}
+
+fn rows_of(v: &Value) -> Vec<Vec<f64>> {
+    v.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+}
+
+fn max_rel_err(got: &[f32], want: &[Vec<f64>]) -> f64 {
+    let dim = want[0].len();
+    let mut worst = 0f64;
+    for (i, w) in want.iter().enumerate() {
+        let g = &got[i * dim..(i + 1) * dim];
+        let d2: f64 = g.iter().zip(w).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+        let n2: f64 = w.iter().map(|b| b * b).sum();
+        worst = worst.max((d2 / n2).sqrt());
+    }
+    worst
+}
+
+struct Loaded {
+    model: CellPlm,
+    align: Alignment,
+    cells: Vec<Vec<(u32, f32)>>,
+    labels: Vec<String>,
+}
+
+fn load() -> Loaded {
+    crate::common::no_hdf5_locking();
+    let model = CellPlm::load(&dir().join("ckpt"), "tiny", Device::Cpu).unwrap();
+    let ad = AnnData::open(&dir().join("cells.h5ad")).unwrap();
+    let align = Alignment::new(&ad.var_names, &model.cfg.gene_list);
+    let b = ad.matrix(None).unwrap().read_rows(0, ad.n_obs).unwrap();
+    let cells = (0..ad.n_obs).map(|i| align.cell(b.row(i).0, b.row(i).1)).collect();
+    let obs = ad.obs().unwrap();
+    let labels = obs.column("batch").unwrap().as_labels().unwrap().into_iter().map(Option::unwrap).collect();
+    Loaded { model, align, cells, labels }
+}
+
+/// Our embeddings of all cells, running each pass of `passes`.
+fn run(l: &Loaded, passes: &[Vec<usize>]) -> Vec<f32> {
+    let dim = l.model.dim();
+    let mut rows = vec![0f32; l.cells.len() * dim];
+    for p in passes {
+        let input: Vec<Vec<(u32, f32)>> = p.iter().map(|&i| l.cells[i].clone()).collect();
+        let z = l.model.embed(&input).unwrap();
+        for (k, &i) in p.iter().enumerate() {
+            rows[i * dim..(i + 1) * dim].copy_from_slice(&z[k * dim..(k + 1) * dim]);
+        }
+    }
+    rows
+}
+
+#[test]
+fn cellplm_genes_and_embedder_match_upstream() {
+    let f = fixture();
+    let l = load();
+    let c = &f["config"];
+    assert_eq!(l.model.cfg.enc_hid as u64, c["enc_hid"].as_u64().unwrap());
+    assert_eq!(l.model.cfg.enc_layers as u64, c["enc_layers"].as_u64().unwrap());
+    assert_eq!(l.model.dim() as u64, c["post_latent_dim"].as_u64().unwrap());
+    assert_eq!(l.model.cfg.gene_list.len() as u64, f["model_genes"].as_u64().unwrap());
+    // the genes used, in upstream's order (gene_idx of OmicsEmbedder)
+    let want: Vec<u32> = f["gene_idx"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert_eq!(l.align.gene_idx(), want);
+    assert_eq!(l.align.matched as u64, f["genes_used"].as_u64().unwrap());
+    assert!(l.align.matched < f["data_genes"].as_u64().unwrap() as usize, "some data genes are left out");
+    // the embedder's output (features, Linear, ReLU, GroupNorm) for all 64 cells
+    let h = l.model.embedder(&l.model.features(&l.cells).unwrap()).unwrap();
+    let got: Vec<f32> = h.flatten_all().unwrap().to_vec1().unwrap();
+    let err = max_rel_err(&got, &rows_of(&f["h0_one_group"]));
+    eprintln!("cellplm embedder: largest relative error {err:.3e}");
+    assert!(err < MAX_REL_ERR, "{err:.3e}");
+}
+
+#[test]
+fn cellplm_embeddings_match_upstream_in_each_batch_composition() {
+    let f = fixture();
+    let l = load();
+    let scenarios = f["scenarios"].as_object().unwrap();
+    assert_eq!(scenarios.len(), 4);
+    for (name, s) in scenarios {
+        let bs = s["batch_size"].as_u64().unwrap() as usize;
+        let labels = if s["batch_column"].as_bool().unwrap() { Some(l.labels.as_slice()) } else { None };
+        let passes = attention_batches(labels, l.cells.len(), bs);
+        // the same cells in the same forward passes as upstream's pipeline
+        let want: Vec<Vec<usize>> = s["forwards"].as_array().unwrap().iter().map(|p| p.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect()).collect();
+        assert_eq!(passes, want, "{name}: forward passes");
+        let got = run(&l, &passes);
+        let err = max_rel_err(&got, &rows_of(&s["embeddings"]));
+        eprintln!("cellplm {name} ({} passes): largest relative error {err:.3e}", passes.len());
+        assert!(err < MAX_REL_ERR, "{name}: largest relative error {err:.3e}");
+    }
+}
+
+#[test]
+fn cellplm_embedding_depends_on_the_cells_of_its_pass() {
+    let l = load();
+    let dim = l.model.dim();
+    let together = run(&l, &attention_batches(None, l.cells.len(), 0));
+    let grouped = run(&l, &attention_batches(Some(&l.labels), l.cells.len(), 0));
+    // the same cell in two different passes: a different embedding
+    let cell0 = |r: &[f32]| r[..dim].to_vec();
+    let d: f32 = cell0(&together).iter().zip(cell0(&grouped)).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    assert!(d > 1e-3, "cell 0 alike in both passes ({d})");
+    // the same pass in another order: the same embeddings (no positions among cells)
+    let mut rev: Vec<usize> = (0..l.cells.len()).collect();
+    rev.reverse();
+    let reversed = run(&l, &[rev]);
+    let d: f32 = together.iter().zip(&reversed).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    assert!(d < 1e-5, "order within a pass changed the embedding by {d}");
+    // the fixture says upstream's compositions differ too
+    let f = fixture();
+    assert!(f["composition_effect"]["one_group_vs_by_batch_max_abs"].as_f64().unwrap() > 1e-3);
+}
+
+fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
+    let f = hdf5::File::open(path).unwrap();
+    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
+    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
+}
+
+fn read_i64(path: &Path, name: &str) -> i64 {
+    hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()
+}
+
+fn ckpt_copy(ctx: &TestContext, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let d = ctx.path(name);
+    std::fs::create_dir_all(&d).unwrap();
+    for f in ["tiny.best.ckpt", "tiny.config.json"] {
+        std::fs::copy(dir().join("ckpt").join(f), d.join(f)).unwrap();
+    }
+    edit(&d);
+    d
+}
+
+#[test]
+fn cellplm_embed_command_matches_upstream() {
+    let ctx = TestContext::new();
+    let f = fixture();
+    std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let want = |s: &str| rows_of(&f["scenarios"][s]["embeddings"]);
+    // the pinned layout under a weights folder (unpinned entries: any bytes are taken)
+    let w = ctx.path("weights");
+    let man = scfoundry::weights::Manifest::builtin();
+    for (id, src) in scfoundry::methods::cellplm::REQUIRED_ENTRIES.iter().zip(["tiny.best.ckpt", "tiny.config.json"]) {
+        let to = w.join(&man.weights[*id].file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(dir().join("ckpt").join(src), to).unwrap();
+    }
+    let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellplm", "-d", "cells.h5ad"]);
+    r.success();
+    r.stderr_has("240 of the data's 300 genes are in the model's gene_list").stderr_has("obs['batch'] group");
+    let out = ctx.path("cells.cellplm.h5ad");
+    let (got, dim) = read_obsm(&out, "X_cellplm");
+    assert_eq!(dim, 16);
+    let err = max_rel_err(&got, &want("by_batch"));
+    assert!(err < MAX_REL_ERR, "by_batch: {err:.3e}");
+    assert_eq!(read_i64(&out, "uns/scfoundry/parameters/batch_size"), 50000);
+    assert_eq!(read_i64(&out, "uns/scfoundry/parameters/forward_passes"), 13);
+    // --model-dir, chunks of 4 cells
+    let m = ckpt_copy(&ctx, "m", |_| {});
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "b.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "4"]);
+    r.success();
+    let (got, _) = read_obsm(&ctx.path("b.h5ad"), "X_cellplm");
+    let err = max_rel_err(&got, &want("by_batch_chunks_4"));
+    assert!(err < MAX_REL_ERR, "chunks of 4: {err:.3e}");
+    // all cells one group (no batch key), in passes of 24; --shards is refused with a warning
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "c.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "24", "--batch-key", "", "--shards", "2"]);
+    r.success().stderr_has("--shards");
+    let (got, _) = read_obsm(&ctx.path("c.h5ad"), "X_cellplm");
+    let err = max_rel_err(&got, &want("one_group_chunks_24"));
+    assert!(err < MAX_REL_ERR, "one group in 24s: {err:.3e}");
+    // a batch column that is not there: one group, as upstream
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "d.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-key", "donor"]);
+    r.success().stderr_has("obs has no `donor` column");
+    let (got, _) = read_obsm(&ctx.path("d.h5ad"), "X_cellplm");
+    let err = max_rel_err(&got, &want("one_group"));
+    assert!(err < MAX_REL_ERR, "one group: {err:.3e}");
+}
+
+#[test]
+fn cellplm_bad_checkpoints_and_data() {
+    let ctx = TestContext::new();
+    std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let err = |d: &Path, extra: &[&str]| {
+        let mut args = vec!["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "x.h5ad", "--model-dir", d.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let r = ctx.run(&args);
+        r.user_error();
+        assert!(!ctx.path("x.h5ad").exists());
+        r.stderr
+    };
+    // no weights at all: the entries are named, with a hint
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad"]);
+    r.user_error().stderr_has("weights for cellplm are not in").stderr_has("cellplm-20231027-85m-ckpt").has_hint();
+    // a folder without a checkpoint
+    let d = ckpt_copy(&ctx, "nockpt", |d| std::fs::remove_file(d.join("tiny.best.ckpt")).unwrap());
+    assert!(err(&d, &[]).contains(".best.ckpt"), "{}", err(&d, &[]));
+    // a checkpoint without its config
+    let d = ckpt_copy(&ctx, "noconfig", |d| std::fs::remove_file(d.join("tiny.config.json")).unwrap());
+    assert!(err(&d, &[]).contains("tiny.config.json"), "{}", err(&d, &[]));
+    // not a torch file
+    let d = ckpt_copy(&ctx, "junk", |d| std::fs::write(d.join("tiny.best.ckpt"), b"not a zip").unwrap());
+    let e = err(&d, &[]);
+    assert!(e.contains("tiny.best.ckpt") && e.contains("model_state_dict"), "{e}");
+    // another model's checkpoint (no model_state_dict key)
+    let d = ckpt_copy(&ctx, "wrong", |d| std::fs::copy(repo().join("tests/fixtures/scgpt/best_model_inproj.pt"), d.join("tiny.best.ckpt")).map(drop).unwrap());
+    let e = err(&d, &[]);
+    assert!(e.contains("tiny.best.ckpt") && e.contains("model_state_dict"), "{e}");
+    // a config that does not fit the checkpoint: the tensor and both shapes are named
+    let d = ckpt_copy(&ctx, "wide", |d| {
+        let p = d.join("tiny.config.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        v["enc_hid"] = 64.into();
+        std::fs::write(&p, v.to_string()).unwrap();
+    });
+    let e = err(&d, &[]);
+    assert!(e.contains("embedder.feat_enc.emb") && e.contains("[280, 32]") && e.contains("[280, 64]"), "{e}");
+    // a config of another encoder
+    let d = ckpt_copy(&ctx, "performer", |d| {
+        let p = d.join("tiny.config.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        v["enc_mod"] = "performer".into();
+        std::fs::write(&p, v.to_string()).unwrap();
+    });
+    let e = err(&d, &[]);
+    assert!(e.contains("enc_mod") && e.contains("flowformer"), "{e}");
+    // two checkpoints in one folder
+    let d = ckpt_copy(&ctx, "two", |d| std::fs::copy(d.join("tiny.best.ckpt"), d.join("other.best.ckpt")).map(drop).unwrap());
+    assert!(err(&d, &[]).contains("2 checkpoints"), "{}", err(&d, &[]));
+    // data whose genes the model does not know (symbols vs the gene_list)
+    let m = ckpt_copy(&ctx, "ok", |_| {});
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "t.h5ad", "--model-dir", m.to_str().unwrap()]);
+    r.user_error().stderr_has("gene_list").stderr_has("--gene-column").has_hint();
+    // the fine-tuning batch options are accepted with a warning (embed honours --batch-size)
+    let reg = scfoundry::registry::Registry::builtin();
+    let method = reg.get("cellplm").unwrap();
+    assert!(method.honoured("finetune").is_empty());
+    assert_eq!(method.honoured("embed"), &["--batch-size".to_string()]);
+    // a wrong config path straight to the loader
+    let e = Config::read(&ctx.path("nothing.config.json")).unwrap_err();
+    assert!(e.to_string().contains("nothing.config.json"), "{e}");
+}
