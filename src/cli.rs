@@ -479,6 +479,9 @@ pub struct KnobArgs {
     /// cellama, c2s: genes per cell sentence.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub top_genes: Option<u64>,
+    /// novae: drop spatial (Delaunay) edges longer than N microns (default 0: keep all).
+    #[arg(long, value_name = "N")]
+    pub radius: Option<u64>,
     /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
@@ -510,7 +513,7 @@ pub struct KnobArgs {
 impl KnobArgs {
     /// (flag, value) for every knob given on the command line.
     pub fn given(&self) -> Vec<(&'static str, u64)> {
-        [("--n-comps", self.n_comps), ("--n-top-genes", self.n_top_genes), ("--max-len", self.max_len), ("--nlayers", self.nlayers), ("--top-genes", self.top_genes)]
+        [("--n-comps", self.n_comps), ("--n-top-genes", self.n_top_genes), ("--max-len", self.max_len), ("--nlayers", self.nlayers), ("--top-genes", self.top_genes), ("--radius", self.radius)]
             .into_iter()
             .filter_map(|(f, v)| v.map(|v| (f, v)))
             .collect()

@@ -153,6 +153,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
     }
+    if m.name == "novae" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::novae::ENTRIES)?;
+        crate::commands::task::novae_coords(&AnnData::open(&args.data)?)?;
+    }
     if m.name == "c2s" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
     }

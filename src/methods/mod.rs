@@ -19,6 +19,7 @@ pub mod seurat;
 pub mod uce;
 pub mod scimilarity;
 pub mod genept;
+pub mod novae;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.

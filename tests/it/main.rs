@@ -27,6 +27,7 @@ mod scvi_denovo;
 mod scvi_pretrained;
 mod seurat;
 mod uce;
+mod novae;
 mod scimilarity;
 mod genept;
 mod transfer;
