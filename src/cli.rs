@@ -115,9 +115,15 @@ pub struct BenchEncoderArgs {
     /// `bert` (candle's BERT encoder; --layers, --hidden, --heads, --ffn, --max-len needed),
     /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override),
     /// or `sccello` / `langcell` (the model's own <cls> encoder at its released shape, as
-    /// `embed` runs it; --max-len defaults to its 2,048 positions).
+    /// `embed` runs it; --max-len defaults to its 2,048 positions), or `novae` (Novae's graph
+    /// encoder at full size on a synthetic slide of --cells cells; --max-len = genes, default
+    /// 500; --lengths is not read; f32 only).
     #[arg(long, default_value = "bert")]
     pub arch: String,
+    /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for
+    /// bench/novae_torch.py.
+    #[arg(long, value_name = "FILE")]
+    pub graph_out: Option<PathBuf>,
     /// Encoder layers.
     #[arg(long)]
     pub layers: Option<usize>,
