@@ -83,12 +83,13 @@ EXPECTED_COST_TIER = {
     "langcell": 4, "scprint": 5, "uce": 5, "c2s": 5, "cellama": 2, "novae": 2,
     "harmony": 1, "seurat": 2, "scvi_denovo": 2, "scgpt_integrated": 4,
 }
-NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "novae", "pca", "harmony", "seurat"}
-FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64}
+NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "pca", "harmony", "seurat"}
+FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64, "novae": 256}
 # Methods with code in src/methods/ (keep in step with src/commands/task.rs).
-IMPLEMENTED = {"pca", "cellama", "harmony", "geneformer", "scgpt", "scvi_denovo", "seurat", "uce", "c2s", "scvi", "scimilarity", "genept", "sccello", "langcell", "scbert", "scfoundation", "cellplm"}
+IMPLEMENTED = {"pca", "cellama", "harmony", "geneformer", "scgpt", "scvi_denovo", "seurat", "uce", "c2s", "scvi", "scimilarity", "genept", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "novae"}
 
 EXPECTED_KNOBS = {
+    ("novae", "--radius"): 0,
     ("scprint", "--max-len"): 4000,
     ("uce", "--nlayers"): 33,
     ("pca", "--n-comps"): 50,

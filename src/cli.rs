@@ -157,10 +157,16 @@ pub struct BenchEncoderArgs {
     /// `c2s-160m` / `c2s-410m` (our GPT-NeoX at Pythia's full size; those four may override),
     /// or `sccello` / `langcell` (the model's own <cls> encoder at its released shape, as
     /// `embed` runs it; --max-len defaults to its 2,048 positions), `scfoundation` (its
-    /// encoder at the released 12 x 768 shape; --layers, --hidden, --heads may override).
+    /// encoder at the released 12 x 768 shape; --layers, --hidden, --heads may override), `novae` (Novae's graph
+    /// encoder at full size on a synthetic slide of --cells cells; --max-len = genes, default
+    /// 500; --lengths is not read; f32 only).
     /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
     #[arg(long, default_value = "bert")]
     pub arch: String,
+    /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for
+    /// bench/novae_torch.py.
+    #[arg(long, value_name = "FILE")]
+    pub graph_out: Option<PathBuf>,
     /// Encoder layers.
     #[arg(long)]
     pub layers: Option<usize>,
@@ -522,6 +528,9 @@ pub struct KnobArgs {
     /// cellama, c2s: genes per cell sentence.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub top_genes: Option<u64>,
+    /// novae: drop spatial (Delaunay) edges longer than N microns (default 0: keep all).
+    #[arg(long, value_name = "N")]
+    pub radius: Option<u64>,
     /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
@@ -556,7 +565,7 @@ pub struct KnobArgs {
 impl KnobArgs {
     /// (flag, value) for every knob given on the command line.
     pub fn given(&self) -> Vec<(&'static str, u64)> {
-        [("--n-comps", self.n_comps), ("--n-top-genes", self.n_top_genes), ("--max-len", self.max_len), ("--nlayers", self.nlayers), ("--top-genes", self.top_genes)]
+        [("--n-comps", self.n_comps), ("--n-top-genes", self.n_top_genes), ("--max-len", self.max_len), ("--nlayers", self.nlayers), ("--top-genes", self.top_genes), ("--radius", self.radius)]
             .into_iter()
             .filter_map(|(f, v)| v.map(|v| (f, v)))
             .collect()

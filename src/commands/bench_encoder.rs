@@ -276,12 +276,80 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// `--arch novae`: Novae's encoder (methods/novae.rs, as `embed` runs it) at novae/model.py's
+/// full size with random weights, on a synthetic slide: `--cells` cells on a jittered 15-micron
+/// grid (seeded), Delaunay graph, 2-hop subgraphs of the valid cells, random z-scored
+/// expression of `--max-len` genes (default 500, a targeted panel). Timed: the encoder over all
+/// valid cells in batches of `--batch` (batch layout built beforehand, as the torch side does).
+fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::novae::{Config, GraphBatch, Novae, SpatialGraph};
+    use rand::{Rng, SeedableRng};
+    let device = device_of(&a.device)?;
+    let genes = a.max_len.unwrap_or(500);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let side = (a.cells as f64).sqrt().ceil() as usize;
+    let xy: Vec<[f64; 2]> = (0..a.cells).map(|i| [(i % side) as f64 * 15.0 + rng.gen_range(-5.0..5.0), (i / side) as f64 * 15.0 + rng.gen_range(-5.0..5.0)]).collect();
+    let graph = SpatialGraph::build(&xy, None).ok_or_else(|| Error::BadOption { option: "--cells".into(), detail: "too few cells for a triangulation".into(), hint: None })?;
+    if let Some(p) = &a.graph_out {
+        let mut indptr = vec![0usize];
+        let (mut indices, mut dist) = (Vec::new(), Vec::new());
+        for l in &graph.adj {
+            for &(j, d) in l {
+                indices.push(j);
+                dist.push(d);
+            }
+            indptr.push(indices.len());
+        }
+        std::fs::write(p, json!({"indptr": indptr, "indices": indices, "dist": dist}).to_string()).map_err(|e| Error::Io { path: p.clone(), source: e })?;
+    }
+    let cfg = Config::full_size(genes);
+    let (valid, sub) = graph.subgraphs(cfg.n_hops_local, cfg.n_hops_view);
+    let model = Novae::random(cfg.clone(), device.clone(), 0)?;
+    let rows: Vec<u32> = (0..genes as u32).collect();
+    let gm = model.gene_matrix(&rows)?;
+    let z: Vec<f32> = (0..a.cells * genes).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    let order: Vec<usize> = (0..a.cells).filter(|&i| valid[i]).collect();
+    let batches: Vec<(GraphBatch, Vec<f32>)> = order
+        .chunks(a.batch.max(1))
+        .map(|c| {
+            let b = GraphBatch::new(&graph, &sub, c, 1.0);
+            let zb: Vec<f32> = b.nodes.iter().flat_map(|&v| z[v * genes..(v + 1) * genes].iter().copied()).collect();
+            (b, zb)
+        })
+        .collect();
+    model.encode(&gm, &batches[0].1, &batches[0].0)?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..a.repeat.max(1) {
+        let t = Instant::now();
+        for (b, zb) in &batches {
+            model.encode(&gm, zb, b)?;
+        }
+        device.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let nodes: usize = batches.iter().map(|b| b.0.nodes.len()).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "novae",
+        "encoder": "scfoundry Novae (methods/novae.rs: GATv2 x 10 + attention aggregation)",
+        "embedding": cfg.embedding_size, "hidden": cfg.hidden_size, "layers": cfg.num_layers, "heads": cfg.heads, "output": cfg.output_size,
+        "genes": genes, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells, "valid_cells": order.len(),
+        "mean_nodes": nodes as f64 / order.len().max(1) as f64, "edges": graph.n_edges(),
+        "seconds": best, "cells_per_s": order.len() as f64 / best,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     if a.arch == "scbert" {
         return run_scbert(a);
     }
     if a.arch == "scfoundation" {
         return run_scfoundation(a);
+    }
+    if a.arch == "novae" {
+        return run_novae(a);
     }
     if let Some(arch) = Arch::parse(&a.arch) {
         return run_arch(a, arch);

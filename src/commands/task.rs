@@ -26,6 +26,9 @@ mod scimilarity;
 mod genept;
 mod scfoundation;
 mod cellplm;
+mod novae;
+
+pub use novae::coords as novae_coords;
 
 pub use scvi::{model_dir as scvi_model_dir, prepare as scvi_prepare};
 pub use cellplm::checkpoint as cellplm_checkpoint;
@@ -51,12 +54,14 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "scimilarity", Step::Embed) => scimilarity::embed_scimilarity(&spec, dir).map_err(Into::into),
         ("embed", "genept", Step::Embed) => genept::embed_genept(&spec, dir).map_err(Into::into),
         ("embed", "cellplm", Step::Embed) => cellplm::embed_cellplm(&spec, dir).map_err(Into::into),
+        ("embed", "novae", Step::Embed) => novae::embed_novae(&spec, dir).map_err(Into::into),
         ("embed", "sccello", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Sccello).map_err(Into::into),
         ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
         ("embed", "scfoundation", Step::Embed) => scfoundation::embed_scfoundation(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),
+        ("transfer", "novae", Step::Embed) => novae::embed_novae(&spec, dir).map_err(Into::into),
         ("integrate", _, Step::Embed) => crate::commands::integrate::task(&spec),
         ("benchmark", _, Step::Embed) => crate::commands::benchmark::task(&spec),
         ("geometry", _, Step::Embed) => crate::commands::geometry::task(&spec),

@@ -22,6 +22,7 @@ pub mod genept;
 pub mod scbert;
 pub mod scfoundation;
 pub mod cellplm;
+pub mod novae;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.

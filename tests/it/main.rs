@@ -28,6 +28,7 @@ mod scvi_pretrained;
 mod seurat;
 mod uce;
 mod scbert;
+mod novae;
 mod scimilarity;
 mod genept;
 mod transfer;
