@@ -67,8 +67,9 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let ds = out.create_obsm(key, ad.n_obs, dim)?;
     let p = rep.step("scbert: embed", ad.n_obs as u64, "cells");
     let (mut few, mut empty) = (0usize, Vec::new());
-    // 16,907 tokens a cell: blocks of 4,096 cells keep the token rows near 280 MB
-    for (s, e) in x.blocks(4096) {
+    // blocks of about 2M stored values (some 2,000 cells of ~1,000 expressed genes); at
+    // 16,907 tokens a cell their token rows stay near 135 MB
+    for (s, e) in x.blocks(2_000_000) {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
