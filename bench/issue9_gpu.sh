@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Device throughput rows of issue #9's models: scfoundry (candle, CUDA) against a PyTorch model of
+# the same architecture, same cells, same batches, measured one after the other in one run.
+# Opt-in: CI has no GPU. BENCHMARKS.md "Issue #9 models on the H200" has the results.
+#
+#   bench/issue9_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae (default all)
+#
+# Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
+# Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
+# whole output in OUT_DIR/log.txt. A failing command is logged and the script goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-/tmp/scfoundry-issue9}}
+shift || true
+MODELS=("$@")
+[[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae)
+mkdir -p "$OUT"
+BIN=${BIN:-dist/cuda/scfoundry}
+export SCFOUNDRY_NO_PROGRESS=1
+G=$(mktemp -d /tmp/scfoundry-i9.XXXX)
+: >"$OUT/results.jsonl"
+# run SIDE MODEL CMD...: log the command, keep its JSON line(s)
+run() {
+  local side=$1 model=$2; shift 2
+  echo "\$ $*" >>"$OUT/log.txt"
+  local t0=$SECONDS
+  "$@" >"$G/out.txt" 2>"$G/err.txt"
+  local rc=$?
+  cat "$G/out.txt" "$G/err.txt" >>"$OUT/log.txt"
+  echo "exit $rc after $((SECONDS - t0)) s" >>"$OUT/log.txt"
+  grep '^{' "$G/out.txt" | while read -r line; do
+    printf '{"side":"%s","model":"%s","rc":%d,"result":%s}\n' "$side" "$model" "$rc" "$line" >>"$OUT/results.jsonl"
+  done
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv >>"$OUT/log.txt" 2>&1
+for m in "${MODELS[@]}"; do
+  case $m in
+    scbert)
+      run scfoundry scbert "$BIN" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --dtype f32 --batch 3 --cells 60 --repeat 2
+      run torch scbert python3 bench/scbert_torch.py --device cuda --batch 3 --cells 60 --repeat 2 ;;
+    scfoundation)
+      A=(--lengths bench/token_lengths_wu2020.txt --cells 512 --batch 8 --order sorted --dtype f32 --device cuda)
+      run scfoundry scfoundation "$BIN" __bench-encoder --arch scfoundation "${A[@]}"
+      run torch scfoundation python3 bench/scfoundation_torch.py "${A[@]}"
+      run torch-batch1 scfoundation python3 bench/scfoundation_torch.py --lengths bench/token_lengths_wu2020.txt --cells 128 --batch 1 --order sorted --dtype f32 --device cuda ;;
+    cellplm)
+      run scfoundry cellplm "$BIN" __bench-cellplm --device cuda --cells 100000 --batch 50000
+      run torch cellplm python3 bench/cellplm_torch.py --device cuda --cells 100000 --batch 50000 ;;
+    novae)
+      run scfoundry novae "$BIN" __bench-encoder --arch novae --cells 20000 --batch 256 --device cuda --repeat 3 --lengths bench/token_lengths_wu2020.txt --graph-out "$G/graph.json"
+      run torch novae python3 bench/novae_torch.py --graph "$G/graph.json" --batch 256 --genes 500 --device cuda --repeat 3 ;;
+    *) echo "unknown model $m" >>"$OUT/log.txt" ;;
+  esac
+done
+cat "$OUT/results.jsonl"
