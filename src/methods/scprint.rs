@@ -507,9 +507,9 @@ impl ValueEncoder {
         Ok(ValueEncoder { first, rest })
     }
 
-    /// x: (..) values -> (.., d)
+    /// x: (..) values, already clamped to [0, MAX_VALUE] -> (.., d)
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let mut h = self.first.forward(&x.clamp(0f32, MAX_VALUE as f32)?.unsqueeze(D::Minus1)?)?;
+        let mut h = self.first.forward(&x.unsqueeze(D::Minus1)?)?;
         for (ln, lin) in &self.rest {
             h = lin.forward(&ln.forward(&h)?.relu()?)?;
         }
@@ -703,13 +703,14 @@ impl ScPrint {
                 let real = k < c.genes.len();
                 ids.push(if real { c.genes[k] } else { 0 });
                 let x = if real { c.counts[k] as f64 } else { 0.0 };
-                vals.push(match self.config.normalization {
-                    Normalization::Sum => (x / sum) as f32,
-                    Normalization::Log => (1.0 + x).log2() as f32,
-                });
+                let v = match self.config.normalization {
+                    Normalization::Sum => x / sum,
+                    Normalization::Log => (1.0 + x).log2(),
+                };
+                vals.push(v.clamp(0.0, MAX_VALUE) as f32);
                 keep.push(if real { 0f32 } else { f32::NEG_INFINITY });
             }
-            depth.push((1.0 + c.depth as f64).log2() as f32);
+            depth.push((1.0 + c.depth as f64).log2().clamp(0.0, MAX_VALUE) as f32);
         }
         let dev = &self.device;
         let nc = self.config.cell_tokens();

@@ -179,7 +179,7 @@ fn scprint_embed_command_matches_upstream() {
     let err = max_rel_err(&got, &run["embeddings"], dim);
     assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
     let p = |k: &str| -> i64 { h.dataset(&format!("uns/scfoundry/parameters/{k}")).unwrap().read_scalar().unwrap() };
-    assert_eq!(p("max_len"), 24);
+    assert_eq!(p("max_len"), 73);
     assert_eq!(p("batch_size"), 7);
     // --max-len past the model's genes: all of them, said so
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", "500", "-o", "all.h5ad"]);
