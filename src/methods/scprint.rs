@@ -479,7 +479,11 @@ pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)>
             "gene_encoder.embedding.weight" | "gene_encoder.0.embedding.weight" | "gene_encoder.0.embeddings.weight" => "gene_encoder.embeddings.weight".to_string(),
             _ => name.clone(),
         };
-        let t = crate::methods::scfoundation::rebuild_tensor(&mut zip, &prefix, v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        let mut t = crate::methods::scfoundation::rebuild_tensor(&mut zip, &prefix, v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        if short == "pos_encoder.pe" && t.rank() == 3 {
+            // PositionalEncoding stores its table as (genes, 1, d_model)
+            t = t.squeeze(1).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        }
         tensors.insert(short, t);
     }
     Ok((config, tensors))
@@ -610,7 +614,7 @@ impl ScPrint {
     }
 
     /// Build from a config and scPrint-named tensors (a checkpoint's, or random ones).
-    pub fn from_tensors(config: Config, mut tensors: HashMap<String, Tensor>, path: &Path, dtype: DType, device: Device) -> Result<ScPrint> {
+    pub fn from_tensors(config: Config, tensors: HashMap<String, Tensor>, path: &Path, dtype: DType, device: Device) -> Result<ScPrint> {
         let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
         let d = config.d_model;
         for k in ["gene_encoder.embeddings.weight", "expr_encoder.encoder.0.weight", "class_encoder.embedding.weight", "transformer.norm.weight", "transformer.blocks.0.mixer.Wqkv.weight"] {
@@ -641,13 +645,6 @@ impl ScPrint {
             return Err(bad(format!("depth_atinput is {} but the state_dict {} a depth_encoder", config.depth_atinput, if config.depth_atinput { "has no" } else { "has" })));
         }
         let pred = config.pred_tokens().map_err(bad)?;
-        if let Some(pe) = tensors.get("pos_encoder.pe") {
-            // older checkpoints kept PositionalEncoding's (n, 1, d) shape
-            if pe.rank() == 3 {
-                let pe = pe.squeeze(1).map_err(|e| bad(e.to_string()))?;
-                tensors.insert("pos_encoder.pe".into(), pe);
-            }
-        }
         let ff = tensors.get("transformer.blocks.0.mlp.fc1.weight").and_then(|w| w.dim(0).ok()).unwrap_or(4 * d);
         let keys: HashMap<String, Tensor> = tensors.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let vb = VarBuilder::from_tensors(tensors, dtype, &device);
