@@ -161,6 +161,8 @@ pub struct BenchEncoderArgs {
     /// encoder at full size on a synthetic slide of --cells cells; --max-len = genes, default
     /// 500; --lengths is not read; f32 only).
     /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
+    /// `scprint`: scPRINT's transformer at medium-v1.5's shape (256 x 8, 4 heads; --layers,
+    /// --hidden, --heads may override); every cell has --max-len genes (default 4,000).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for

@@ -276,6 +276,57 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// The synthetic tokens of bench cell `i` with `s` expressed genes (bench/scprint_torch.py
+/// builds the same): `max_len` genes spread over the `n_genes`, the first min(s, max_len) with
+/// counts 1..50, the rest zero (as the Collator fills a cell up to max_len with zero genes).
+pub fn scprint_cell(i: usize, s: usize, n_genes: usize, max_len: usize) -> crate::methods::scprint::CellTokens {
+    let step = (n_genes / max_len.max(1)).max(1);
+    let genes: Vec<u32> = (0..max_len).map(|k| ((k * step + i) % n_genes) as u32).collect();
+    let counts: Vec<f32> = (0..max_len).map(|k| if k < s { 1.0 + ((i * 7919 + k * 104_729) % 50) as f32 } else { 0.0 }).collect();
+    let depth = counts.iter().sum::<f32>();
+    crate::methods::scprint::CellTokens { genes, counts, depth, expressed: s.min(max_len) }
+}
+
+/// scPRINT's transformer (methods/scprint.rs, as `embed` runs it) at medium-v1.5's shape
+/// (d_model 256, 8 layers, 4 heads, 8 classes; `--layers`, `--hidden`, `--heads` may override)
+/// with seeded random weights and 25,000 genes. Every cell has `--max-len` gene tokens (default
+/// 4,000, as `embed`) plus the depth and 9 class tokens, whatever its expressed genes (the
+/// lengths file), as upstream's Collator fills cells with zero-count genes: no padding.
+fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::scprint::{self, CellTokens, Config, ScPrint};
+    let mut cfg = Config::medium(25_000);
+    cfg.nlayers = a.layers.unwrap_or(cfg.nlayers);
+    cfg.d_model = a.hidden.unwrap_or(cfg.d_model);
+    cfg.nhead = a.heads.unwrap_or(cfg.nhead);
+    cfg.num_heads_kv = cfg.nhead;
+    let max_len = a.max_len.unwrap_or(scprint::DEFAULT_MAX_LEN).min(cfg.genes.len());
+    let dtype = dtype_of(&a.dtype)?;
+    let device = device_of(&a.device)?;
+    let tensors = scprint::random_tensors(&cfg, 0, &device)?;
+    let model = ScPrint::from_tensors(cfg.clone(), tensors, std::path::Path::new("random weights"), dtype, device.clone())?;
+    let (expressed, order) = lengths(a, max_len)?;
+    let cells: Vec<CellTokens> = expressed.iter().enumerate().map(|(i, &s)| scprint_cell(i, s, cfg.genes.len(), max_len)).collect();
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
+        Ok(())
+    })?;
+    let (l, d) = (cfg.nlayers, cfg.d_model);
+    let s = max_len + cfg.cell_tokens();
+    let flops = a.cells as f64 * cell_flops(l, d, 4 * d, s);
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scprint",
+        "encoder": "scfoundry ScPrint (methods/scprint.rs): gene + value + position embeddings, depth and class tokens, pre-norm transformer, mean of 4 class tokens",
+        "layers": l, "hidden": d, "heads": cfg.nhead, "ffn": 4 * d, "embedding_dim": model.dim(), "max_len": max_len, "tokens": s,
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_expressed": expressed.iter().sum::<usize>() as f64 / a.cells as f64,
+        "padding_share": 0.0,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
 /// `--arch novae`: Novae's encoder (methods/novae.rs, as `embed` runs it) at novae/model.py's
 /// full size with random weights, on a synthetic slide: `--cells` cells on a jittered 15-micron
 /// grid (seeded), Delaunay graph, 2-hop subgraphs of the valid cells, random z-scored
@@ -347,6 +398,9 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     if a.arch == "scfoundation" {
         return run_scfoundation(a);
+    }
+    if a.arch == "scprint" {
+        return run_scprint(a);
     }
     if a.arch == "novae" {
         return run_novae(a);

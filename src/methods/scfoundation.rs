@@ -336,7 +336,7 @@ pub fn read_checkpoint(path: &Path, key: &str) -> Result<(Config, HashMap<String
 
 /// A tensor from torch's `_rebuild_tensor_v2(storage, offset, size, stride, ...)`, its storage
 /// read from the zip's `data/<key>` record.
-fn rebuild_tensor<R: std::io::Read + std::io::Seek>(zip: &mut zip::ZipArchive<R>, prefix: &str, v: &Py) -> std::result::Result<Tensor, String> {
+pub(crate) fn rebuild_tensor<R: std::io::Read + std::io::Seek>(zip: &mut zip::ZipArchive<R>, prefix: &str, v: &Py) -> std::result::Result<Tensor, String> {
     let Py::Object { global, args, .. } = v else { return Err("is not a tensor".into()) };
     if global != "torch._utils._rebuild_tensor_v2" && global != "torch._utils._rebuild_tensor" {
         return Err(format!("is built by {global}, not a plain tensor"));

@@ -140,9 +140,9 @@ fn unknown_method() {
 fn planned_method_fails_plainly() {
     let ctx = TestContext::new();
     Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
-    let r = ctx.run(&["embed", "--method", "scprint", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("method `scprint` is registered but not implemented").has_hint();
-    assert!(!ctx.path("t.scprint.h5ad").exists());
+    let r = ctx.run(&["embed", "--method", "scgpt_integrated", "--data", "t.h5ad"]);
+    r.user_error().stderr_has("method `scgpt_integrated` is registered but not implemented").has_hint();
+    assert!(!ctx.path("t.scgpt_integrated.h5ad").exists());
 }
 
 #[test]

@@ -36,4 +36,5 @@ mod weights_pull;
 mod workspace;
 mod c2s;
 mod scfoundation;
+mod scprint;
 mod cellplm;

@@ -1,0 +1,129 @@
+//! The `embed` task of scPRINT (see `methods/scprint.rs`): the checkpoint, the data's genes
+//! against its gene list, each cell's max_len genes drawn as upstream's Collator draws them
+//! (numpy's RandomState seeded with --seed, cell after cell), the transformer in batches (with
+//! the GPU back-off), provenance.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::scprint::{self, CellProblem, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("scprint", &dir, scprint::REQUIRED_ENTRIES)?;
+    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+
+    let dev = TaskDevice::start(spec)?;
+    let model = ScPrint::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let cfg = &model.config;
+    let align = GeneAlignment::new(&cfg.genes, cfg.organisms.len(), &ad.var_names);
+    if align.present == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        let model_example = cfg.genes.iter().take(2).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!("none of its {} genes (e.g. {example}) is among the checkpoint's {} genes (e.g. {model_example})", ad.n_vars, cfg.genes.len()),
+            hint: Some("scPRINT matches Ensembl gene ids (e.g. ENSG00000167286) in var_names, as upstream's scdataloader; put the ids there (without version suffixes)".into()),
+        });
+    }
+    let asked = param_u64(spec, "max_len", scprint::DEFAULT_MAX_LEN as u64) as usize;
+    let max_len = asked.min(align.block.len());
+    let mut notes = vec![format!(
+        "{} of the model's {} genes are in the data; the others count as zero-expressed{}{}",
+        align.present,
+        align.block.len(),
+        if ad.n_vars > align.present + align.duplicates { format!("; {} data genes are not model genes (not tokens, but counted in the depth)", ad.n_vars - align.present - align.duplicates) } else { String::new() },
+        if align.duplicates > 0 { format!("; {} repeated gene names: their first column is used", align.duplicates) } else { String::new() }
+    )];
+    if max_len < asked {
+        notes.push(format!("--max-len {asked} is more than the model's {} genes: every cell gets all of them (upstream's Collator would fail)", align.block.len()));
+    }
+
+    let dim = model.dim();
+    let batch = param_u64(spec, "batch_size", scprint::BATCH_SIZE as u64) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_scprint";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("scprint: embed", ad.n_obs as u64, "cells");
+    // one RandomState for the whole run, drawn from cell after cell, as upstream's global numpy
+    let mut rng = RandomState::new(spec.seed as u32);
+    let (mut sampled, mut filled, mut expressed) = (0usize, 0usize, 0usize);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let mut cells: Vec<CellTokens> = Vec::with_capacity(b.n_rows());
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            let cell = &ad.obs_names[s + i];
+            let bad = |detail: String, hint: &str| Error::BadField { path: spec.data.clone(), field: x.field.clone(), detail, hint: Some(hint.into()) };
+            let c = scprint::tokenize(idx, vals, &align, max_len, &mut rng).map_err(|problem| match problem {
+                CellProblem::Negative(v) => bad(format!("cell {} ({cell}) has the negative value {v}", s + i), "scPRINT reads raw counts (it normalises them itself); pass the counts layer with --layer"),
+                CellProblem::NonFinite(v) => bad(format!("cell {} ({cell}) has the value {v}", s + i), "scPRINT reads raw counts; pass the counts layer with --layer"),
+            })?;
+            if c.expressed == 0 && model.config.normalization == Normalization::Sum {
+                return Err(bad(
+                    format!("cell {} ({cell}) has no count in the model's genes: the checkpoint's `sum` normalisation divides by zero there", s + i),
+                    "filter out cells without counts first (e.g. sc.pp.filter_cells(adata, min_counts=1))",
+                ));
+            }
+            sampled += (c.expressed > max_len) as usize;
+            filled += (c.expressed < max_len) as usize;
+            expressed += c.expressed;
+            cells.push(c);
+        }
+        let order: Vec<usize> = (0..cells.len()).collect();
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if ad.n_obs > 0 {
+        notes.push(format!(
+            "{max_len} genes per cell (--max-len); mean {:.0} expressed model genes per cell; {sampled} cell(s) had more and were sampled, {filled} had fewer and got random zero-count genes (both drawn as upstream's numpy RandomState with --seed {})",
+            expressed as f64 / ad.n_obs as f64,
+            spec.seed
+        ));
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    let cfg = &model.config;
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("max_len".into(), json!(max_len));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("how".into(), json!("random expr"));
+    params.insert("add_zero_genes".into(), json!(0));
+    params.insert("pred_embedding".into(), json!(scprint::PRED_EMBEDDING));
+    params.insert("cell_embedding".into(), json!("mean of the transformer outputs at the pred_embedding class tokens (Embedder, obsm['scprint_emb'])"));
+    params.insert("normalization".into(), json!(if cfg.normalization == Normalization::Log { "log" } else { "sum" }));
+    params.insert("d_model".into(), json!(cfg.d_model));
+    params.insert("layers".into(), json!(cfg.nlayers));
+    params.insert("genes_in_model".into(), json!(cfg.genes.len()));
+    params.insert("genes_present".into(), json!(align.present));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
