@@ -161,6 +161,8 @@ pub struct BenchEncoderArgs {
     /// encoder at full size on a synthetic slide of --cells cells; --max-len = genes, default
     /// 500; --lengths is not read; f32 only).
     /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
+    /// `cellfm`: CellFM's retention encoder at the released 800M shape (40 x 1536, 48 heads;
+    /// --layers, --hidden, --heads may override; genes per cell capped at 2,048).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for

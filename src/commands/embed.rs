@@ -159,6 +159,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "scfoundation" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scfoundation::REQUIRED_ENTRIES)?;
     }
+    if m.name == "cellfm" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellfm::REQUIRED_ENTRIES)?;
+    }
     if m.name == "novae" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::novae::ENTRIES)?;
         crate::commands::task::novae_coords(&AnnData::open(&args.data)?)?;

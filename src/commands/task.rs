@@ -27,6 +27,7 @@ mod genept;
 mod scfoundation;
 mod cellplm;
 mod novae;
+mod cellfm;
 
 pub use novae::coords as novae_coords;
 
@@ -58,6 +59,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "sccello", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Sccello).map_err(Into::into),
         ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
         ("embed", "scfoundation", Step::Embed) => scfoundation::embed_scfoundation(&spec, dir).map_err(Into::into),
+        ("embed", "cellfm", Step::Embed) => cellfm::embed_cellfm(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

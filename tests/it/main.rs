@@ -37,3 +37,4 @@ mod workspace;
 mod c2s;
 mod scfoundation;
 mod cellplm;
+mod cellfm;
