@@ -86,7 +86,7 @@ EXPECTED_COST_TIER = {
 NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "pca", "harmony", "seurat"}
 FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64, "novae": 256}
 # Methods with code in src/methods/ (keep in step with src/commands/task.rs).
-IMPLEMENTED = {"pca", "cellama", "harmony", "geneformer", "scgpt", "scvi_denovo", "seurat", "uce", "c2s", "scvi", "scimilarity", "genept", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "novae", "scprint"}
+IMPLEMENTED = {"pca", "cellama", "harmony", "geneformer", "scgpt", "scvi_denovo", "seurat", "uce", "c2s", "scvi", "scimilarity", "genept", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "novae", "scprint", "cellfm"}
 
 EXPECTED_KNOBS = {
     ("novae", "--radius"): 0,

@@ -163,6 +163,8 @@ pub struct BenchEncoderArgs {
     /// `scbert`: scBERT's Performer at its released shape (16,907 positions; float32 only).
     /// `scprint`: scPRINT's transformer at medium-v1.5's shape (256 x 8, 4 heads; --layers,
     /// --hidden, --heads may override); every cell has --max-len genes (default 4,000).
+    /// `cellfm`: CellFM's retention encoder at the released 800M shape (40 x 1536, 48 heads;
+    /// --layers, --hidden, --heads may override; genes per cell capped at 2,048).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for

@@ -392,7 +392,65 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// The synthetic input of bench cell `i` with `s` genes (bench/cellfm_torch.py builds the same):
+/// gene ids spread evenly over 1..=n_genes, values on log1p(x / T * 1e4)'s scale.
+pub fn cellfm_cell(i: usize, s: usize, n_genes: usize) -> crate::methods::cellfm::CellInput {
+    let step = (n_genes / s.max(1)).max(1);
+    let genes: Vec<u32> = (0..s).map(|k| 1 + ((k * step) % n_genes) as u32).collect();
+    let values: Vec<f32> = (0..s).map(|k| 0.5 + ((i * 7919 + k * 104729) % 1000) as f32 / 200.0).collect();
+    crate::methods::cellfm::CellInput { genes, values }
+}
+
+/// FLOPs of one CellFM cell of `s` tokens (genes + cls + 2 ST): per layer the five retention
+/// and three GLU projections (16 s d^2) and the linear retention K^T V and Q (K^T V) (4 s d hd).
+pub fn cellfm_flops(layers: usize, d: usize, heads: usize, s: usize) -> f64 {
+    let (l, d, hd, s) = (layers as f64, d as f64, (d / heads.max(1)) as f64, s as f64);
+    l * (16.0 * s * d * d + 4.0 * s * d * hd)
+}
+
+/// CellFM's encoder (methods/cellfm.rs, as `embed` runs it) at the released 800M shape (40 x
+/// 1536, 48 heads, 24,080 gene rows, cls + 2 ST tokens) with seeded random weights. A cell is
+/// its expressed genes (the lengths file's value, at most 2,048: nonz_len); its embedding is
+/// the cls row. --layers, --hidden, --heads may override.
+fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::cellfm::{self, CellFm, CellInput, Dims};
+    let mut dims = Dims::released();
+    dims.depth = a.layers.unwrap_or(dims.depth);
+    dims.dim = a.hidden.unwrap_or(dims.dim);
+    dims.heads = a.heads.unwrap_or(dims.heads);
+    let n_genes = dims.gene_rows - 2;
+    let dtype = dtype_of(&a.dtype)?;
+    let device = device_of(&a.device)?;
+    let tensors = cellfm::random_tensors(&dims, 0, &device)?;
+    let model = CellFm::from_tensors(tensors, dims.heads, std::path::Path::new("random weights"), dtype, device.clone())?;
+    let (genes, order) = lengths(a, a.max_len.unwrap_or(cellfm::NONZ_LEN).min(cellfm::NONZ_LEN))?;
+    let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| cellfm_cell(i, s, n_genes)).collect();
+    let lens: Vec<usize> = cells.iter().map(|c| c.genes.len() + model.n_prefix()).collect();
+    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
+        Ok(())
+    })?;
+    let real: usize = lens.iter().sum();
+    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let flops: f64 = lens.iter().map(|&s| cellfm_flops(dims.depth, dims.dim, dims.heads, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "cellfm",
+        "encoder": "scfoundry CellFm (methods/cellfm.rs): gene + value embedding, post-norm RetentionLayers (linear retention, GLU), cls read-out",
+        "layers": dims.depth, "hidden": dims.dim, "heads": dims.heads, "embedding_dim": model.dim(),
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
+}
+
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    if a.arch == "cellfm" {
+        return run_cellfm(a);
+    }
     if a.arch == "scbert" {
         return run_scbert(a);
     }

@@ -162,6 +162,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if m.name == "scprint" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scprint::REQUIRED_ENTRIES)?;
     }
+    if m.name == "cellfm" {
+        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellfm::REQUIRED_ENTRIES)?;
+    }
     if m.name == "novae" {
         crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::novae::ENTRIES)?;
         crate::commands::task::novae_coords(&AnnData::open(&args.data)?)?;

@@ -28,6 +28,7 @@ mod scfoundation;
 mod cellplm;
 mod novae;
 mod scprint;
+mod cellfm;
 
 pub use novae::coords as novae_coords;
 
@@ -60,6 +61,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<ExitStatus> {
         ("embed", "langcell", Step::Embed) => cls_encoder::embed(&spec, dir, crate::methods::cls_encoder::Arch::Langcell).map_err(Into::into),
         ("embed", "scfoundation", Step::Embed) => scfoundation::embed_scfoundation(&spec, dir).map_err(Into::into),
         ("embed", "scprint", Step::Embed) => scprint::embed_scprint(&spec, dir).map_err(Into::into),
+        ("embed", "cellfm", Step::Embed) => cellfm::embed_cellfm(&spec, dir).map_err(Into::into),
         ("transfer", "pca", Step::Fit) => transfer_fit_pca(&spec).map_err(Into::into),
         ("transfer", "pca", Step::Embed) => transfer_embed_pca(&spec).map_err(Into::into),
         ("transfer", "cellama", Step::Embed) => transfer_embed_cellama(&spec, dir).map_err(Into::into),

@@ -24,10 +24,11 @@ pub mod scfoundation;
 pub mod cellplm;
 pub mod novae;
 pub mod scprint;
+pub mod cellfm;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "scprint"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "scprint", "cellfm"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)

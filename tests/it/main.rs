@@ -38,3 +38,4 @@ mod c2s;
 mod scfoundation;
 mod scprint;
 mod cellplm;
+mod cellfm;

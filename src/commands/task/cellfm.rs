@@ -1,0 +1,142 @@
+//! The `embed` task of CellFM (see `methods/cellfm.rs`): the gene table, the port's state_dict,
+//! each cell's kept non-zero genes, the encoder in batches (longest cells first, with the GPU
+//! back-off), provenance.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use crate::anndata::h5util::require_dict;
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::methods::cellfm::{self, CellFm, CellInput, CellProblem, GeneMap};
+use crate::progress::reporter;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest};
+
+pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("cellfm", &dir, cellfm::REQUIRED_ENTRIES)?;
+    let (ckpt, info_path) = cellfm::files(&dir, &Manifest::load()?);
+    let gene_info = cellfm::read_gene_info(&info_path)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let map = GeneMap::new(&gene_info, &ad.var_names, cellfm::NONZ_LEN);
+    if map.kept == 0 {
+        let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: "var_names".into(),
+            detail: format!("none of its {} genes (e.g. {example}) is among the {} genes of {}", ad.n_vars, gene_info.len(), info_path.display()),
+            hint: Some("CellFM matches HGNC gene symbols (e.g. CD3E) in var_names exactly, as the port's SCrna; data with Ensembl ids in var_names needs the symbols there".into()),
+        });
+    }
+    let mut notes = vec![format!(
+        "{} of the data's {} genes are in the model's {}-gene table (matched by exact symbol){}{}",
+        map.matched,
+        ad.n_vars,
+        gene_info.len(),
+        if map.duplicates > 0 { format!("; {} repeated gene names: their first column is used", map.duplicates) } else { String::new() },
+        if map.matched > map.kept {
+            format!(
+                "; as the port's SCrna, only the first {} of them in var order are read and the other {} are left out (also of the total count): select at most {} genes (e.g. highly variable ones) first to choose which",
+                map.kept,
+                map.matched - map.kept,
+                cellfm::NONZ_LEN
+            )
+        } else {
+            String::new()
+        }
+    )];
+
+    let dev = TaskDevice::start(spec)?;
+    let model = CellFm::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let need = gene_info.len() + 1;
+    if model.dims.gene_rows < need || model.dims.gene_rows >= need + 8 {
+        return Err(Error::BadWeights {
+            path: ckpt.clone(),
+            detail: format!(
+                "its gene_emb has {} rows, but {} lists {} genes (gene_emb holds genes + 1 rows, rounded up to a multiple of 8): the checkpoint and the gene table do not belong together",
+                model.dims.gene_rows,
+                info_path.display(),
+                gene_info.len()
+            ),
+        });
+    }
+    let dim = model.dim();
+    let batch = param_u64(spec, "batch_size", cellfm::BATCH_SIZE as u64) as usize;
+    let mut batches = Batches::new(dev, batch, task_dir);
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_cellfm";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("cellfm: embed", ad.n_obs as u64, "cells");
+    let mut tokens = (usize::MAX, 0usize, 0usize);
+    for (s, e) in x.blocks(2_000_000) {
+        let b = x.read_rows(s, e)?;
+        let mut cells: Vec<CellInput> = Vec::with_capacity(b.n_rows());
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            let cell = &ad.obs_names[s + i];
+            let c = cellfm::cell_input(idx, vals, &map).map_err(|problem| {
+                let (detail, hint) = match problem {
+                    CellProblem::Negative(v) => (format!("cell {} ({cell}) has the negative value {v}", s + i), "CellFM reads raw counts (it normalises them itself); pass the counts layer with --layer"),
+                    CellProblem::NonFinite(v) => (format!("cell {} ({cell}) has the value {v}", s + i), "CellFM reads raw counts; pass the counts layer with --layer"),
+                    CellProblem::TooFew(n) => (
+                        format!("cell {} ({cell}) expresses {n} of the model's genes read: upstream's length scale rsqrt(n - 3 + 1e-6) needs at least 3 (with fewer the port's embedding is NaN)", s + i),
+                        "filter out cells with few genes first (e.g. sc.pp.filter_cells(adata, min_genes=3) on the genes CellFM reads)",
+                    ),
+                };
+                Error::BadField { path: spec.data.clone(), field: x.field.clone(), detail, hint: Some(hint.into()) }
+            })?;
+            let n = c.genes.len();
+            tokens = (tokens.0.min(n), tokens.1.max(n), tokens.2 + n);
+            cells.push(c);
+        }
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        write_rows(&ds, s, &rows, dim)?;
+    }
+    p.finish();
+    drop(ds);
+    if ad.n_obs > 0 {
+        notes.push(format!("genes per cell: {} to {}, mean {:.0}", tokens.0, tokens.1, tokens.2 as f64 / ad.n_obs as f64));
+    }
+    if !model.dims.st_tokens {
+        notes.push("the state_dict has no ST_emb: the port's embedding_infer read-out (the cls token alone in front of the genes) is used".into());
+    }
+    let f = out.file();
+    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, &x.field);
+    let mut params = spec.params.clone();
+    batches.finish(&mut notes, true);
+    params.insert("batch_size".into(), json!(batches.size()));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("layers".into(), json!(model.dims.depth));
+    params.insert("enc_dims".into(), json!(model.dims.dim));
+    params.insert("heads".into(), json!(model.dims.heads));
+    params.insert("nonz_len".into(), json!(cellfm::NONZ_LEN));
+    params.insert("genes_in_table".into(), json!(gene_info.len()));
+    params.insert("genes_matched".into(), json!(map.matched));
+    params.insert("genes_read".into(), json!(map.kept));
+    params.insert("read_out".into(), json!(if model.dims.st_tokens { "encode" } else { "embedding_infer" }));
+    params.insert("preprocessing".into(), json!("counts of cells above 1e5 scaled to 1e5 and rounded (read_h5ad); genes by exact symbol, the first 2,048 in var order (SCrna); non-zero ones, log1p(x / T * 1e4) with T their sum (Prepare.normalize); no down-sampling, no masking"));
+    params.insert("cell_embedding".into(), json!("the cls token's row of the last RetentionLayer (model.py Cell_FM: cls_token of FinetuneModel.encode, eval mode)"));
+    prov.insert("parameters".into(), Value::Object(params));
+    let mut w = serde_json::Map::new();
+    w.insert("model".into(), json!(ckpt.display().to_string()));
+    w.insert("gene_info".into(), json!(info_path.display().to_string()));
+    let cfg = cellfm::config_path(&ckpt);
+    w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
+    w.insert("sha256".into(), Value::Object(shas));
+    prov.insert("weights".into(), Value::Object(w));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
