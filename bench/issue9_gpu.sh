@@ -3,7 +3,7 @@
 # the same architecture, same cells, same batches, measured one after the other in one run.
 # Opt-in: CI has no GPU. BENCHMARKS.md "Issue #9 models on the H200" has the results.
 #
-#   bench/issue9_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae (default all)
+#   bench/issue9_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
 #
 # Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
 # Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/scfoundry-issue9}}
 shift || true
 MODELS=("$@")
-[[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae)
+[[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae scprint cellfm)
 mkdir -p "$OUT"
 BIN=${BIN:-dist/cuda/scfoundry}
 export SCFOUNDRY_NO_PROGRESS=1
@@ -49,6 +49,15 @@ for m in "${MODELS[@]}"; do
     novae)
       run scfoundry novae "$BIN" __bench-encoder --arch novae --cells 20000 --batch 256 --device cuda --repeat 3 --lengths bench/token_lengths_wu2020.txt --graph-out "$G/graph.json"
       run torch novae python3 bench/novae_torch.py --graph "$G/graph.json" --batch 256 --genes 500 --device cuda --repeat 3 ;;
+    scprint)
+      A=(--lengths bench/token_lengths_wu2020.txt --cells 1024 --batch 64 --max-len 4000 --dtype f32 --device cuda)
+      run scfoundry scprint "$BIN" __bench-encoder --arch scprint "${A[@]}"
+      run torch-einsum scprint python3 bench/scprint_torch.py "${A[@]}" --attention einsum
+      run torch-sdpa scprint python3 bench/scprint_torch.py "${A[@]}" --attention sdpa ;;
+    cellfm)
+      A=(--lengths bench/token_lengths_wu2020.txt --cells 512 --batch 4 --order sorted --dtype f32 --device cuda)
+      run scfoundry cellfm "$BIN" __bench-encoder --arch cellfm "${A[@]}"
+      run torch cellfm python3 bench/cellfm_torch.py "${A[@]}" ;;
     *) echo "unknown model $m" >>"$OUT/log.txt" ;;
   esac
 done

@@ -279,3 +279,20 @@ fn write_df(f: &hdf5::File, name: &str, index: &[String]) {
     ds.write_raw(&vals).unwrap();
     enc(&ds, "string-array", "0.2.0");
 }
+
+/// Largest per-cell relative L2 error, `|got - want| / |want|`, of `got` (cells x `dim`, row-major)
+/// against `want`, a JSON array of cells (a reference fixture's embeddings); `got` must hold
+/// exactly those cells.
+pub fn max_rel_err(got: &[f32], want: &serde_json::Value, dim: usize) -> f64 {
+    let want = want.as_array().unwrap();
+    assert_eq!(got.len(), want.len() * dim);
+    let mut worst = 0f64;
+    for (i, w) in want.iter().enumerate() {
+        let w: Vec<f64> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let g = &got[i * dim..(i + 1) * dim];
+        let d2: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
+        let n2: f64 = w.iter().map(|b| b * b).sum();
+        worst = worst.max((d2 / n2).sqrt());
+    }
+    worst
+}

@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scprint::{self, read_checkpoint, tokenize, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
 
-use crate::common::{repo, TestContext, Tiny};
+use crate::common::{max_rel_err, repo, TestContext, Tiny};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -39,18 +39,6 @@ fn want_tokens(run: &Value) -> Vec<CellTokens> {
             CellTokens { genes, counts, depth: t["depth"].as_f64().unwrap() as f32, expressed }
         })
         .collect()
-}
-
-fn max_rel_err(got: &[f32], want: &Value, dim: usize) -> f64 {
-    let mut worst = 0f64;
-    for (i, w) in want.as_array().unwrap().iter().enumerate() {
-        let w: Vec<f64> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let g = &got[i * dim..(i + 1) * dim];
-        let d2: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
-        let n2: f64 = w.iter().map(|b| b * b).sum();
-        worst = worst.max((d2 / n2).sqrt());
-    }
-    worst
 }
 
 #[test]

@@ -16,7 +16,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scvi_pretrained::{GeneAlignment, Latent, PretrainedScvi, SavedModel};
 
-use crate::common::{repo, TestContext, Tiny};
+use crate::common::{max_rel_err, repo, TestContext, Tiny};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -33,20 +33,6 @@ fn strings(v: &Value) -> Vec<String> {
 }
 
 /// Largest per-cell relative error ||got - want|| / ||want||.
-fn max_rel_err(got: &[f32], want: &Value, dim: usize) -> f64 {
-    let want = want.as_array().unwrap();
-    assert_eq!(got.len(), want.len() * dim);
-    let mut worst = 0f64;
-    for (i, w) in want.iter().enumerate() {
-        let w: Vec<f64> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let g = &got[i * dim..(i + 1) * dim];
-        let d2: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
-        let n2: f64 = w.iter().map(|b| b * b).sum();
-        worst = worst.max((d2 / n2).sqrt());
-    }
-    worst
-}
-
 /// The query through our alignment: dense model-gene counts, batch codes.
 fn query(m: &SavedModel) -> (GeneAlignment, Vec<f32>, Vec<u32>) {
     crate::common::no_hdf5_locking();

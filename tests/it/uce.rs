@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::uce::{self, cell_counts, cells_expressing, protein_embedding_genes, sentence, species_offset, ChromTable, Config, GeneMap, Uce};
 
-use crate::common::{repo, TestContext, Tiny};
+use crate::common::{max_rel_err, repo, TestContext, Tiny};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -100,18 +100,6 @@ fn uce_genes_and_tokens_match_upstream() {
     let (g0, c0) = cell_counts(b.row(0).0, b.row(0).1, &map).unwrap();
     let other = sentence(&g0, &c0, &map, &cfg, 1, 0).unwrap().unwrap();
     assert_ne!(other, sentences[0]);
-}
-
-fn max_rel_err(got: &[f32], want: &Value, dim: usize) -> f64 {
-    let mut worst = 0f64;
-    for (i, w) in want.as_array().unwrap().iter().enumerate() {
-        let w: Vec<f64> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-        let g = &got[i * dim..(i + 1) * dim];
-        let d2: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum();
-        let n2: f64 = w.iter().map(|b| b * b).sum();
-        worst = worst.max((d2 / n2).sqrt());
-    }
-    worst
 }
 
 #[test]
