@@ -152,7 +152,7 @@ impl Error {
                 None => format!("known methods: {}", known.join(", ")),
             }),
             Error::NotImplemented { name, .. } => Some(format!(
-                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (pca, cellama, geneformer, scgpt)"
+                "`scfoundry methods show {name}` says what it needs; `scfoundry methods` marks the methods that run today (status `ready`)"
             )),
             Error::BadOption { hint, .. } => hint.clone(),
             Error::Config { hint, .. } => hint.clone(),
