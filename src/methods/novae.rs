@@ -478,7 +478,11 @@ impl Novae {
     pub fn random(cfg: Config, device: Device, seed: u64) -> Result<Novae> {
         let vm = candle_nn::VarMap::new();
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &device);
-        device.set_seed(seed).map_err(|e| model_err("seeding the device", e))?;
+        // candle's CPU generator cannot be seeded: there the random weights differ between runs,
+        // which a timing does not mind; a GPU's generator takes the seed.
+        if !device.is_cpu() {
+            device.set_seed(seed).map_err(|e| model_err("seeding the device", e))?;
+        }
         let init = candle_nn::Init::Randn { mean: 0.0, stdev: 0.05 };
         let vbi = vb.clone();
         // create every variable with the init, then load them through from_vb
