@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{LayerNorm, Linear, VarBuilder};
 
+use super::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 
 /// The weights entries a run reads (weights.toml).
@@ -584,27 +585,15 @@ pub fn random_tensors(dims: &Dims, seed: u64, device: &Device) -> candle_core::R
             shapes.push((format!("encoder.{i}.{n}.bias"), vec![d]));
         }
     }
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    shapes
-        .into_iter()
-        .map(|(n, s)| {
-            let count: usize = s.iter().product();
-            let data: Vec<f32> = if n.contains("norm") {
-                vec![if n.ends_with("weight") { 1.0 } else { 0.0 }; count]
-            } else {
-                let scale = if n.ends_with(".a") { 0.1 } else { 1.0 / (*s.last().unwrap_or(&1) as f64).sqrt() };
-                (0..count).map(|_| ((-2.0 * (1.0 - uniform()).ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos() * scale) as f32).collect()
-            };
-            Ok((n, Tensor::from_vec(data, s, device)?))
-        })
-        .collect()
+    super::random_init::seeded_tensors(shapes, seed, device, |n, s| {
+        if n.contains("norm") {
+            Fill::Const(if n.ends_with("weight") { 1.0 } else { 0.0 })
+        } else if n.ends_with(".a") {
+            Fill::Normal(0.1)
+        } else {
+            Fill::Normal(inverse_sqrt_last(s))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod cellplm;
 pub mod novae;
 pub mod scprint;
 pub mod cellfm;
+pub mod random_init;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.

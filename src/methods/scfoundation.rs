@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
+use super::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 use crate::methods::geneformer::{read_pickle_with, PickleOptions, Py};
 
@@ -646,28 +647,13 @@ pub fn random_tensors(config: &Config, seed: u64, device: &Device) -> candle_cor
             shapes.push((format!("{p}{n}"), s));
         }
     }
-    // splitmix64 uniforms, Box-Muller normals: the same weights on every device for a seed
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    shapes
-        .into_iter()
-        .map(|(n, s)| {
-            let count: usize = s.iter().product();
-            let scale = 1.0 / (*s.last().unwrap_or(&1) as f64).sqrt();
-            let data: Vec<f32> = if n.contains("norm") && n.ends_with("weight") {
-                vec![1.0; count]
-            } else {
-                (0..count).map(|_| ((-2.0 * (1.0 - uniform()).ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos() * scale) as f32).collect()
-            };
-            Ok((n, Tensor::from_vec(data, s, device)?))
-        })
-        .collect()
+    super::random_init::seeded_tensors(shapes, seed, device, |n, s| {
+        if n.contains("norm") && n.ends_with("weight") {
+            Fill::Const(1.0)
+        } else {
+            Fill::Normal(inverse_sqrt_last(s))
+        }
+    })
 }
 
 #[cfg(test)]
