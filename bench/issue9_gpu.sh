@@ -7,7 +7,8 @@
 #
 # Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
 # Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
-# whole output in OUT_DIR/log.txt. A failing command is logged and the script goes on.
+# whole output in OUT_DIR/log.txt. A failing command is logged and the script goes on; each command
+# is stopped after STEP_TIMEOUT seconds (default 240) so one hang cannot eat a whole device call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/scfoundry-issue9}}
@@ -24,7 +25,7 @@ run() {
   local side=$1 model=$2; shift 2
   echo "\$ $*" >>"$OUT/log.txt"
   local t0=$SECONDS
-  "$@" >"$G/out.txt" 2>"$G/err.txt"
+  timeout "${STEP_TIMEOUT:-240}" "$@" >"$G/out.txt" 2>"$G/err.txt"
   local rc=$?
   cat "$G/out.txt" "$G/err.txt" >>"$OUT/log.txt"
   echo "exit $rc after $((SECONDS - t0)) s" >>"$OUT/log.txt"
