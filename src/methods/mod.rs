@@ -29,7 +29,7 @@ pub mod random_init;
 
 /// Methods with a CUDA path (`--device cuda`): their models are candle modules that run on the
 /// GPU runtime (`gpu/`). The others run on the CPU and warn when asked for a GPU.
-pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "scprint", "cellfm"];
+pub const CUDA_METHODS: &[&str] = &["cellama", "geneformer", "scgpt", "uce", "c2s", "scvi", "scimilarity", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "scprint", "cellfm", "novae"];
 
 pub fn runs_on_cuda(method: &str) -> bool {
     CUDA_METHODS.contains(&method)
