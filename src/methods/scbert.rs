@@ -291,7 +291,10 @@ impl ScBert {
         let ratio = (m as f64).powf(-0.5);
         let dash = (data * normalizer)?.reshape((b * h * n, e))?.matmul(projection_t)?.reshape((b, h, n, m))?;
         let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
-        let stab = if is_query { dash.max_keepdim(D::Minus1)? } else { dash.reshape((b, h * n * m))?.max_keepdim(1)?.reshape((b, 1, 1, 1))? };
+        let row_max = dash.max_keepdim(D::Minus1)?;
+        // keys: the max over the cell's whole key tensor, taken in two steps (rows, then the
+        // cell), since one reduction over h x n x m values runs as a single CUDA block a cell
+        let stab = if is_query { row_max } else { row_max.reshape((b, h * n))?.max_keepdim(1)?.reshape((b, 1, 1, 1))? };
         let z = dash.broadcast_sub(&diag)?.broadcast_sub(&stab)?.exp()?;
         (z + KERNEL_EPS)? * ratio
     }
