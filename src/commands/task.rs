@@ -257,6 +257,29 @@ impl TaskDevice {
     }
 }
 
+/// Smallest, largest and mean token count of a task's cells, for its notes.
+#[derive(Debug, Default)]
+pub struct LengthStats {
+    min: usize,
+    max: usize,
+    total: usize,
+    cells: usize,
+}
+
+impl LengthStats {
+    pub fn add(&mut self, n: usize) {
+        self.min = if self.cells == 0 { n } else { self.min.min(n) };
+        self.max = self.max.max(n);
+        self.total += n;
+        self.cells += 1;
+    }
+
+    /// "`what`: min to max, mean m", or nothing without cells.
+    pub fn note(&self, what: &str) -> Option<String> {
+        (self.cells > 0).then(|| format!("{what}: {} to {}, mean {:.0}", self.min, self.max, self.total as f64 / self.cells as f64))
+    }
+}
+
 /// Batched model runs on a task's device: the batch size in effect and the out-of-memory
 /// back-off so far, carried from one block of rows to the next (see `gpu/backoff.rs`).
 pub struct Batches {
@@ -274,6 +297,14 @@ impl Batches {
     /// The batch size in effect (smaller than asked after a back-off).
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// `run` over all of `cells`, longest first (by `len`), so that the cells of a batch have
+    /// similar lengths and pad little; `forward` gets the batch's cells.
+    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(len(&cells[i])));
+        self.run(cells.len(), dim, &order, 0.0, |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), progress)
     }
 
     /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that
@@ -493,7 +524,16 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let ids = gene_ids(&ad, &column)?;
     let dev = TaskDevice::start(spec)?;
     let dict = geneformer::Dictionaries::find(&model_dir)?;
-    let model = Geneformer::load_on(&model_dir, dict, emb_layer, emb_mode, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut notes = Vec::new();
+    let dtype = match spec.params.get("precision").and_then(Value::as_str) {
+        Some("bf16") if dev.device.is_cuda() => candle_core::DType::BF16,
+        Some("bf16") => {
+            notes.push("--precision bf16 applies on a GPU; this CPU run used float32".to_string());
+            candle_core::DType::F32
+        }
+        _ => candle_core::DType::F32,
+    };
+    let model = Geneformer::load_dtype(&model_dir, dict, emb_layer, emb_mode, dev.device.clone(), dtype).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
     if given_dir.is_some() {
@@ -511,7 +551,6 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             hint: Some("Geneformer needs Ensembl gene ids (ENSG...): choose the column with --gene-column".into()),
         });
     }
-    let mut notes = Vec::new();
     if table.n_duplicated > 0 {
         notes.push(format!("{} var entries share an Ensembl id with another; their counts were summed, as upstream's collapse_gene_ids", table.n_duplicated));
     }
@@ -564,6 +603,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("emb_layer".into(), json!(emb_layer));
     params.insert("emb_mode".into(), json!(emb_mode.name()));
+    params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("model_input_size".into(), json!(model.input_size));
     params.insert("special_tokens".into(), json!(model.dict.specials.is_some()));
     params.insert("target_sum".into(), json!(geneformer::TARGET_SUM));
@@ -1025,4 +1065,17 @@ fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     })?;
     write_f32_file(&spec.out, &emb)?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![], ..Default::default() })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn length_stats_note_min_max_and_mean() {
+        let mut l = super::LengthStats::default();
+        assert_eq!(l.note("tokens"), None);
+        for n in [5, 2, 9] {
+            l.add(n);
+        }
+        assert_eq!(l.note("tokens").as_deref(), Some("tokens: 2 to 9, mean 5"));
+    }
 }

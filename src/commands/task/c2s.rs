@@ -98,9 +98,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
         }
         // longest first, so a batch's cells have similar lengths (each cell's embedding does not
         // depend on its batch: see methods/c2s.rs)
-        let mut order: Vec<usize> = (0..seqs.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].len()));
-        let rows = batches.run(seqs.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| seqs[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run_longest_first(&seqs, dim, Vec::len, |b| model.embed(&b.iter().map(|s| s.as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();

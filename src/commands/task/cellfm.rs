@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, LengthStats, TaskDevice};
 use crate::anndata::h5util::require_dict;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
@@ -75,7 +75,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let key = "X_cellfm";
     let ds = out.create_obsm(key, ad.n_obs, dim)?;
     let p = rep.step("cellfm: embed", ad.n_obs as u64, "cells");
-    let mut tokens = (usize::MAX, 0usize, 0usize);
+    let mut tokens = LengthStats::default();
     for (s, e) in x.blocks(2_000_000) {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellInput> = Vec::with_capacity(b.n_rows());
@@ -93,20 +93,15 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
                 };
                 Error::BadField { path: spec.data.clone(), field: x.field.clone(), detail, hint: Some(hint.into()) }
             })?;
-            let n = c.genes.len();
-            tokens = (tokens.0.min(n), tokens.1.max(n), tokens.2 + n);
+            tokens.add(c.genes.len());
             cells.push(c);
         }
-        let mut order: Vec<usize> = (0..cells.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run_longest_first(&cells, dim, |c| c.genes.len(), |b| model.embed(b), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
     drop(ds);
-    if ad.n_obs > 0 {
-        notes.push(format!("genes per cell: {} to {}, mean {:.0}", tokens.0, tokens.1, tokens.2 as f64 / ad.n_obs as f64));
-    }
+    notes.extend(tokens.note("genes per cell"));
     if !model.dims.st_tokens {
         notes.push("the state_dict has no ST_emb: the port's embedding_infer read-out (the cls token alone in front of the genes) is used".into());
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use super::{provenance, verified_weights, write_json_dict, Batches, LengthStats, TaskDevice};
 use crate::anndata::h5util::require_dict;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
@@ -59,7 +59,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let key = "X_scfoundation";
     let ds = out.create_obsm(key, ad.n_obs, dim)?;
     let p = rep.step("scfoundation: embed", ad.n_obs as u64, "cells");
-    let mut tokens = (usize::MAX, 0usize, 0usize);
+    let mut tokens = LengthStats::default();
     for (s, e) in x.blocks(1_000_000) {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellInput> = Vec::with_capacity(b.n_rows());
@@ -77,20 +77,15 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
                 };
                 Error::BadField { path: spec.data.clone(), field: x.field.clone(), detail, hint: Some(hint.into()) }
             })?;
-            let n = c.values.len();
-            tokens = (tokens.0.min(n), tokens.1.max(n), tokens.2 + n);
+            tokens.add(c.values.len());
             cells.push(c);
         }
-        let mut order: Vec<usize> = (0..cells.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].values.len()));
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run_longest_first(&cells, dim, |c| c.values.len(), |b| model.embed(b), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
     drop(ds);
-    if ad.n_obs > 0 {
-        notes.push(format!("tokens per cell (expressed model genes + T + S): {} to {}, mean {:.0}", tokens.0, tokens.1, tokens.2 as f64 / ad.n_obs as f64));
-    }
+    notes.extend(tokens.note("tokens per cell (expressed model genes + T + S)"));
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, &x.field);
