@@ -1,4 +1,6 @@
-//! Compile every `methods/*.toml` into the binary so the registry works from any folder.
+//! Compile every `methods/*.toml` into the binary so the registry works from any folder, and,
+//! with the `cuda` feature, our CUDA kernels (src/gpu/kernels/*.cu) to PTX with nvcc (on PATH, as
+//! scripts/build-cuda.sh sets it up) for CUDA_COMPUTE_CAP (default 90).
 use std::fmt::Write;
 
 fn main() {
@@ -20,4 +22,25 @@ fn main() {
     let dest = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("methods_builtin.rs");
     std::fs::write(dest, out).unwrap();
     println!("cargo:rerun-if-changed=weights.toml");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        cuda_kernels();
+    }
+}
+
+fn cuda_kernels() {
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    for name in ["varlen_attention"] {
+        let src = format!("src/gpu/kernels/{name}.cu");
+        println!("cargo:rerun-if-changed={src}");
+        let ptx = out.join(format!("{name}.ptx"));
+        let status = std::process::Command::new("nvcc")
+            .args(["--ptx", "-O3", &format!("-arch=sm_{cap}"), "-o"])
+            .arg(&ptx)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("nvcc for {src}: {e} (scripts/build-cuda.sh puts the CUDA compiler on PATH)"));
+        assert!(status.success(), "nvcc failed on {src}");
+    }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Encoder throughput on the device: scfoundry's encoder (candle BERT, cells sorted by length so
-# batches pad little) against PyTorch's nn.TransformerEncoder run as upstream code runs it
+# Encoder throughput on the device: scfoundry's encoder (packed cells with variable-length
+# attention, methods/packed_bert.rs; and, for comparison, candle-transformers' BERT over padded
+# batches sorted by length, `--padded`) against PyTorch's nn.TransformerEncoder run as upstream code runs it
 # (batches padded to their longest cell with a key-padding mask; file order and sorted), bf16,
 # random weights, full-size shapes, token lengths of real cells (bench/token_lengths_*.txt).
 #
@@ -31,12 +32,13 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=cs
 for s in "${shapes[@]}"; do
   read -r name L d h f maxlen batch cells lengths padto <<<"$s"
   common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16)
-  for order in sorted; do
-    line=$("$bin" __bench-encoder "${common[@]}" --order "$order" 2>"$out/$name.scfoundry.err") || line="{\"tool\":\"scfoundry\",\"error\":\"$(tail -1 "$out/$name.scfoundry.err" | tr -d '"')\"}"
+  for variant in packed padded; do
+    extra=(--check); [[ $variant == padded ]] && extra=(--padded)
+    line=$(timeout "${STEP_TIMEOUT:-240}" "$bin" __bench-encoder "${common[@]}" --order sorted "${extra[@]}" 2>"$out/$name.scfoundry.$variant.err") || line="{\"tool\":\"scfoundry\",\"variant\":\"$variant\",\"error\":\"$(tail -1 "$out/$name.scfoundry.$variant.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
   done
   for order in file sorted; do
-    line=$("$py" bench/encoder_torch.py "${common[@]}" --order "$order" --pad-to "$padto" 2>"$out/$name.torch.$order.err") || line="{\"tool\":\"pytorch\",\"error\":\"$(tail -1 "$out/$name.torch.$order.err" | tr -d '"')\"}"
+    line=$(timeout "${STEP_TIMEOUT:-240}" "$py" bench/encoder_torch.py "${common[@]}" --order "$order" --pad-to "$padto" 2>"$out/$name.torch.$order.err") || line="{\"tool\":\"pytorch\",\"error\":\"$(tail -1 "$out/$name.torch.$order.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
   done
 done

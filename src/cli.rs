@@ -206,6 +206,15 @@ pub struct BenchEncoderArgs {
     /// Timed passes over the cells (after one untimed warm-up batch); the best is reported.
     #[arg(long, default_value_t = 2)]
     pub repeat: usize,
+    /// --arch bert: run candle-transformers' BertModel over padded batches with a padding mask
+    /// (the path before packing) instead of packed cells with variable-length attention.
+    #[arg(long)]
+    pub padded: bool,
+    /// --arch bert: before timing, check the packed encoder against the padded BertModel on the
+    /// first batch and the fused attention kernel against the plain-candle reference; the
+    /// largest differences go into the JSON line.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Debug, Args)]
@@ -548,6 +557,10 @@ pub struct KnobArgs {
     /// geneformer: `cell` (mean of the gene states, default) or `cls` (the <cls> state, V2 models).
     #[arg(long, value_name = "MODE", value_parser = ["cell", "cls"])]
     pub emb_mode: Option<String>,
+    /// geneformer: `f32` (default) or `bf16`, on a GPU only: weights and activations in bfloat16,
+    /// attention through the fused variable-length kernel. The CPU always runs f32.
+    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16"])]
+    pub precision: Option<String>,
     /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
     /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
@@ -583,6 +596,7 @@ impl KnobArgs {
             ("--gene-column", self.gene_column.as_ref().map(|v| json!(v))),
             ("--emb-layer", self.emb_layer.map(|v| json!(v))),
             ("--emb-mode", self.emb_mode.as_ref().map(|v| json!(v))),
+            ("--precision", self.precision.as_ref().map(|v| json!(v))),
             ("--model-dir", dir),
             ("--batch-key", self.batch_key.as_ref().map(|v| json!(v))),
         ]

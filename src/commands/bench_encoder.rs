@@ -448,27 +448,31 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 }
 
 pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    if a.arch == "cellfm" {
-        return run_cellfm(a);
+    match a.arch.as_str() {
+        "bert" => run_bert(a),
+        "cellfm" => run_cellfm(a),
+        "scbert" => run_scbert(a),
+        "scfoundation" => run_scfoundation(a),
+        "scprint" => run_scprint(a),
+        "novae" => run_novae(a),
+        other => match Arch::parse(other) {
+            Some(arch) => run_arch(a, arch),
+            None => run_c2s(a),
+        },
     }
-    if a.arch == "scbert" {
-        return run_scbert(a);
-    }
-    if a.arch == "scfoundation" {
-        return run_scfoundation(a);
-    }
-    if a.arch == "scprint" {
-        return run_scprint(a);
-    }
-    if a.arch == "novae" {
-        return run_novae(a);
-    }
-    if let Some(arch) = Arch::parse(&a.arch) {
-        return run_arch(a, arch);
-    }
-    if a.arch != "bert" {
-        return run_c2s(a);
-    }
+}
+
+/// The synthetic token ids of bench cell `i` (positions 0..n).
+fn bert_cell(i: usize, n: usize) -> Vec<u32> {
+    (0..n).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32).collect()
+}
+
+/// `--arch bert`: a BERT encoder of the given shape (what geneformer runs; scGPT and UCE shapes
+/// too) with random weights. Packed cells and variable-length attention
+/// (methods/packed_bert.rs) by default; `--padded` runs candle-transformers' BertModel over
+/// padded batches with a mask. The cell embedding is the mean over the cell's tokens.
+fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::packed_bert::{Packed, PackedBert};
     let need = |v: Option<usize>, flag: &str| v.ok_or_else(|| Error::BadOption { option: flag.into(), detail: "is needed with --arch bert".into(), hint: None });
     let (layers, hidden, heads, ffn, max_len) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?, need(a.ffn, "--ffn")?, need(a.max_len, "--max-len")?);
     let dtype = dtype_of(&a.dtype)?;
@@ -481,54 +485,98 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
         "classifier_dropout": null, "model_type": "bert"
     }))?;
-    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
-    let model = BertModel::load(vb, &cfg)?;
+    // the weights are drawn once and shared by both encoders (so --check compares like with like)
+    let mut weights = std::collections::HashMap::new();
+    let rand = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let recorder = RecordingBackend { inner: rand, seen: std::sync::Mutex::new(&mut weights) };
+    let vb = VarBuilder::from_backend(Box::new(recorder), dtype, device.clone());
+    let padded_model = BertModel::load(vb, &cfg)?;
+    // BertModel::load asks for `bert.` names when the source claims to have them (ours claims all)
+    let weights: std::collections::HashMap<String, Tensor> = weights.into_iter().map(|(k, t)| (k.strip_prefix("bert.").map(str::to_string).unwrap_or(k), t)).collect();
+    let vb = VarBuilder::from_tensors(weights, dtype, &device);
+    let packed_model = PackedBert::load(vb, &cfg)?;
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
-    let run_batch = |cells: &[usize]| -> candle_core::Result<()> {
-        let len = cells.iter().map(|&i| lens[i]).max().unwrap_or(1);
-        let n = cells.len();
+    let cells: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| bert_cell(i, n)).collect();
+    let padded_run = |b: &[usize]| -> candle_core::Result<Tensor> {
+        let len = b.iter().map(|&i| lens[i]).max().unwrap_or(1);
+        let n = b.len();
         let mut ids = vec![0u32; n * len];
         let mut mask = vec![0u32; n * len];
-        for (r, &i) in cells.iter().enumerate() {
-            for p in 0..lens[i] {
-                ids[r * len + p] = 5 + ((i * 7919 + p * 104729) % 25000) as u32;
-                mask[r * len + p] = 1;
-            }
+        for (r, &i) in b.iter().enumerate() {
+            ids[r * len..r * len + lens[i]].copy_from_slice(&cells[i]);
+            mask[r * len..r * len + lens[i]].iter_mut().for_each(|m| *m = 1);
         }
         let ids = Tensor::from_vec(ids, (n, len), &device)?;
         let types = ids.zeros_like()?;
-        let padded = cells.iter().any(|&i| lens[i] < len);
+        let padded = b.iter().any(|&i| lens[i] < len);
         let mask = Tensor::from_vec(mask, (n, len), &device)?;
-        let h = model.forward(&ids, &types, if padded { Some(&mask) } else { None })?;
+        let h = padded_model.forward(&ids, &types, if padded { Some(&mask) } else { None })?;
         // the cell embedding: mean over the real tokens (what geneformer returns)
-        let w = mask.to_dtype(dtype)?.unsqueeze(2)?;
-        let _ = h.broadcast_mul(&w)?.sum(1)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        Ok(())
+        let w = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let counts = Tensor::new(b.iter().map(|&i| lens[i] as f32).collect::<Vec<_>>(), &device)?.unsqueeze(1)?;
+        h.to_dtype(DType::F32)?.broadcast_mul(&w)?.sum(1)?.broadcast_div(&counts)
     };
-    run_batch(&batches[0])?;
-    device.synchronize()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..a.repeat.max(1) {
-        let t = Instant::now();
-        for b in &batches {
-            run_batch(b)?;
-        }
-        device.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
+    let packed_run = |b: &[usize]| -> candle_core::Result<Tensor> {
+        let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+        PackedBert::mean_pool(&packed_model.forward(&p)?, &p.cu, 0, 0)
+    };
+    let mut check = serde_json::Map::new();
+    if a.check {
+        let b = &batches[0];
+        let rel = |x: &Tensor, y: &Tensor| -> candle_core::Result<f32> {
+            let scale = y.abs()?.max_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE);
+            Ok((x.to_dtype(DType::F32)? - y.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
+        };
+        check.insert("check_embedding_packed_vs_padded".into(), json!(rel(&packed_run(b)?, &padded_run(b)?)?));
+        // the attention alone, on random q, k, v of this batch's cells
+        let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+        let qkv = Tensor::randn(0f32, 1f32, (p.tokens(), 3 * hidden), &device)?.to_dtype(dtype)?;
+        let fused = crate::gpu::varlen_attention::varlen_attention(&qkv, &p.cu, heads)?;
+        let plain = crate::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
+        check.insert("check_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
+        check.insert("fused_kernel".into(), json!(crate::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
     }
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
+        let _ = e.to_vec2::<f32>()?;
+        Ok(())
+    })?;
     let real: usize = lens.iter().sum();
-    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
+    let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
-    let out = json!({
-        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "candle-transformers BertModel",
+    let mut out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"),
+        "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, variable-length attention" },
         "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
     });
+    out.as_object_mut().expect("an object").extend(check);
     println!("{out}");
     Ok(ExitStatus::Success)
+}
+
+/// A weight source that remembers every tensor it hands out, so a second model can load the
+/// very same tensors.
+struct RecordingBackend<'a> {
+    inner: VarBuilder<'static>,
+    seen: std::sync::Mutex<&'a mut std::collections::HashMap<String, Tensor>>,
+}
+
+impl SimpleBackend for RecordingBackend<'_> {
+    fn get(&self, s: Shape, name: &str, h: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self.inner.get_with_hints_dtype(s, name, h, dtype)?.to_device(dev)?;
+        self.seen.lock().expect("not poisoned").insert(name.to_string(), t.clone());
+        Ok(t)
+    }
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("random weights have no shape for {name}")
+    }
+    fn contains_tensor(&self, _name: &str) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

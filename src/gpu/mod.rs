@@ -5,6 +5,8 @@
 //! - `options.rs`: what the user chose (device, allocator, sizes); plain data, no GPU needed.
 //! - `accounting.rs`: the statistics/limit/log adaptors; pure bookkeeping, tested without a GPU.
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
+//! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
+//!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -18,6 +20,7 @@ pub mod backoff;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod options;
+pub mod varlen_attention;
 
 use std::path::Path;
 

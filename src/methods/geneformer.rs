@@ -50,6 +50,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
 use crate::methods::bert::Bert;
+use crate::methods::packed_bert::{Packed, PackedBert};
 
 use crate::error::{Error, Result};
 
@@ -922,9 +923,18 @@ pub fn padded_batch(cells: &[&[u32]], pad: u32, device: &Device) -> candle_core:
     Ok((Tensor::from_vec(ids, (n, len), device)?, Tensor::from_vec(mask, (n, len), device)?))
 }
 
+/// How the encoder runs: packed cells for inference (no padding computed; on a GPU in bf16 the
+/// fused attention kernel), or padded batches through layers that can be trained (fine-tuning).
+enum Encoder {
+    Packed(PackedBert),
+    Padded(Bert),
+}
+
 /// A Geneformer checkpoint with its dictionaries.
 pub struct Geneformer {
-    model: Bert,
+    model: Encoder,
+    /// The weights' dtype in the encoder (f32, or bf16 on a GPU with `--precision bf16`).
+    pub dtype: DType,
     pub dict: Dictionaries,
     pub config: Config,
     device: Device,
@@ -964,6 +974,16 @@ impl Geneformer {
     /// As `load_on`, with the weights read through a fine-tuning hook: the last layers of the
     /// ones run (`emb_layer` -1 leaves the last out) become trainable; see `methods/finetune.rs`.
     pub fn load_hooked(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Geneformer> {
+        Self::load_inner(dir, dict, emb_layer, emb_mode, device, hook, DType::F32)
+    }
+
+    /// As `load_on`, with the encoder's weights in `dtype` (bf16 is for a GPU: candle's CPU
+    /// matmul in bf16 is slow, so callers keep the CPU at f32).
+    pub fn load_dtype(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, dtype: DType) -> Result<Geneformer> {
+        Self::load_inner(dir, dict, emb_layer, emb_mode, device, None, dtype)
+    }
+
+    fn load_inner(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::methods::finetune::LoadHook>, dtype: DType) -> Result<Geneformer> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
         let config: Config = serde_json::from_str(&text).map_err(|e| Error::Config {
@@ -991,10 +1011,10 @@ impl Geneformer {
         let weights_path = weights_file(dir, "a Geneformer model folder holds config.json and model.safetensors (or pytorch_model.bin) from huggingface.co/ctheodoris/Geneformer")?;
         let vb = if weights_path.extension().is_some_and(|e| e == "safetensors") {
             // SAFETY: memory-mapped read-only; weights are not modified while scfoundry runs.
-            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights_path], DType::F32, &device) }.map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
+            unsafe { VarBuilder::from_mmaped_safetensors(&[&weights_path], dtype, &device) }.map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
         } else {
             // candle's reader takes the tensors out of the zip archive's data.pkl as data
-            VarBuilder::from_pth(&weights_path, DType::F32, &device).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
+            VarBuilder::from_pth(&weights_path, dtype, &device).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: e.to_string() })?
         };
         // hidden_states[n_layers + emb_layer]: the model up to that layer
         let mut run_cfg = config.clone();
@@ -1005,10 +1025,13 @@ impl Geneformer {
         };
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
         // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
-        let trainable = hook.map(|h| h.unfreeze).unwrap_or(0);
-        let model = Bert::load(vb, &run_cfg, trainable).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") })?;
+        let bad = |e: candle_core::Error| Error::BadWeights { path: weights_path.clone(), detail: format!("not a Geneformer (BERT) checkpoint: {e}") };
+        let model = match hook {
+            Some(h) => Encoder::Padded(Bert::load(vb, &run_cfg, h.unfreeze).map_err(bad)?),
+            None => Encoder::Packed(PackedBert::load(vb, &run_cfg).map_err(bad)?),
+        };
         let input_size = config.max_position_embeddings;
-        Ok(Geneformer { model, dict, config, device, input_size, emb_layer, emb_mode, weights_path })
+        Ok(Geneformer { model, dtype, dict, config, device, input_size, emb_layer, emb_mode, weights_path })
     }
 
     pub fn hidden(&self) -> usize {
@@ -1072,9 +1095,25 @@ impl Geneformer {
             }
         }
         let counts: Vec<f32> = (0..n).map(|r| pool[r * len..(r + 1) * len].iter().sum::<f32>().max(1.0)).collect();
+        let model = match &self.model {
+            Encoder::Padded(m) => m,
+            Encoder::Packed(m) => {
+                // the same pooling (the positions `pool` marks are one run per cell) over packed rows
+                let p = Packed::new(&cells);
+                let hidden = m.forward(&p).map_err(&ctx)?; // tokens x h
+                let spans: Vec<(usize, usize)> = (0..n)
+                    .map(|r| {
+                        let row = &pool[r * len..(r + 1) * len];
+                        let first = row.iter().position(|&w| w > 0.0).unwrap_or(0);
+                        (p.cu[r] as usize + first, row.iter().filter(|&&w| w > 0.0).count())
+                    })
+                    .collect();
+                return PackedBert::mean_spans(&hidden, &spans).map_err(&ctx);
+            }
+        };
         let (ids, mask) = padded_batch(&cells, self.dict.pad, &self.device).map_err(&ctx)?;
         let types = ids.zeros_like().map_err(&ctx)?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
+        let hidden = model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
         let w = Tensor::from_vec(pool, (n, len, 1), &self.device).map_err(&ctx)?;
         let summed = hidden.broadcast_mul(&w).map_err(&ctx)?.sum(1).map_err(&ctx)?;
         let counts = Tensor::from_vec(counts, (n, 1), &self.device).map_err(&ctx)?;

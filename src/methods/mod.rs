@@ -2,6 +2,7 @@
 //! them; a method whose `implemented = false` fails plainly when asked to run.
 
 pub mod bert;
+pub mod packed_bert;
 pub mod c2s;
 pub mod cellama;
 pub mod cls_encoder;

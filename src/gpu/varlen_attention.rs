@@ -1,0 +1,189 @@
+//! Softmax attention over packed cells: the cells of a batch follow each other in one
+//! `(tokens, 3 * heads * head_dim)` QKV tensor without padding, and `cu` (cells + 1 offsets, as
+//! FlashAttention's `cu_seqlens`) says where each begins. Each cell's tokens attend to that
+//! cell's tokens only, so no padding is ever computed and no mask is needed.
+//!
+//! Two paths with one answer:
+//! - on a GPU, bf16, head dimension 64 (Geneformer V1/V2, scGPT, UCE): one fused kernel
+//!   (`kernels/varlen_attention.cu`: online softmax over key tiles on tensor cores, no score
+//!   tensor in memory), built into the CUDA binary by build.rs;
+//! - anything else (the CPU, f32, other head sizes): [`reference`], plain candle ops a cell at a
+//!   time in f32. It is the oracle the kernel is checked against (`__bench-encoder --check`).
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// Scaled dot-product attention of every cell over its own tokens: `qkv` is
+/// `(tokens, 3 * heads * head_dim)` laid out `[q | k | v]`, `cu` the cells' token offsets
+/// (`cu[0] == 0`, `cu[last] == tokens`). Returns `(tokens, heads * head_dim)` in `qkv`'s dtype.
+pub fn varlen_attention(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
+    let (tokens, width) = qkv.dims2()?;
+    check(tokens, width, cu, heads)?;
+    if fused_kernel_applies(qkv, width / 3 / heads) {
+        #[cfg(feature = "cuda")]
+        {
+            let offsets = Tensor::new(cu, qkv.device())?;
+            return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu) });
+        }
+    }
+    reference(qkv, cu, heads)
+}
+
+/// Whether `varlen_attention` runs the fused kernel for this input.
+pub fn fused_kernel_applies(qkv: &Tensor, head_dim: usize) -> bool {
+    cfg!(feature = "cuda") && qkv.device().is_cuda() && qkv.dtype() == DType::BF16 && head_dim == 64
+}
+
+fn check(tokens: usize, width: usize, cu: &[u32], heads: usize) -> Result<()> {
+    if heads == 0 || width % (3 * heads) != 0 {
+        candle_core::bail!("varlen attention: a QKV row of {width} values is not 3 x {heads} heads");
+    }
+    if cu.first() != Some(&0) || cu.last().map(|&t| t as usize) != Some(tokens) || cu.windows(2).any(|w| w[1] < w[0]) {
+        candle_core::bail!("varlen attention: cell offsets must rise from 0 to the {tokens} tokens");
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn longest(cu: &[u32]) -> usize {
+    cu.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
+}
+
+/// The same attention from plain candle ops, one cell at a time, computed in f32:
+/// softmax(q k^T / sqrt(head_dim)) v per head.
+pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
+    let (tokens, width) = qkv.dims2()?;
+    check(tokens, width, cu, heads)?;
+    let d = width / 3;
+    let hd = d / heads;
+    let x = qkv.to_dtype(DType::F32)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut parts = Vec::with_capacity(cu.len().saturating_sub(1));
+    for w in cu.windows(2) {
+        let (s, n) = (w[0] as usize, (w[1] - w[0]) as usize);
+        if n == 0 {
+            continue;
+        }
+        let cell = x.narrow(0, s, n)?;
+        let split = |i: usize| cell.narrow(1, i * d, d)?.reshape((n, heads, hd))?.transpose(0, 1)?.contiguous(); // (heads, n, hd)
+        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+        let scores = (q.matmul(&k.transpose(1, 2)?.contiguous()?)? * scale)?;
+        let p = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        parts.push(p.matmul(&v)?.transpose(0, 1)?.contiguous()?.reshape((n, d))?);
+    }
+    if parts.is_empty() {
+        return Tensor::zeros((0, d), qkv.dtype(), qkv.device());
+    }
+    Tensor::cat(&parts, 0)?.to_dtype(qkv.dtype())
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CpuStorage, CudaStorage, Layout, Result, Shape};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
+
+    pub struct VarlenAttention {
+        pub heads: usize,
+        pub longest: usize,
+    }
+
+    impl candle_core::CustomOp2 for VarlenAttention {
+        fn name(&self) -> &'static str {
+            "varlen-attention"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("varlen-attention: the fused kernel is for CUDA; the CPU runs varlen_attention::reference")
+        }
+
+        fn cuda_fwd(&self, qkv: &CudaStorage, ql: &Layout, cu: &CudaStorage, cl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = qkv.device().clone();
+            let (tokens, width) = ql.shape().dims2()?;
+            let d = width / 3;
+            let cells = cl.shape().elem_count().saturating_sub(1);
+            let (Some((q_start, q_end)), Some((c_start, c_end))) = (ql.contiguous_offsets(), cl.contiguous_offsets()) else {
+                candle_core::bail!("varlen-attention: inputs must be contiguous");
+            };
+            if q_start % 8 != 0 {
+                candle_core::bail!("varlen-attention: the QKV tensor must start on a 16-byte boundary");
+            }
+            let q = qkv.as_cuda_slice::<half::bf16>()?.slice(q_start..q_end);
+            let offsets = cu.as_cuda_slice::<u32>()?.slice(c_start..c_end);
+            let out = dev.alloc_zeros::<half::bf16>(tokens * d)?;
+            if cells > 0 && self.longest > 0 {
+                let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
+                let cfg = LaunchConfig { grid_dim: (self.longest.div_ceil(64) as u32, self.heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+                let heads = self.heads as i32;
+                let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
+                let mut b = func.builder();
+                b.arg(&q);
+                b.arg(&out);
+                b.arg(&offsets);
+                b.arg(&heads);
+                b.arg(&scale_log2);
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((tokens, d))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The attention of one cell written out with loops: the oracle of the oracle.
+    fn by_hand(qkv: &[f32], n: usize, heads: usize, hd: usize) -> Vec<f32> {
+        let d = heads * hd;
+        let mut out = vec![0f32; n * d];
+        for h in 0..heads {
+            for i in 0..n {
+                let q = &qkv[i * 3 * d + h * hd..][..hd];
+                let s: Vec<f32> = (0..n).map(|j| q.iter().zip(&qkv[j * 3 * d + d + h * hd..][..hd]).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()).collect();
+                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for j in 0..n {
+                    for c in 0..hd {
+                        out[i * d + h * hd + c] += e[j] / z * qkv[j * 3 * d + 2 * d + h * hd + c];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn cells_attend_only_to_their_own_tokens() {
+        let (heads, hd) = (2, 4);
+        let d = heads * hd;
+        let cu = [0u32, 3, 3, 8]; // an empty cell in the middle
+        let tokens = 8;
+        let vals: Vec<f32> = (0..tokens * 3 * d).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let qkv = Tensor::from_vec(vals.clone(), (tokens, 3 * d), &Device::Cpu).unwrap();
+        let got = varlen_attention(&qkv, &cu, heads).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(got.len(), tokens);
+        let first = by_hand(&vals[..3 * 3 * d], 3, heads, hd);
+        let second = by_hand(&vals[3 * 3 * d..], 5, heads, hd);
+        let want: Vec<f32> = first.into_iter().chain(second).collect();
+        for (a, b) in got.iter().flatten().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // one cell of all 8 tokens differs: the offsets matter
+        let joint = varlen_attention(&qkv, &[0, 8], heads).unwrap().to_vec2::<f32>().unwrap();
+        assert!(joint.iter().flatten().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3));
+    }
+
+    #[test]
+    fn bad_offsets_are_refused() {
+        let qkv = Tensor::zeros((4, 12), DType::F32, &Device::Cpu).unwrap();
+        assert!(varlen_attention(&qkv, &[0, 3], 2).is_err());
+        assert!(varlen_attention(&qkv, &[1, 4], 2).is_err());
+        assert!(varlen_attention(&qkv, &[0, 4], 5).is_err());
+        assert!(!fused_kernel_applies(&qkv, 64));
+    }
+}
