@@ -18,9 +18,10 @@ L x (2 s (4 d^2 + 2 d f) + 4 s^2 d) per cell. Prints one JSON line.
 """
 import argparse
 import json
-import time
 
 import torch
+
+from _timing import best_pass
 
 # name: layers, hidden, heads, ffn, projection (see src/methods/cls_encoder.rs Arch::full_size)
 ARCHS = {
@@ -81,20 +82,7 @@ def main(arch=None):
             hcls = torch.nn.functional.normalize(proj(hcls), dim=-1)
         return hcls.float().cpu()
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.inference_mode():
-        run(batches[0])
-        sync()
-        best = float("inf")
-        for _ in range(max(1, a.repeat)):
-            t = time.perf_counter()
-            for b in batches:
-                run(b)
-            sync()
-            best = min(best, time.perf_counter() - t)
+    best = best_pass(run, batches, dev, a.repeat)
     flops = sum(L * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d) for s in lens)
     computed = sum(len(b) * max(lens[i] for i in b) for b in batches)
     print(json.dumps({

@@ -27,10 +27,11 @@ line.
 import argparse
 import json
 import math
-import time
 
 import torch
 import torch.nn.functional as F
+
+from _timing import best_pass
 
 N_GENES = 24078
 GENE_ROWS = N_GENES + 1 + (-N_GENES - 1) % 8
@@ -133,20 +134,7 @@ def main():
             x = p["n2"](x * alpha + ff)
         return x[:, 0].float().cpu()
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.inference_mode():
-        run(batches[0])
-        sync()
-        best = float("inf")
-        for _ in range(max(1, a.repeat)):
-            t0 = time.perf_counter()
-            for b in batches:
-                run(b)
-            sync()
-            best = min(best, time.perf_counter() - t0)
+    best = best_pass(run, batches, dev, a.repeat)
     toks = [s + 3 for s in lens]
     flops = sum(L * (16 * s * d * d + 4 * s * d * hd) for s in toks)
     pad_len = (lambda b: NONZ_LEN + 3) if a.pad_to_nonz_len else (lambda b: max(toks[i] for i in b))

@@ -26,9 +26,10 @@ L x (2 s (4 d^2 + 2 d f) + 4 s^2 d) per cell of s tokens. Prints one JSON line.
 import argparse
 import json
 import math
-import time
 
 import torch
+
+from _timing import best_pass
 
 N_GENES = 25_000
 N_CLASSES = 8
@@ -123,20 +124,7 @@ def main():
         hs = norm(hs[:, : N_CLASSES + 2]).float()
         return hs[:, pred].mean(1).cpu()
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    with torch.inference_mode():
-        run(batches[0])
-        sync()
-        best = float("inf")
-        for _ in range(max(1, a.repeat)):
-            t = time.perf_counter()
-            for b in batches:
-                run(b)
-            sync()
-            best = min(best, time.perf_counter() - t)
+    best = best_pass(run, batches, dev, a.repeat)
     f = 4 * d
     s = max_len + N_CLASSES + 2
     flops = a.cells * L * (2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d)
