@@ -2,18 +2,20 @@
 //! layer: scCello (`methods/sccello.rs`) and LangCell (`methods/langcell.rs`). Both take
 //! Geneformer V1's rank-value tokens (`methods/geneformer.rs`: dictionaries, gene table,
 //! pickle reader), put `<cls>` = len(token dictionary) in front, cut at the model's input
-//! size, and run a Hugging Face BERT encoder (candle-transformers' `BertModel`) over the batch
-//! padded on the right with `<pad>` and masked. LangCell then projects the `<cls>` state with
-//! its `cell_proj` linear layer and L2-normalises it.
+//! size, and run a Hugging Face BERT encoder over the batch: packed cells
+//! (`methods/packed_bert.rs`: each cell attends to its own tokens, the same result as upstream's
+//! right-padded, masked batch without computing the padding). LangCell then projects the `<cls>`
+//! state with its `cell_proj` linear layer and L2-normalises it.
 
 use std::path::PathBuf;
 
-use candle_core::{Device, IndexOp, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
 
 use crate::error::Result;
-use crate::methods::geneformer::{length_order, model_err, padded_batch, Dictionaries, GeneTable, Scaling};
+use crate::methods::geneformer::{length_order, model_err, Dictionaries, GeneTable, Scaling};
+use crate::methods::packed_bert::{Packed, PackedBert};
 
 /// Which upstream the encoder follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +66,8 @@ impl Arch {
 /// A loaded encoder with its dictionaries.
 pub struct ClsEncoder {
     pub arch: Arch,
-    pub(crate) model: BertModel,
+    /// The BERT encoder over packed cells (no padding computed; methods/packed_bert.rs).
+    pub(crate) model: PackedBert,
     pub dict: Dictionaries,
     pub config: Config,
     pub(crate) device: Device,
@@ -86,7 +89,7 @@ impl ClsEncoder {
     pub fn with_weights(arch: Arch, vb: candle_nn::VarBuilder, device: Device) -> Result<ClsEncoder> {
         let (config, proj_dim) = arch.full_size();
         let ctx = model_err("building the encoder");
-        let model = BertModel::load(vb.clone(), &config).map_err(&ctx)?;
+        let model = PackedBert::load(vb.clone(), &config).map_err(&ctx)?;
         let proj = match proj_dim {
             Some(d) => Some(candle_nn::linear(config.hidden_size, d, vb.pp("cell_proj")).map_err(&ctx)?),
             None => None,
@@ -164,10 +167,17 @@ impl ClsEncoder {
     pub fn forward_tensor(&self, cells: &[&[u32]]) -> Result<Tensor> {
         let ctx = model_err("running the encoder");
         let run = || -> candle_core::Result<Tensor> {
-            let (ids, mask) = padded_batch(cells, self.dict.pad, &self.device)?;
-            let types = ids.zeros_like()?;
-            let hidden = self.model.forward(&ids, &types, Some(&mask))?;
-            let cls = hidden.i((.., 0, ..))?.contiguous()?;
+            if cells.is_empty() {
+                return Tensor::zeros((0, self.dim()), candle_core::DType::F32, &self.device);
+            }
+            if cells.iter().any(|c| c.is_empty()) {
+                candle_core::bail!("a cell without tokens (every cell starts with <cls>)");
+            }
+            // every cell starts with <cls>: its first packed row
+            let p = Packed::new(cells);
+            let hidden = self.model.forward(&p)?;
+            let first = Tensor::new(&p.cu[..cells.len()], &self.device)?;
+            let cls = hidden.index_select(&first, 0)?;
             match &self.proj {
                 None => Ok(cls),
                 Some(p) => {

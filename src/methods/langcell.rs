@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use candle_nn::{Linear, VarBuilder};
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
+
+use crate::methods::packed_bert::PackedBert;
 
 use crate::error::{Error, Result};
 use crate::methods::cls_encoder::{Arch, ClsEncoder};
@@ -74,7 +76,7 @@ pub fn load(ckpt: &Path, dict: Dictionaries, device: Device) -> Result<ClsEncode
         tensors = tensors.into_iter().filter_map(|(k, t)| k.strip_prefix("bert.").map(|r| (r.to_string(), t))).collect();
     }
     let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-    let model = BertModel::load(vb, &config).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a LangCell cell_bert (BertModel) checkpoint: {e}") })?;
+    let model = PackedBert::load(vb, &config).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a LangCell cell_bert (BertModel) checkpoint: {e}") })?;
     let proj_path = ckpt.join(PROJ_FILE);
     if !proj_path.is_file() {
         return Err(Error::Config {

@@ -31,7 +31,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
+
+use crate::methods::packed_bert::PackedBert;
 
 use crate::error::{Error, Result};
 use crate::methods::cls_encoder::{Arch, ClsEncoder};
@@ -98,7 +100,7 @@ pub fn load(dir: &Path, dict: Dictionaries, device: Device) -> Result<ClsEncoder
     let cls = dict.tokens.len() as u32;
     check_vocab(&config, &dict, cls, &cfg_path)?;
     let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-    let model = BertModel::load(vb, &config).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a scCello (BERT) checkpoint: {e}") })?;
+    let model = PackedBert::load(vb, &config).map_err(|e| Error::BadWeights { path: weights_path.clone(), detail: format!("not a scCello (BERT) checkpoint: {e}") })?;
     Ok(ClsEncoder { arch: Arch::Sccello, model, input_size: config.max_position_embeddings, config, dict, device, cls, proj: None, proj_dim: None, weights_path, proj_path: None })
 }
 
