@@ -18,7 +18,7 @@ use scfoundry::anndata::AnnData;
 use scfoundry::commands::task::{cellama_sentences, obs_strings};
 use scfoundry::methods::cellama::{self, Encoder};
 
-use crate::common::{python, repo, TestContext};
+use crate::common::{TestContext, python, read_obsm, repo};
 use crate::http_server::Server;
 
 const MIN_COSINE: f64 = 0.9999;
@@ -127,12 +127,6 @@ fn cellama_embeddings_match_sentence_transformers() {
     eprintln!("cellama vs sentence-transformers, {} cells: min cosine {worst:.9}", want.len());
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    let shape = ds.shape();
-    (ds.read_raw::<f32>().unwrap(), shape[1])
-}
 
 fn read_str(path: &Path, name: &str) -> String {
     let f = hdf5::File::open(path).unwrap();

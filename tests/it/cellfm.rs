@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::cellfm::{self, cell_input, read_gene_info, read_state_dict, CellFm, CellInput, GeneMap};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, assert_embed_needs_weights, manifest_without_checksum, max_rel_err, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -160,23 +160,14 @@ fn cellfm_bad_checkpoints() {
 
 #[test]
 fn cellfm_embed_needs_its_weights() {
-    let ctx = TestContext::new();
-    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
-    let r = ctx.run(&["embed", "--method", "cellfm", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("weights for cellfm are not in").stderr_has("cellfm-torch-state-dict").has_hint();
-    assert!(!ctx.path("t.cellfm.h5ad").exists());
+    assert_embed_needs_weights("cellfm", "cellfm-torch-state-dict");
 }
 
 /// A weights folder holding the fixture files where weights.toml puts CellFM's, and a manifest
 /// (weights.toml less the real gene table's size and sha256, which the small fixture table
 /// cannot match) for $SCFOUNDRY_MANIFEST.
 fn weights_with(ctx: &TestContext) -> (PathBuf, PathBuf) {
-    let text = scfoundry::weights::MANIFEST_TEXT;
-    let at = text.find("[weights.\"cellfm-gene-info\"]").unwrap();
-    let end = at + text[at..].find("\n\n").unwrap();
-    let entry: String = text[at..end].lines().filter(|l| !l.starts_with("size =") && !l.starts_with("sha256 =")).collect::<Vec<_>>().join("\n");
-    let manifest = ctx.path("weights.toml");
-    std::fs::write(&manifest, format!("{}{entry}{}", &text[..at], &text[end..])).unwrap();
+    let manifest = manifest_without_checksum(ctx, "cellfm-gene-info");
     let w = ctx.path("weights");
     let man = scfoundry::weights::Manifest::builtin();
     let (ckpt, info) = cellfm::files(&w, &man);

@@ -16,7 +16,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::cellplm::{attention_batches, Alignment, CellPlm, Config};
 
-use crate::common::{repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, read_obsm, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -140,11 +140,6 @@ fn cellplm_embedding_depends_on_the_cells_of_its_pass() {
     assert!(f["composition_effect"]["one_group_vs_by_batch_max_abs"].as_f64().unwrap() > 1e-3);
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 fn read_i64(path: &Path, name: &str) -> i64 {
     hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()

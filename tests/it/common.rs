@@ -296,3 +296,32 @@ pub fn max_rel_err(got: &[f32], want: &serde_json::Value, dim: usize) -> f64 {
     }
     worst
 }
+
+/// `obsm[key]` of an .h5ad we wrote, as (row-major values, width).
+pub fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
+    let f = hdf5::File::open(path).unwrap();
+    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
+    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
+}
+
+/// `embed -m method` without its weights: a user error naming the missing `entry` with a hint,
+/// and no output file.
+pub fn assert_embed_needs_weights(method: &str, entry: &str) {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "--method", method, "--data", "t.h5ad"]);
+    r.user_error().stderr_has(&format!("weights for {method} are not in")).stderr_has(entry).has_hint();
+    assert!(!ctx.path(&format!("t.{method}.h5ad")).exists());
+}
+
+/// weights.toml less one entry's size and sha256 (a small fixture file cannot match the real
+/// file's), written into the test folder for $SCFOUNDRY_MANIFEST.
+pub fn manifest_without_checksum(ctx: &TestContext, entry: &str) -> PathBuf {
+    let text = scfoundry::weights::MANIFEST_TEXT;
+    let at = text.find(&format!("[weights.\"{entry}\"]")).unwrap();
+    let end = at + text[at..].find("\n\n").unwrap();
+    let kept: String = text[at..end].lines().filter(|l| !l.starts_with("size =") && !l.starts_with("sha256 =")).collect::<Vec<_>>().join("\n");
+    let manifest = ctx.path("weights.toml");
+    std::fs::write(&manifest, format!("{}{kept}{}", &text[..at], &text[end..])).unwrap();
+    manifest
+}

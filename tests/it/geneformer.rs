@@ -13,7 +13,7 @@ use scfoundry::anndata::AnnData;
 use scfoundry::commands::task::gene_ids;
 use scfoundry::methods::geneformer::{Dictionaries, EmbMode, GeneTable, Geneformer};
 
-use crate::common::{repo, TestContext};
+use crate::common::{TestContext, read_obsm, repo};
 
 const MAX_REL: f64 = 1e-4;
 
@@ -107,11 +107,6 @@ fn geneformer_v2_special_tokens_match_transformers() {
     check(&dir, "v2", -1, EmbMode::Cls, "emb_layer_-1_cls", 16);
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 #[test]
 fn geneformer_embed_command_with_model_dir() {

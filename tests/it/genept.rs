@@ -11,7 +11,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::genept::{embed_cell, Lookup, Table, TABLE_FILE};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, max_rel_err, read_obsm, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -61,11 +61,6 @@ fn genept_embeddings_match_upstream() {
     assert!(err < MAX_REL_ERR, "{err:.3e}");
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 fn read_i64(path: &Path, name: &str) -> i64 {
     hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()

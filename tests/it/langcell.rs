@@ -11,7 +11,8 @@ use scfoundry::commands::task::cls_encoder::load;
 use scfoundry::methods::cls_encoder::Arch;
 
 use crate::common::{repo, TestContext};
-use crate::sccello::{cells_h5ad, check, matrix, max_rel, read_obsm, reference, MAX_REL};
+use crate::common::read_obsm;
+use crate::sccello::{cells_h5ad, check, matrix, max_rel, reference, MAX_REL};
 
 fn fx() -> PathBuf {
     repo().join("tests/fixtures/langcell")

@@ -14,7 +14,7 @@ use scfoundry::commands::task::cls_encoder::load;
 use scfoundry::commands::task::gene_ids;
 use scfoundry::methods::cls_encoder::{Arch, ClsEncoder};
 
-use crate::common::{repo, TestContext};
+use crate::common::{TestContext, read_obsm, repo};
 
 pub const MAX_REL: f64 = 1e-4;
 
@@ -62,11 +62,6 @@ pub fn max_rel(got: &[f32], want: &[Vec<f64>], dim: usize) -> f64 {
     worst
 }
 
-pub fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 /// Tokens identical to upstream's for every cell, embeddings within MAX_REL at `batch`.
 pub fn check(arch: Arch, dir: &Path, reference_dir: &Path, batch: usize) -> f64 {

@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scfoundation::{self, cell_input, read_checkpoint, read_gene_index, CellInput, GeneAlignment, ScFoundation};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, assert_embed_needs_weights, manifest_without_checksum, max_rel_err, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -138,23 +138,14 @@ fn scfoundation_bad_checkpoints() {
 
 #[test]
 fn scfoundation_embed_needs_its_weights() {
-    let ctx = TestContext::new();
-    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
-    let r = ctx.run(&["embed", "--method", "scfoundation", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("weights for scfoundation are not in").stderr_has("scfoundation-models-ckpt").has_hint();
-    assert!(!ctx.path("t.scfoundation.h5ad").exists());
+    assert_embed_needs_weights("scfoundation", "scfoundation-models-ckpt");
 }
 
 /// A weights folder holding the fixture files where weights.toml puts scFoundation's, and a
 /// manifest (weights.toml less the real gene list's size and sha256, which the small fixture
 /// list cannot match) for $SCFOUNDRY_MANIFEST.
 fn weights_with(ctx: &TestContext) -> (PathBuf, PathBuf) {
-    let text = scfoundry::weights::MANIFEST_TEXT;
-    let at = text.find("[weights.\"scfoundation-gene-index\"]").unwrap();
-    let end = at + text[at..].find("\n\n").unwrap();
-    let entry: String = text[at..end].lines().filter(|l| !l.starts_with("size =") && !l.starts_with("sha256 =")).collect::<Vec<_>>().join("\n");
-    let manifest = ctx.path("weights.toml");
-    std::fs::write(&manifest, format!("{}{entry}{}", &text[..at], &text[end..])).unwrap();
+    let manifest = manifest_without_checksum(ctx, "scfoundation-gene-index");
     let w = ctx.path("weights");
     let man = scfoundry::weights::Manifest::builtin();
     let (ckpt, index) = scfoundation::files(&w, &man);

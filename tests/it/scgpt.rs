@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scgpt::{self, bin_values, match_genes, read_checkpoint, Args, Cell, Model, Mt19937, Vocab};
 
-use crate::common::{python, repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, python, read_obsm, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -224,11 +224,6 @@ fn weights_with(ctx: &TestContext, src: &Path) -> PathBuf {
     w
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 fn read_i64(path: &Path, name: &str) -> i64 {
     hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()

@@ -13,7 +13,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scimilarity::{read_gene_order, read_layer_sizes, Alignment, Encoder};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, max_rel_err, read_obsm, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -99,11 +99,6 @@ fn model_copy(ctx: &TestContext, name: &str, edit: impl FnOnce(&Path)) -> PathBu
     d
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 fn read_i64(path: &Path, name: &str) -> i64 {
     hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()

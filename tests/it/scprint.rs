@@ -15,7 +15,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scprint::{self, read_checkpoint, tokenize, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, assert_embed_needs_weights, max_rel_err, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -137,11 +137,7 @@ fn scprint_bad_checkpoints() {
 
 #[test]
 fn scprint_embed_needs_its_weights() {
-    let ctx = TestContext::new();
-    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
-    let r = ctx.run(&["embed", "--method", "scprint", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("weights for scprint are not in").stderr_has("scprint-medium-v1.5").has_hint();
-    assert!(!ctx.path("t.scprint.h5ad").exists());
+    assert_embed_needs_weights("scprint", "scprint-medium-v1.5");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! relative error, the embedding q_m (normal) or the Monte Carlo softmax mean within its
 //! sampling error (ln). Also: `scfoundry embed --method scvi` end to end, and bad inputs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::Device;
 use serde_json::Value;
@@ -16,7 +16,7 @@ use serde_json::Value;
 use scfoundry::anndata::AnnData;
 use scfoundry::methods::scvi_pretrained::{GeneAlignment, Latent, PretrainedScvi, SavedModel};
 
-use crate::common::{max_rel_err, repo, TestContext, Tiny};
+use crate::common::{TestContext, Tiny, max_rel_err, read_obsm, repo};
 
 const MAX_REL_ERR: f64 = 1e-4;
 
@@ -153,11 +153,6 @@ fn ln_diff(got: &[f32], want: &Value, dim: usize) -> (f64, f64) {
     (d.iter().cloned().fold(0f64, f64::max), d.iter().sum::<f64>() / d.len() as f64)
 }
 
-fn read_obsm(path: &Path, key: &str) -> (Vec<f32>, usize) {
-    let f = hdf5::File::open(path).unwrap();
-    let ds = f.dataset(&format!("obsm/{key}")).unwrap();
-    (ds.read_raw::<f32>().unwrap(), ds.shape()[1])
-}
 
 #[test]
 fn scvi_embed_command_runs_saved_models() {
