@@ -6,8 +6,7 @@ use std::path::Path;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::{font_ready, FAMILY};
-use crate::progress::warn;
+use super::{write_figure, Figure, WithoutFont, FAMILY};
 
 /// What the curves figure shows: one row per epoch.
 pub struct CurvesFigure {
@@ -93,21 +92,17 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &CurvesFigure, s: 
     Ok(())
 }
 
+impl Figure for CurvesFigure {
+    fn size(&self) -> (u32, u32) {
+        (960, 400)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> Result<(), String> {
+        draw(root, self, scale)
+    }
+}
+
 /// Write the curves as SVG and PNG (skipped with a warning without a TrueType font, as the
 /// other figures: plotters lays out axis labels with the font even for SVG).
 pub fn curves_figure(c: &CurvesFigure, svg: &Path, png: &Path) -> anyhow::Result<()> {
-    let (w, h) = (960u32, 400u32);
-    if !font_ready() {
-        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the curves figure is skipped; curves.tsv is written");
-        return Ok(());
-    }
-    {
-        let root = SVGBackend::new(svg, (w, h)).into_drawing_area();
-        draw(&root, c, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
-    }
-    let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
-    draw(&root, c, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
-    root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
-    Ok(())
+    write_figure(c, svg, png, WithoutFont::Nothing("the curves figure is skipped; curves.tsv is written"))
 }

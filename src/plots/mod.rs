@@ -119,6 +119,46 @@ fn fmt2(v: f64) -> String {
 
 type DrawResult = Result<(), String>;
 
+/// A figure that draws the same way on any plotters backend (SVG, PNG).
+pub(crate) trait Figure {
+    /// Width and height of the SVG in pixels; the PNG has twice as many each way.
+    fn size(&self) -> (u32, u32);
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> DrawResult;
+}
+
+/// What a figure writes without a TrueType font (plotters lays text out with the font).
+pub(crate) enum WithoutFont {
+    /// The SVG all the same (text placed without metrics), no PNG.
+    SvgOnly,
+    /// No figure; the text says what is written instead.
+    Nothing(&'static str),
+}
+
+const NO_FONT: &str = "no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf)";
+
+/// Write `f` as an SVG and a PNG at twice the resolution.
+pub(crate) fn write_figure<F: Figure>(f: &F, svg: &Path, png: &Path, without_font: WithoutFont) -> anyhow::Result<()> {
+    let font = font_ready();
+    if let (false, WithoutFont::Nothing(what)) = (font, &without_font) {
+        warn(&format!("{NO_FONT}: {what}"));
+        return Ok(());
+    }
+    let (w, h) = f.size();
+    {
+        let root = SVGBackend::new(svg, (w, h)).into_drawing_area();
+        f.draw(&root, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
+        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
+    }
+    if !font {
+        warn(&format!("{NO_FONT}: the PNG figure is skipped, the SVG is written"));
+        return Ok(());
+    }
+    let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
+    f.draw(&root, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
+    root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
+    Ok(())
+}
+
 fn e<E: std::fmt::Debug>(err: E) -> String {
     format!("{err:?}")
 }
@@ -243,22 +283,19 @@ fn table_size(t: &ResultsTable) -> (f64, f64) {
     (w.max(title_w), 128.0 + 42.0 * t.rows.len() as f64 + 24.0)
 }
 
+impl Figure for ResultsTable {
+    fn size(&self) -> (u32, u32) {
+        let (w, h) = table_size(self);
+        (w.ceil() as u32, h.ceil() as u32)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> DrawResult {
+        draw_table(root, self, scale)
+    }
+}
+
 /// Write the results table as SVG and PNG (PNG at twice the resolution).
 pub fn results_table(t: &ResultsTable, svg: &Path, png: &Path) -> anyhow::Result<()> {
-    let (w, h) = table_size(t);
-    {
-        let root = SVGBackend::new(svg, (w.ceil() as u32, h.ceil() as u32)).into_drawing_area();
-        draw_table(&root, t, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
-    }
-    if font_ready() {
-        let root = BitMapBackend::new(png, ((w * 2.0).ceil() as u32, (h * 2.0).ceil() as u32)).into_drawing_area();
-        draw_table(&root, t, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
-    } else {
-        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the PNG figure is skipped, the SVG is written");
-    }
-    Ok(())
+    write_figure(t, svg, png, WithoutFont::SvgOnly)
 }
 
 /// What the geometry figure shows.
@@ -357,25 +394,18 @@ fn draw_geometry<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Geometry
     Ok(())
 }
 
+impl Figure for GeometryFigure {
+    fn size(&self) -> (u32, u32) {
+        (1380, 460)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> DrawResult {
+        draw_geometry(root, self, scale)
+    }
+}
+
 /// Write the geometry figure as SVG and PNG.
 pub fn geometry_figure(g: &GeometryFigure, svg: &Path, png: &Path) -> anyhow::Result<()> {
-    let (w, h) = (1380u32, 460u32);
-    if !font_ready() {
-        // plotters lays out axis labels with the font even for SVG
-        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the geometry figure is skipped; the TSV and JSON are written");
-        return Ok(());
-    }
-    {
-        let root = SVGBackend::new(svg, (w, h)).into_drawing_area();
-        draw_geometry(&root, g, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
-    }
-    if font_ready() {
-        let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
-        draw_geometry(&root, g, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
-    }
-    Ok(())
+    write_figure(g, svg, png, WithoutFont::Nothing("the geometry figure is skipped; the TSV and JSON are written"))
 }
 
 /// What the confusion-matrix figure of `scfoundry transfer` shows.
@@ -465,22 +495,19 @@ fn draw_confusion<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Confusi
     Ok(())
 }
 
+impl Figure for ConfusionFigure {
+    fn size(&self) -> (u32, u32) {
+        let (w, h) = confusion_size(self);
+        (w.ceil() as u32, h.ceil() as u32)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> DrawResult {
+        draw_confusion(root, self, scale)
+    }
+}
+
 /// Write the confusion matrix as SVG and PNG (PNG at twice the resolution).
 pub fn confusion_figure(c: &ConfusionFigure, svg: &Path, png: &Path) -> anyhow::Result<()> {
-    let (w, h) = confusion_size(c);
-    {
-        let root = SVGBackend::new(svg, (w.ceil() as u32, h.ceil() as u32)).into_drawing_area();
-        draw_confusion(&root, c, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
-    }
-    if font_ready() {
-        let root = BitMapBackend::new(png, ((w * 2.0).ceil() as u32, (h * 2.0).ceil() as u32)).into_drawing_area();
-        draw_confusion(&root, c, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
-    } else {
-        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the PNG figure is skipped, the SVG is written");
-    }
-    Ok(())
+    write_figure(c, svg, png, WithoutFont::SvgOnly)
 }
 
 /// The ELBO curve of `integrate --method scvi_denovo`: per-cell ELBO (reconstruction + KL, lower
@@ -535,21 +562,17 @@ fn draw_elbo<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &ElboCurve, s
     Ok(())
 }
 
+impl Figure for ElboCurve {
+    fn size(&self) -> (u32, u32) {
+        (820, 480)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>, scale: f64) -> DrawResult {
+        draw_elbo(root, self, scale)
+    }
+}
+
 /// Write the ELBO curve as SVG and PNG (PNG at twice the resolution); skipped with a warning
 /// when no font is found.
 pub fn elbo_curve(c: &ElboCurve, svg: &Path, png: &Path) -> anyhow::Result<()> {
-    let (w, h) = (820u32, 480u32);
-    if !font_ready() {
-        warn("no TrueType font found (DejaVu Sans, or set SCFOUNDRY_FONT=/path/to/font.ttf): the ELBO figure is skipped; elbo.tsv is written");
-        return Ok(());
-    }
-    {
-        let root = SVGBackend::new(svg, (w, h)).into_drawing_area();
-        draw_elbo(&root, c, 1.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", svg.display()))?;
-        root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", svg.display()))?;
-    }
-    let root = BitMapBackend::new(png, (w * 2, h * 2)).into_drawing_area();
-    draw_elbo(&root, c, 2.0).map_err(|m| anyhow::anyhow!("drawing {}: {m}", png.display()))?;
-    root.present().map_err(|m| anyhow::anyhow!("writing {}: {m:?}", png.display()))?;
-    Ok(())
+    write_figure(c, svg, png, WithoutFont::Nothing("the ELBO figure is skipped; elbo.tsv is written"))
 }
