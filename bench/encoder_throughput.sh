@@ -6,8 +6,9 @@
 # random weights, full-size shapes, token lengths of real cells (bench/token_lengths_*.txt).
 #
 #   bash bench/encoder_throughput.sh OUT_DIR [scfoundry binary]
-# Prints one JSON line per run and writes them to OUT_DIR/encoder_throughput.jsonl; the table
-# in BENCHMARKS.md is made from that file by bench/encoder_table.py.
+# Prints one JSON line per run and writes them to OUT_DIR/encoder_throughput.jsonl (the table in
+# BENCHMARKS.md is written from that file by hand). Each command is stopped after STEP_TIMEOUT
+# seconds (default 240).
 set -uo pipefail
 out="${1:?usage: encoder_throughput.sh OUT_DIR [binary]}"
 bin="${2:-dist/cuda/scfoundry}"
