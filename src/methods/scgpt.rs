@@ -506,6 +506,15 @@ impl EncoderLayer {
         let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
         norm(&self.norm2, &(x + h)?)
     }
+
+    /// The same layer over packed cells: `x` is (tokens, d), cell c owns rows `cu[c]..cu[c + 1]`
+    /// and attends to them only (`gpu::varlen_attention`: in_proj's rows are already q | k | v).
+    fn forward_packed(&self, x: &Tensor, cu: &[u32]) -> candle_core::Result<Tensor> {
+        let a = crate::gpu::varlen_attention::varlen_attention(&self.attn.in_proj.forward(x)?, cu, self.attn.heads)?;
+        let x = self.norm1.forward(&(x + self.attn.out_proj.forward(&a)?)?)?;
+        let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
+        self.norm2.forward(&(x + h)?)
+    }
 }
 
 enum ValueEncoder {
@@ -682,24 +691,7 @@ impl Model {
         let ids = Tensor::from_vec(ids, (n, l), &self.device).map_err(&ctx)?;
         let vals = Tensor::from_vec(vals, (n, l), &self.device).map_err(&ctx)?;
         let mask = Tensor::from_vec(mask, (n, 1, 1, l), &self.device).map_err(&ctx)?;
-        let src = self.enc_norm.forward(&self.embedding.forward(&ids).map_err(&ctx)?).map_err(&ctx)?;
-        let x = match &self.values {
-            ValueEncoder::Continuous { linear1, linear2, norm } => {
-                let v = vals.unsqueeze(2).and_then(|v| v.minimum(MAX_VALUE)).map_err(&ctx)?;
-                let h = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
-                (src + h).map_err(&ctx)?
-            }
-            ValueEncoder::Category { embedding, norm, n: nc } => {
-                let flat = vals.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)?;
-                if let Some(bad) = flat.iter().find(|&&v| v < 0.0 || v as usize >= *nc) {
-                    return Err(Error::Model { context: "encoding values".into(), detail: format!("value {bad} is outside the {nc} categories of value_encoder.embedding (is pad_value negative?)") });
-                }
-                let cat = vals.to_dtype(DType::U32).map_err(&ctx)?;
-                let h = embedding.forward(&cat).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
-                (src + h).map_err(&ctx)?
-            }
-            ValueEncoder::Scaling => src.broadcast_mul(&vals.unsqueeze(2).map_err(&ctx)?).map_err(&ctx)?,
-        };
+        let x = self.encode_input(&ids, &vals)?;
         // in chunks of cells, to bound the attention scores' memory
         let per_cell = self.args.nheads * l * l;
         let chunk = (MAX_SCORES / per_cell.max(1)).max(1);
@@ -721,6 +713,58 @@ impl Model {
         cls.broadcast_div(&norm).map_err(&ctx)
     }
 
+    /// The transformer's input for token ids and values of the same shape: the gene embedding
+    /// (encoder + enc_norm) combined with the value encoder's output.
+    fn encode_input(&self, ids: &Tensor, vals: &Tensor) -> Result<Tensor> {
+        let ctx = model_err("running the scGPT transformer");
+        let src = self.enc_norm.forward(&self.embedding.forward(&ids).map_err(&ctx)?).map_err(&ctx)?;
+        let x = match &self.values {
+            ValueEncoder::Continuous { linear1, linear2, norm } => {
+                let v = vals.unsqueeze(2).and_then(|v| v.minimum(MAX_VALUE)).map_err(&ctx)?;
+                let h = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+                (src + h).map_err(&ctx)?
+            }
+            ValueEncoder::Category { embedding, norm, n: nc } => {
+                let flat = vals.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)?;
+                if let Some(bad) = flat.iter().find(|&&v| v < 0.0 || v as usize >= *nc) {
+                    return Err(Error::Model { context: "encoding values".into(), detail: format!("value {bad} is outside the {nc} categories of value_encoder.embedding (is pad_value negative?)") });
+                }
+                let cat = vals.to_dtype(DType::U32).map_err(&ctx)?;
+                let h = embedding.forward(&cat).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+                (src + h).map_err(&ctx)?
+            }
+            ValueEncoder::Scaling => src.broadcast_mul(&vals.unsqueeze(2).map_err(&ctx)?).map_err(&ctx)?,
+        };
+        Ok(x)
+    }
+
+    /// The L2-normalised `<cls>` outputs (row-major n x embsize) with the cells packed: their
+    /// tokens end to end, no padding computed, each cell attending to its own tokens (the same
+    /// result as `embed_padded`; for inference, the layers being fine-tuned run padded).
+    pub fn embed_packed(&self, cells: &[&Cell]) -> Result<Vec<f32>> {
+        let ctx = model_err("running the scGPT transformer");
+        if cells.is_empty() {
+            return Ok(vec![]);
+        }
+        if cells.iter().any(|c| c.genes.is_empty()) {
+            return Err(Error::Model { context: "running the scGPT transformer".into(), detail: "a cell without tokens (each starts with <cls>)".into() });
+        }
+        let refs: Vec<&[u32]> = cells.iter().map(|c| c.genes.as_slice()).collect();
+        let p = crate::methods::packed_bert::Packed::new(&refs);
+        let t = p.tokens();
+        let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
+        let ids = Tensor::from_vec(p.ids.clone(), (1, t), &self.device).map_err(&ctx)?;
+        let vals = Tensor::from_vec(vals, (1, t), &self.device).map_err(&ctx)?;
+        let mut h = self.encode_input(&ids, &vals)?.squeeze(0).map_err(&ctx)?;
+        for layer in &self.layers {
+            h = layer.forward_packed(&h, &p.cu).map_err(&ctx)?;
+        }
+        let first = Tensor::new(&p.cu[..cells.len()], &self.device).map_err(&ctx)?;
+        let cls = h.index_select(&first, 0).map_err(&ctx)?;
+        let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
+        cls.broadcast_div(&norm).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+    }
+
     /// Embed cells in batches of `batch_size`, longest first so that each batch pads little;
     /// rows come back in the cells' order. `progress` is told of each batch's size.
     pub fn embed(&self, cells: &[Cell], batch_size: usize, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
@@ -730,7 +774,7 @@ impl Model {
         let mut out = vec![0f32; cells.len() * d];
         for batch in order.chunks(batch_size.max(1)) {
             let refs: Vec<&Cell> = batch.iter().map(|&i| &cells[i]).collect();
-            let rows = self.embed_padded(&refs)?;
+            let rows = if self.first_trained == usize::MAX { self.embed_packed(&refs)? } else { self.embed_padded(&refs)? };
             for (k, &i) in batch.iter().enumerate() {
                 out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
             }
