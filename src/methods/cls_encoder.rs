@@ -170,14 +170,8 @@ impl ClsEncoder {
             if cells.is_empty() {
                 return Tensor::zeros((0, self.dim()), candle_core::DType::F32, &self.device);
             }
-            if cells.iter().any(|c| c.is_empty()) {
-                candle_core::bail!("a cell without tokens (every cell starts with <cls>)");
-            }
-            // every cell starts with <cls>: its first packed row
             let p = Packed::new(cells);
-            let hidden = self.model.forward(&p)?;
-            let first = Tensor::new(&p.cu[..cells.len()], &self.device)?;
-            let cls = hidden.index_select(&first, 0)?;
+            let cls = p.first_rows(&self.model.forward(&p)?)?;
             match &self.proj {
                 None => Ok(cls),
                 Some(p) => {

@@ -1075,42 +1075,34 @@ impl Geneformer {
         let ctx = model_err("running the Geneformer encoder");
         let n = cells.len();
         let len = cells.iter().map(|c| c.len()).max().unwrap_or(0);
-        // pooling weights: 1 / count over the pooled positions
-        let mut pool = vec![0f32; n * len];
+        // the pooled positions of each cell: (first, count), one run
         let special = self.dict.specials.is_some();
-        for (r, c) in cells.iter().enumerate() {
-            match self.emb_mode {
-                EmbMode::Cls => pool[r * len] = 1.0,
+        let spans: Vec<(usize, usize)> = cells
+            .iter()
+            .map(|c| match self.emb_mode {
+                EmbMode::Cls => (0, 1),
                 EmbMode::Cell => {
                     let (start, end) = if special { (1, c.len().saturating_sub(1)) } else { (0, c.len()) };
-                    let count = end.saturating_sub(start);
-                    if count == 0 {
-                        continue;
-                    }
-                    for p in start..end {
-                        pool[r * len + p] = 1.0;
-                    }
-                    // divide after the sum, as upstream's `masked_embs.sum(1) / lens`
+                    (start, end.saturating_sub(start))
                 }
-            }
-        }
-        let counts: Vec<f32> = (0..n).map(|r| pool[r * len..(r + 1) * len].iter().sum::<f32>().max(1.0)).collect();
+            })
+            .collect();
         let model = match &self.model {
             Encoder::Padded(m) => m,
             Encoder::Packed(m) => {
-                // the same pooling (the positions `pool` marks are one run per cell) over packed rows
                 let p = Packed::new(&cells);
                 let hidden = m.forward(&p).map_err(&ctx)?; // tokens x h
-                let spans: Vec<(usize, usize)> = (0..n)
-                    .map(|r| {
-                        let row = &pool[r * len..(r + 1) * len];
-                        let first = row.iter().position(|&w| w > 0.0).unwrap_or(0);
-                        (p.cu[r] as usize + first, row.iter().filter(|&&w| w > 0.0).count())
-                    })
-                    .collect();
-                return PackedBert::mean_spans(&hidden, &spans).map_err(&ctx);
+                let rows: Vec<(usize, usize)> = spans.iter().zip(&p.cu).map(|(&(first, count), &at)| (at as usize + first, count)).collect();
+                return PackedBert::mean_spans(&hidden, &rows).map_err(&ctx);
             }
         };
+        // pooling weights over the padded batch; divide after the sum, as upstream's
+        // `masked_embs.sum(1) / lens`
+        let mut pool = vec![0f32; n * len];
+        for (r, &(first, count)) in spans.iter().enumerate() {
+            pool[r * len + first..r * len + first + count].iter_mut().for_each(|w| *w = 1.0);
+        }
+        let counts: Vec<f32> = spans.iter().map(|&(_, count)| (count as f32).max(1.0)).collect();
         let (ids, mask) = padded_batch(&cells, self.dict.pad, &self.device).map_err(&ctx)?;
         let types = ids.zeros_like().map_err(&ctx)?;
         let hidden = model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h

@@ -60,6 +60,16 @@ impl Packed {
     pub fn tokens(&self) -> usize {
         self.ids.len()
     }
+
+    /// Each cell's first row of `hidden` (`tokens x hidden`, these cells packed): the `<cls>`
+    /// state for models that put it first. Every cell must have a token.
+    pub fn first_rows(&self, hidden: &Tensor) -> Result<Tensor> {
+        if self.cu.windows(2).any(|w| w[0] == w[1]) {
+            candle_core::bail!("a cell without tokens (every cell starts with <cls>)");
+        }
+        let cells = self.cu.len() - 1;
+        hidden.index_select(&Tensor::new(&self.cu[..cells], hidden.device())?, 0)
+    }
 }
 
 impl PackedBert {
@@ -243,6 +253,19 @@ mod tests {
         let want0: f32 = (1..9).map(|j| got[j][0]).sum::<f32>() / 8.0;
         assert!((pooled[0][0] - want0).abs() < 1e-5, "{} vs {want0}", pooled[0][0]);
         assert_eq!(pooled.len(), 3);
+    }
+
+    #[test]
+    fn first_rows_are_each_cells_first_token() {
+        let a: &[u32] = &[1, 2, 3];
+        let b: &[u32] = &[4];
+        let p = Packed::new(&[a, b, a]);
+        let hidden = Tensor::arange(0f32, 7.0, &Device::Cpu).unwrap().reshape((7, 1)).unwrap();
+        assert_eq!(p.first_rows(&hidden).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![0.0, 3.0, 4.0]);
+        let empty: &[u32] = &[];
+        let p = Packed::new(&[a, empty]);
+        let err = p.first_rows(&hidden.narrow(0, 0, 3).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("a cell without tokens"), "{err}");
     }
 
     #[test]

@@ -746,21 +746,17 @@ impl Model {
         if cells.is_empty() {
             return Ok(vec![]);
         }
-        if cells.iter().any(|c| c.genes.is_empty()) {
-            return Err(Error::Model { context: "running the scGPT transformer".into(), detail: "a cell without tokens (each starts with <cls>)".into() });
-        }
         let refs: Vec<&[u32]> = cells.iter().map(|c| c.genes.as_slice()).collect();
         let p = crate::methods::packed_bert::Packed::new(&refs);
         let t = p.tokens();
         let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
-        let ids = Tensor::from_vec(p.ids.clone(), (1, t), &self.device).map_err(&ctx)?;
+        let ids = Tensor::new(p.ids.as_slice(), &self.device).and_then(|t| t.unsqueeze(0)).map_err(&ctx)?;
         let vals = Tensor::from_vec(vals, (1, t), &self.device).map_err(&ctx)?;
         let mut h = self.encode_input(&ids, &vals)?.squeeze(0).map_err(&ctx)?;
         for layer in &self.layers {
             h = layer.forward_packed(&h, &p.cu).map_err(&ctx)?;
         }
-        let first = Tensor::new(&p.cu[..cells.len()], &self.device).map_err(&ctx)?;
-        let cls = h.index_select(&first, 0).map_err(&ctx)?;
+        let cls = p.first_rows(&h).map_err(&ctx)?;
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
         cls.broadcast_div(&norm).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
     }
