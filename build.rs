@@ -31,7 +31,7 @@ fn cuda_kernels() {
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    for name in ["varlen_attention"] {
+    for name in ["varlen_attention", "encoder_ops"] {
         let src = format!("src/gpu/kernels/{name}.cu");
         println!("cargo:rerun-if-changed={src}");
         let ptx = out.join(format!("{name}.ptx"));

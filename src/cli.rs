@@ -212,9 +212,18 @@ pub struct BenchEncoderArgs {
     pub padded: bool,
     /// --arch bert: before timing, check the packed encoder against the padded BertModel on the
     /// first batch and the fused attention kernel against the plain-candle reference; the
-    /// largest differences go into the JSON line.
+    /// largest differences go into the JSON line (and, on a GPU in bf16, the fused encoder
+    /// against the same layers in candle ops).
     #[arg(long)]
     pub check: bool,
+    /// --arch bert: run the packed encoder through candle's separate ops instead of the fused
+    /// GPU path (`gpu/fused_encoder.rs`), for comparison.
+    #[arg(long)]
+    pub unfused: bool,
+    /// --arch bert, GPU bf16: also time each step of one layer on the first batch (median of 20)
+    /// and print the shares of a layer in the JSON line.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 #[derive(Debug, Args)]

@@ -494,7 +494,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     // BertModel::load asks for `bert.` names when the source claims to have them (ours claims all)
     let weights: std::collections::HashMap<String, Tensor> = weights.into_iter().map(|(k, t)| (k.strip_prefix("bert.").map(str::to_string).unwrap_or(k), t)).collect();
     let vb = VarBuilder::from_tensors(weights, dtype, &device);
-    let packed_model = PackedBert::load(vb, &cfg)?;
+    let mut packed_model = PackedBert::load(vb, &cfg)?;
+    packed_model.encoder.fused = !a.unfused;
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
     let cells: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| bert_cell(i, n)).collect();
     let padded_run = |b: &[usize]| -> candle_core::Result<Tensor> {
@@ -535,6 +536,31 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let plain = crate::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
         check.insert("check_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
         check.insert("fused_kernel".into(), json!(crate::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
+        // the whole encoder: fused GPU path against candle's ops on the same layers
+        let x = Tensor::randn(0f32, 1f32, (p.tokens(), hidden), &device)?.to_dtype(dtype)?;
+        let fused_applies = crate::gpu::fused_encoder::applies(&packed_model.encoder, &x);
+        check.insert("fused_encoder".into(), json!(fused_applies));
+        if fused_applies {
+            let fused = crate::gpu::fused_encoder::forward(&packed_model.encoder, &x, &p.cu)?;
+            let plain = packed_model.encoder.forward_unfused(&x, &p.cu)?;
+            check.insert("check_fused_encoder_vs_unfused".into(), json!(rel(&fused, &plain)?));
+        }
+    }
+    if a.profile {
+        let b = &batches[0];
+        let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+        let x = Tensor::randn(0f32, 1f32, (p.tokens(), hidden), &device)?.to_dtype(dtype)?;
+        let steps = crate::gpu::fused_encoder::profile(&packed_model.encoder, &x, &p.cu, 20)?;
+        let total: f64 = steps.iter().map(|s| s.1).sum();
+        let layer_flops: f64 = b.iter().map(|&i| cell_flops(1, hidden, ffn, lens[i])).sum();
+        let mut prof = serde_json::Map::new();
+        for (name, secs) in &steps {
+            let e = prof.entry(name.to_string()).or_insert(json!(0.0));
+            *e = json!(e.as_f64().unwrap_or(0.0) + secs * 1e3);
+        }
+        check.insert("profile_ms_per_layer".into(), json!(prof));
+        check.insert("profile_tokens".into(), json!(p.tokens()));
+        check.insert("profile_layer_tflops".into(), json!(layer_flops / total / 1e12));
     }
     let best = time_batches(&device, &batches, a.repeat, |b| {
         let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
@@ -546,7 +572,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
     let mut out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"),
-        "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, variable-length attention" },
+        "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else if a.unfused || !crate::gpu::fused_encoder::applies(&packed_model.encoder, &Tensor::zeros((1, hidden), dtype, &device)?) { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, candle ops" } else { "scfoundry PackedBert, packed cells, fused encoder (gpu/fused_encoder.rs)" },
         "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,

@@ -525,14 +525,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let dev = TaskDevice::start(spec)?;
     let dict = geneformer::Dictionaries::find(&model_dir)?;
     let mut notes = Vec::new();
-    let dtype = match spec.params.get("precision").and_then(Value::as_str) {
-        Some("bf16") if dev.device.is_cuda() => candle_core::DType::BF16,
-        Some("bf16") => {
-            notes.push("--precision bf16 applies on a GPU; this CPU run used float32".to_string());
-            candle_core::DType::F32
-        }
-        _ => candle_core::DType::F32,
-    };
+    let dtype = precision(spec, &dev.device, &mut notes);
     let model = Geneformer::load_dtype(&model_dir, dict, emb_layer, emb_mode, dev.device.clone(), dtype).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
@@ -643,6 +636,18 @@ pub fn scgpt_gene_names(ad: &AnnData, gene_col: &str) -> Result<Vec<Option<Strin
     })
 }
 
+/// `--precision`: bf16 on a GPU, float32 otherwise (a CPU run asked for bf16 says so in a note).
+pub(crate) fn precision(spec: &TaskSpec, device: &candle_core::Device, notes: &mut Vec<String>) -> candle_core::DType {
+    match spec.params.get("precision").and_then(Value::as_str) {
+        Some("bf16") if device.is_cuda() => candle_core::DType::BF16,
+        Some("bf16") => {
+            notes.push("--precision bf16 applies on a GPU; this CPU run used float32".to_string());
+            candle_core::DType::F32
+        }
+        _ => candle_core::DType::F32,
+    }
+}
+
 fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::scgpt::{self, Model};
     let rep = reporter(!spec.progress);
@@ -657,7 +662,8 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let gene_col = spec.params.get("gene_col").and_then(Value::as_str).unwrap_or("index").to_string();
     let model_dir = scgpt::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
-    let model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    model.set_precision(precision(spec, &dev.device, &mut notes))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
     let names = scgpt_gene_names(&ad, &gene_col)?;
@@ -695,7 +701,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         // longest first, halving the batch on CUDA out-of-memory; rows back in input order
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed_padded(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed_batch(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
@@ -720,6 +726,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("gene_col".into(), json!(gene_col));
     params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("genes_matched".into(), json!(matched));
     params.insert("n_bins".into(), json!(model.args.n_bins));
     params.insert("input_emb_style".into(), json!(model.args.input_emb_style));

@@ -7,6 +7,8 @@
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
 //! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
+//! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
+//!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -20,6 +22,7 @@ pub mod backoff;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod options;
+pub mod fused_encoder;
 pub mod varlen_attention;
 
 use std::path::Path;

@@ -77,13 +77,33 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::launch as launch_fused;
+
+#[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CpuStorage, CudaStorage, Layout, Result, Shape};
+    use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
+
+    /// The kernel over `qkv` (`tokens x 3 d`, bf16) into `out` (`tokens x d`): every row of a cell
+    /// with tokens is written. `longest` is the longest cell's token count.
+    pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
+        let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
+        let cfg = LaunchConfig { grid_dim: (longest.div_ceil(64) as u32, heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let heads = heads as i32;
+        let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
+        let mut b = func.builder();
+        b.arg(qkv);
+        b.arg(out);
+        b.arg(offsets);
+        b.arg(&heads);
+        b.arg(&scale_log2);
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
 
     pub struct VarlenAttention {
         pub heads: usize,
@@ -112,19 +132,9 @@ mod cuda {
             }
             let q = qkv.as_cuda_slice::<half::bf16>()?.slice(q_start..q_end);
             let offsets = cu.as_cuda_slice::<u32>()?.slice(c_start..c_end);
-            let out = dev.alloc_zeros::<half::bf16>(tokens * d)?;
+            let mut out = dev.alloc_zeros::<half::bf16>(tokens * d)?;
             if cells > 0 && self.longest > 0 {
-                let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
-                let cfg = LaunchConfig { grid_dim: (self.longest.div_ceil(64) as u32, self.heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-                let heads = self.heads as i32;
-                let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
-                let mut b = func.builder();
-                b.arg(&q);
-                b.arg(&out);
-                b.arg(&offsets);
-                b.arg(&heads);
-                b.arg(&scale_log2);
-                unsafe { b.launch(cfg) }.w()?;
+                launch(&dev, &q, &mut out, &offsets, self.heads, self.longest, cells)?;
             }
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((tokens, d))))
         }

@@ -3,6 +3,7 @@
 
 pub mod bert;
 pub mod packed_bert;
+pub mod post_norm;
 pub mod c2s;
 pub mod cellama;
 pub mod cls_encoder;

@@ -14,25 +14,15 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
-use crate::gpu::varlen_attention::varlen_attention;
-
-struct Layer {
-    qkv: Linear,
-    attn_out: Linear,
-    attn_norm: LayerNorm,
-    inter: Linear,
-    out: Linear,
-    out_norm: LayerNorm,
-}
+use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
 
 pub struct PackedBert {
     word: Embedding,
     position: Embedding,
     token_type: Tensor,
     emb_norm: LayerNorm,
-    layers: Vec<Layer>,
-    heads: usize,
-    act: HiddenAct,
+    /// the encoder layers (on a GPU in bf16, `gpu::fused_encoder`)
+    pub encoder: PostNormStack,
     max_positions: usize,
 }
 
@@ -92,16 +82,22 @@ impl PackedBert {
             let (q, k, v) = (s.pp("query"), s.pp("key"), s.pp("value"));
             let w = Tensor::cat(&[q.get((d, d), "weight")?, k.get((d, d), "weight")?, v.get((d, d), "weight")?], 0)?;
             let b = Tensor::cat(&[q.get(d, "bias")?, k.get(d, "bias")?, v.get(d, "bias")?], 0)?;
-            layers.push(Layer {
+            layers.push(PostNormLayer {
                 qkv: Linear::new(w, Some(b)),
-                attn_out: candle_nn::linear(d, d, a.pp("output.dense"))?,
-                attn_norm: candle_nn::layer_norm(d, cfg.layer_norm_eps, a.pp("output.LayerNorm"))?,
-                inter: candle_nn::linear(d, f, l.pp("intermediate.dense"))?,
-                out: candle_nn::linear(f, d, l.pp("output.dense"))?,
-                out_norm: candle_nn::layer_norm(d, cfg.layer_norm_eps, l.pp("output.LayerNorm"))?,
+                out: candle_nn::linear(d, d, a.pp("output.dense"))?,
+                norm1: candle_nn::layer_norm(d, cfg.layer_norm_eps, a.pp("output.LayerNorm"))?,
+                ff1: candle_nn::linear(d, f, l.pp("intermediate.dense"))?,
+                ff2: candle_nn::linear(f, d, l.pp("output.dense"))?,
+                norm2: candle_nn::layer_norm(d, cfg.layer_norm_eps, l.pp("output.LayerNorm"))?,
             });
         }
-        Ok(PackedBert { word, position, token_type, emb_norm, layers, heads: cfg.num_attention_heads, act: cfg.hidden_act, max_positions: cfg.max_position_embeddings })
+        let act = match cfg.hidden_act {
+            HiddenAct::Gelu => Act::GeluErf,
+            HiddenAct::GeluApproximate => Act::GeluTanh,
+            HiddenAct::Relu => Act::Relu,
+        };
+        let encoder = PostNormStack::new(layers, cfg.num_attention_heads, cfg.layer_norm_eps, act);
+        Ok(PackedBert { word, position, token_type, emb_norm, encoder, max_positions: cfg.max_position_embeddings })
     }
 
     /// Hidden states of the last layer, `tokens x hidden`, for the packed cells.
@@ -113,19 +109,7 @@ impl PackedBert {
         let ids = Tensor::new(p.ids.as_slice(), dev)?;
         let pos = Tensor::new(p.positions.as_slice(), dev)?;
         let x = (self.word.forward(&ids)? + self.position.forward(&pos)?)?.broadcast_add(&self.token_type)?;
-        let mut x = self.emb_norm.forward(&x)?;
-        for l in &self.layers {
-            let a = varlen_attention(&l.qkv.forward(&x)?, &p.cu, self.heads)?;
-            x = l.attn_norm.forward(&(l.attn_out.forward(&a)? + &x)?)?;
-            let h = l.inter.forward(&x)?;
-            let h = match self.act {
-                HiddenAct::Gelu => h.gelu_erf()?,
-                HiddenAct::GeluApproximate => h.gelu()?,
-                HiddenAct::Relu => h.relu()?,
-            };
-            x = l.out_norm.forward(&(l.out.forward(&h)? + &x)?)?;
-        }
-        Ok(x)
+        self.encoder.forward(&self.emb_norm.forward(&x)?, &p.cu)
     }
 
     /// The mean over each cell's tokens `lo..len - hi` of `hidden` (`tokens x hidden`), as f32

@@ -44,6 +44,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
 
 /// The weights entries embedding reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-human-vocab", "scgpt-whole-human-args"];
@@ -507,13 +508,15 @@ impl EncoderLayer {
         norm(&self.norm2, &(x + h)?)
     }
 
-    /// The same layer over packed cells: `x` is (tokens, d), cell c owns rows `cu[c]..cu[c + 1]`
-    /// and attends to them only (`gpu::varlen_attention`: in_proj's rows are already q | k | v).
-    fn forward_packed(&self, x: &Tensor, cu: &[u32]) -> candle_core::Result<Tensor> {
-        let a = crate::gpu::varlen_attention::varlen_attention(&self.attn.in_proj.forward(x)?, cu, self.attn.heads)?;
-        let x = self.norm1.forward(&(x + self.attn.out_proj.forward(&a)?)?)?;
-        let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
-        self.norm2.forward(&(x + h)?)
+    /// The same layer for packed cells (in_proj's rows are already q | k | v), its weights in
+    /// `dtype`.
+    fn post_norm(&self, dtype: DType) -> candle_core::Result<PostNormLayer> {
+        let lin = |l: &Linear| -> candle_core::Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
+        let norm = |n: &LayerNorm| -> candle_core::Result<LayerNorm> {
+            let b = n.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
+            Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, 1e-5))
+        };
+        Ok(PostNormLayer { qkv: lin(&self.attn.in_proj)?, out: lin(&self.attn.out_proj)?, norm1: norm(&self.norm1)?, ff1: lin(&self.linear1)?, ff2: lin(&self.linear2)?, norm2: norm(&self.norm2)? })
     }
 }
 
@@ -540,6 +543,9 @@ pub struct Model {
     pub unused_keys: Vec<String>,
     /// The first layer being fine-tuned (run with differentiable kernels); usize::MAX for none.
     first_trained: usize,
+    /// The layers as packed inference runs them (`methods::post_norm`), in `set_precision`'s
+    /// dtype (float32 unless asked).
+    packed: PostNormStack,
 }
 
 /// The checkpoint files of a scGPT folder.
@@ -652,7 +658,20 @@ impl Model {
         let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
         let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
-        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained })
+        let packed = packed_stack(&layers, args.nheads, DType::F32).map_err(|e| bad(e.to_string()))?;
+        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained, packed })
+    }
+
+    /// Run the packed encoder layers in `dtype` (bf16 on a GPU takes `gpu::fused_encoder`); the
+    /// input encoding and the `<cls>` read-out stay float32. Upstream embeds under fp16 autocast.
+    pub fn set_precision(&mut self, dtype: DType) -> Result<()> {
+        self.packed = packed_stack(&self.layers, self.args.nheads, dtype).map_err(model_err("converting the encoder layers"))?;
+        Ok(())
+    }
+
+    /// The dtype the packed encoder layers run in.
+    pub fn precision(&self) -> DType {
+        self.packed.layers.first().map(|l| l.ff1.weight().dtype()).unwrap_or(DType::F32)
     }
 
     pub fn dim(&self) -> usize {
@@ -752,13 +771,21 @@ impl Model {
         let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
         let ids = Tensor::new(p.ids.as_slice(), &self.device).and_then(|t| t.unsqueeze(0)).map_err(&ctx)?;
         let vals = Tensor::from_vec(vals, (1, t), &self.device).map_err(&ctx)?;
-        let mut h = self.encode_input(&ids, &vals)?.squeeze(0).map_err(&ctx)?;
-        for layer in &self.layers {
-            h = layer.forward_packed(&h, &p.cu).map_err(&ctx)?;
-        }
-        let cls = p.first_rows(&h).map_err(&ctx)?;
+        let x = self.encode_input(&ids, &vals)?.squeeze(0).and_then(|x| x.to_dtype(self.precision())).map_err(&ctx)?;
+        let h = self.packed.forward(&x, &p.cu).map_err(&ctx)?;
+        let cls = p.first_rows(&h).and_then(|c| c.to_dtype(DType::F32)).map_err(&ctx)?;
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
         cls.broadcast_div(&norm).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+    }
+
+    /// One batch's L2-normalised `<cls>` outputs: packed for inference, padded (differentiable)
+    /// when layers are being fine-tuned.
+    pub fn embed_batch(&self, cells: &[&Cell]) -> Result<Vec<f32>> {
+        if self.first_trained == usize::MAX {
+            self.embed_packed(cells)
+        } else {
+            self.embed_padded(cells)
+        }
     }
 
     /// Embed cells in batches of `batch_size`, longest first so that each batch pads little;
@@ -770,7 +797,7 @@ impl Model {
         let mut out = vec![0f32; cells.len() * d];
         for batch in order.chunks(batch_size.max(1)) {
             let refs: Vec<&Cell> = batch.iter().map(|&i| &cells[i]).collect();
-            let rows = if self.first_trained == usize::MAX { self.embed_packed(&refs)? } else { self.embed_padded(&refs)? };
+            let rows = self.embed_batch(&refs)?;
             for (k, &i) in batch.iter().enumerate() {
                 out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
             }
@@ -778,6 +805,10 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+fn packed_stack(layers: &[EncoderLayer], heads: usize, dtype: DType) -> candle_core::Result<PostNormStack> {
+    Ok(PostNormStack::new(layers.iter().map(|l| l.post_norm(dtype)).collect::<candle_core::Result<Vec<_>>>()?, heads, 1e-5, Act::Relu))
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {

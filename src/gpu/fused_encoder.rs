@@ -1,0 +1,282 @@
+//! A stack of post-norm encoder layers (`methods::post_norm`) in bf16 on a GPU in as few passes
+//! over memory as we know how to write, for packed cells:
+//!
+//! | step | how | kernels |
+//! |---|---|---|
+//! | `qkv = x Wqkv^T + b` | cuBLASLt, bias in the epilogue | 1 |
+//! | attention | `kernels/varlen_attention.cu` | 1 |
+//! | `x = x + a Wo^T + b` | cuBLASLt, bias in the epilogue, `x` as C with beta 1, in place | 1 |
+//! | `x = norm1(x)` | `kernels/encoder_ops.cu` `layer_norm_bf16`, in place | 1 |
+//! | `h = act(x W1^T + b)` | cuBLASLt with the bias (and ReLU) epilogue; GELU in place | 1-2 |
+//! | `x = norm2(x + h W2^T + b)` | as the output projection and norm1 | 2 |
+//!
+//! candle's ops on the same stack take 14 kernels a layer and allocate a new tensor for each; here
+//! three work buffers (QKV, attention output, feed-forward) are allocated once per call and reused
+//! by every layer. Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
+
+use candle_core::{DType, Result, Tensor};
+
+use crate::methods::post_norm::PostNormStack;
+
+/// Whether `forward` takes this input: a CUDA build, `x` (`tokens x d`) in bf16 on a GPU, heads
+/// 64 wide (the attention kernel's), d and the feed-forward width multiples of 8 (16-byte rows)
+/// and d at most 2048 (the layer-norm kernel's rows).
+pub fn applies(stack: &PostNormStack, x: &Tensor) -> bool {
+    let Ok((_, d)) = x.dims2() else { return false };
+    let ffn = stack.layers.first().and_then(|l| l.ff1.weight().dims2().ok()).map(|s| s.0).unwrap_or(0);
+    cfg!(feature = "cuda")
+        && x.device().is_cuda()
+        && x.dtype() == DType::BF16
+        && stack.heads > 0
+        && d == stack.heads * 64
+        && d <= 2048
+        && ffn % 8 == 0
+        && ffn > 0
+        && stack.layers.iter().all(|l| l.ff1.weight().dtype() == DType::BF16)
+}
+
+/// The stack over packed cells `x` (`tokens x d`, bf16, on a GPU; `applies` says when).
+pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
+    if !applies(stack, x) {
+        candle_core::bail!("the fused encoder takes bf16 on a GPU with 64-wide heads (use PostNormStack::forward)");
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let offsets = Tensor::new(cu, x.device())?;
+        let longest = cu.windows(2).map(|w| w[1].saturating_sub(w[0]) as usize).max().unwrap_or(0);
+        x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: None })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = cu;
+        unreachable!("applies() is false without the cuda feature")
+    }
+}
+
+/// Seconds each step of the first layer takes on `x` (each step run `repeat` times between device
+/// synchronisations, the median kept): what a layer's time divides into. For `__bench-encoder
+/// --profile`.
+pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> Result<Vec<(&'static str, f64)>> {
+    if !applies(stack, x) {
+        candle_core::bail!("profiling needs the fused path (bf16 on a GPU with 64-wide heads)");
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let offsets = Tensor::new(cu, x.device())?;
+        let longest = cu.windows(2).map(|w| w[1].saturating_sub(w[0]) as usize).max().unwrap_or(0);
+        let times = std::sync::Mutex::new(Vec::new());
+        x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: Some((repeat.max(1), &times)) })?;
+        Ok(times.into_inner().expect("not poisoned"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (cu, repeat);
+        unreachable!("applies() is false without the cuda feature")
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
+    use half::bf16;
+
+    use crate::methods::post_norm::{Act, PostNormStack};
+
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
+    const MODULE: &str = "scfoundry_encoder_ops";
+
+    pub struct Fused<'a> {
+        pub stack: &'a PostNormStack,
+        pub longest: usize,
+        /// (repeat, where to put the step times): time layer 0's steps instead of running
+        pub profile: Option<(usize, &'a Mutex<Vec<(&'static str, f64)>>)>,
+    }
+
+    /// One cuBLASLt handle (and its 32 MiB workspace) per stream, made on first use.
+    fn blas_lt(stream: &Arc<CudaStream>) -> Result<Arc<CudaBlasLT>> {
+        static HANDLES: OnceLock<Mutex<Vec<(usize, Arc<CudaBlasLT>)>>> = OnceLock::new();
+        let key = stream.cu_stream() as usize;
+        let mut list = HANDLES.get_or_init(Default::default).lock().expect("not poisoned");
+        if let Some((_, h)) = list.iter().find(|(k, _)| *k == key) {
+            return Ok(h.clone());
+        }
+        let h = Arc::new(CudaBlasLT::new(stream.clone()).map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: {e:?}")))?);
+        list.push((key, h.clone()));
+        Ok(h)
+    }
+
+    /// A tensor's bf16 elements on the GPU, with the read guard that keeps them there.
+    struct Held<'t> {
+        guard: candle_core::StorageRef<'t>,
+        start: usize,
+        len: usize,
+    }
+
+    impl<'t> Held<'t> {
+        fn new(t: &'t Tensor) -> Result<Held<'t>> {
+            let (guard, layout) = t.storage_and_layout();
+            let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("fused encoder: a weight is not contiguous") };
+            Ok(Held { guard, start, len: end - start })
+        }
+
+        fn view(&self) -> Result<CudaView<'_, bf16>> {
+            match &*self.guard {
+                Storage::Cuda(s) => Ok(s.as_cuda_slice::<bf16>()?.slice(self.start..self.start + self.len)),
+                _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
+            }
+        }
+    }
+
+    /// `out = x W^T + b (+ out when accumulate)`, row-major `x` (`tokens x k`), `W` (`n x k`),
+    /// `out` (`tokens x n`); with `relu`, ReLU after the bias. Column-major to cuBLASLt:
+    /// out^T (n x tokens) = W (transposed, k x n stored) times x^T (k x tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn linear(lt: &CudaBlasLT, x: &CudaView<bf16>, tokens: usize, k: usize, w: &CudaView<bf16>, b: &CudaView<bf16>, n: usize, out: &mut CudaSlice<bf16>, accumulate: bool, relu: bool) -> Result<()> {
+        let cfg = MatmulConfig {
+            transa: true,
+            transb: false,
+            transc: false,
+            m: n as u64,
+            n: tokens as u64,
+            k: k as u64,
+            alpha: 1.0,
+            lda: k as i64,
+            ldb: k as i64,
+            beta: if accumulate { 1.0 } else { 0.0 },
+            ldc: n as i64,
+            stride_a: None,
+            stride_b: None,
+            stride_c: None,
+            stride_bias: None,
+            batch_size: None,
+        };
+        let act = relu.then_some(Activation::Relu);
+        unsafe { lt.matmul(cfg, w, x, out, Some(b), act.as_ref()) }.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt matmul ({tokens} x {k} by {n} x {k}): {e:?}")))
+    }
+
+    fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
+        let func = dev.get_or_load_custom_func("layer_norm_bf16", MODULE, PTX)?;
+        let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (rows, d) = (rows as i32, d as i32);
+        let mut l = func.builder();
+        l.arg(x);
+        l.arg(w);
+        l.arg(b);
+        l.arg(&rows);
+        l.arg(&d);
+        l.arg(&eps);
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    fn gelu(dev: &CudaDevice, x: &mut CudaSlice<bf16>, n: usize, erf: bool) -> Result<()> {
+        let func = dev.get_or_load_custom_func(if erf { "gelu_erf_bf16" } else { "gelu_tanh_bf16" }, MODULE, PTX)?;
+        let packs = (n / 8) as u64;
+        let cfg = LaunchConfig { grid_dim: ((packs as usize).div_ceil(256).clamp(1, 132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut l = func.builder();
+        l.arg(x);
+        l.arg(&packs);
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    impl candle_core::CustomOp2 for Fused<'_> {
+        fn name(&self) -> &'static str {
+            "fused-post-norm-encoder"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            candle_core::bail!("fused-post-norm-encoder is for CUDA; the CPU runs PostNormStack::forward_unfused")
+        }
+
+        fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, cs: &CudaStorage, cl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = xs.device().clone();
+            let stream = dev.cuda_stream();
+            let lt = blas_lt(&stream)?;
+            let (t, d) = xl.shape().dims2()?;
+            let (Some((x0, x1)), Some((c0, c1))) = (xl.contiguous_offsets(), cl.contiguous_offsets()) else {
+                candle_core::bail!("fused encoder: inputs must be contiguous");
+            };
+            let cells = (c1 - c0).saturating_sub(1);
+            let offsets = cs.as_cuda_slice::<u32>()?.slice(c0..c1);
+            let s = self.stack;
+            let f = s.layers.first().map(|l| l.ff1.weight().dims2()).transpose()?.map(|x| x.0).unwrap_or(0);
+            let eps = s.eps as f32;
+            // the hidden state, updated in place layer after layer, and the three work buffers
+            let mut h = unsafe { dev.alloc::<bf16>(t * d)? };
+            dev.memcpy_dtod(&xs.as_cuda_slice::<bf16>()?.slice(x0..x1), &mut h)?;
+            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
+            let mut att = dev.alloc_zeros::<bf16>(t * d)?;
+            let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
+            let mut times: Vec<(&'static str, f64)> = Vec::new();
+            for l in &s.layers {
+                let bias = |lin: &candle_nn::Linear| lin.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a linear layer without bias".into()));
+                let (qb, ob, b1, b2) = (bias(&l.qkv)?, bias(&l.out)?, bias(&l.ff1)?, bias(&l.ff2)?);
+                let n1b = l.norm1.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))?;
+                let n2b = l.norm2.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))?;
+                let (wq, bq, wo, bo, w1, bb1, w2, bb2) = (Held::new(l.qkv.weight())?, Held::new(&qb)?, Held::new(l.out.weight())?, Held::new(&ob)?, Held::new(l.ff1.weight())?, Held::new(&b1)?, Held::new(l.ff2.weight())?, Held::new(&b2)?);
+                let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(&n1b)?, Held::new(l.norm2.weight())?, Held::new(&n2b)?);
+                let mut steps: Vec<(&'static str, Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + '_>)> = vec![
+                    ("qkv_gemm", Box::new(|h, qkv, _, _| linear(&lt, &h.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false))),
+                    (
+                        "attention",
+                        Box::new(|_, qkv, att, _| {
+                            if cells > 0 && self.longest > 0 {
+                                crate::gpu::varlen_attention::launch_fused(&dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells)?;
+                            }
+                            Ok(())
+                        }),
+                    ),
+                    ("out_gemm_residual", Box::new(|h, _, att, _| linear(&lt, &att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false))),
+                    ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n1w.view()?, &n1b.view()?, t, d, eps))),
+                    ("ffn1_gemm", Box::new(|h, _, _, ff| linear(&lt, &h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu))),
+                    (
+                        "activation",
+                        Box::new(|_, _, _, ff| match s.act {
+                            Act::Relu => Ok(()),
+                            Act::GeluErf => gelu(&dev, ff, t * f, true),
+                            Act::GeluTanh => gelu(&dev, ff, t * f, false),
+                        }),
+                    ),
+                    ("ffn2_gemm_residual", Box::new(|h, _, _, ff| linear(&lt, &ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false))),
+                    ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n2w.view()?, &n2b.view()?, t, d, eps))),
+                ];
+                match self.profile {
+                    None => {
+                        for (_, step) in steps.iter_mut() {
+                            step(&mut h, &mut qkv, &mut att, &mut ff)?;
+                        }
+                    }
+                    Some((repeat, _)) => {
+                        // each step alone, repeated on the same buffers (the residual steps
+                        // accumulate into h, which changes values but not the work)
+                        for (name, step) in steps.iter_mut() {
+                            step(&mut h, &mut qkv, &mut att, &mut ff)?;
+                            let mut runs = Vec::with_capacity(repeat);
+                            for _ in 0..repeat {
+                                stream.synchronize().w()?;
+                                let start = std::time::Instant::now();
+                                step(&mut h, &mut qkv, &mut att, &mut ff)?;
+                                stream.synchronize().w()?;
+                                runs.push(start.elapsed().as_secs_f64());
+                            }
+                            runs.sort_by(f64::total_cmp);
+                            times.push((name, runs[runs.len() / 2]));
+                        }
+                        break;
+                    }
+                }
+            }
+            if let Some((_, out)) = self.profile {
+                *out.lock().expect("not poisoned") = times;
+            }
+            Ok((CudaStorage::wrap_cuda_slice(h, dev), Shape::from((t, d))))
+        }
+    }
+}

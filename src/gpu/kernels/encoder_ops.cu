@@ -1,0 +1,107 @@
+// The element-wise steps of a post-norm transformer encoder layer in bf16, each one pass over
+// memory and in place (src/gpu/fused_encoder.rs runs them between cuBLASLt matrix products,
+// whose epilogues already add the biases and the residuals):
+//   layer_norm_bf16   x <- (x - mean) / sqrt(var + eps) * w + b over each row of d values
+//                     (biased variance, as torch.nn.LayerNorm), f32 arithmetic;
+//   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
+//   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
+
+#include <cuda_bf16.h>
+
+// 8 bf16 values in one 16-byte load
+struct __align__(16) Pack8 {
+    __nv_bfloat162 h[4];
+};
+
+// At most 8 packs of 8 per lane: rows of up to 32 x 8 x 8 = 2048 values.
+#define MAX_PACKS 8
+
+// One warp a row; d a multiple of 8 and at most 2048 (fused_encoder.rs checks).
+extern "C" __global__ void layer_norm_bf16(__nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
+                                           const __nv_bfloat16 *__restrict__ b, const int rows, const int d,
+                                           const float eps) {
+    const int warps = blockDim.x / 32;
+    const int row = blockIdx.x * warps + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    Pack8 *xr = reinterpret_cast<Pack8 *>(x + (size_t)row * d);
+    const Pack8 *wr = reinterpret_cast<const Pack8 *>(w);
+    const Pack8 *br = reinterpret_cast<const Pack8 *>(b);
+    const int packs = d / 8;
+    float v[MAX_PACKS][8];
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAX_PACKS; j++) {
+        const int p = lane + 32 * j;
+        if (p < packs) {
+            Pack8 t = xr[p];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __bfloat1622float2(t.h[k]);
+                v[j][2 * k] = f.x;
+                v[j][2 * k + 1] = f.y;
+                sum += f.x + f.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float mean = sum / d;
+    float sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAX_PACKS; j++) {
+        if (lane + 32 * j < packs) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float c = v[j][k] - mean;
+                sq += c * c;
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    const float inv = rsqrtf(sq / d + eps);
+#pragma unroll
+    for (int j = 0; j < MAX_PACKS; j++) {
+        const int p = lane + 32 * j;
+        if (p < packs) {
+            const Pack8 ww = wr[p];
+            const Pack8 bb = br[p];
+            Pack8 o;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 fw = __bfloat1622float2(ww.h[k]);
+                const float2 fb = __bfloat1622float2(bb.h[k]);
+                o.h[k] = __floats2bfloat162_rn((v[j][2 * k] - mean) * inv * fw.x + fb.x, (v[j][2 * k + 1] - mean) * inv * fw.y + fb.y);
+            }
+            xr[p] = o;
+        }
+    }
+}
+
+__device__ __forceinline__ float gelu_erf(float v) { return 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+}
+
+template <bool ERF>
+__device__ __forceinline__ void gelu_packs(Pack8 *x, const size_t packs) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < packs; i += (size_t)gridDim.x * blockDim.x) {
+        Pack8 t = x[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __bfloat1622float2(t.h[k]);
+            t.h[k] = ERF ? __floats2bfloat162_rn(gelu_erf(f.x), gelu_erf(f.y)) : __floats2bfloat162_rn(gelu_tanh(f.x), gelu_tanh(f.y));
+        }
+        x[i] = t;
+    }
+}
+
+// n / 8 packs of 8 values (n a multiple of 8; the buffer 16-byte aligned)
+extern "C" __global__ void gelu_erf_bf16(__nv_bfloat16 *__restrict__ x, const unsigned long long packs) {
+    gelu_packs<true>(reinterpret_cast<Pack8 *>(x), packs);
+}
+
+extern "C" __global__ void gelu_tanh_bf16(__nv_bfloat16 *__restrict__ x, const unsigned long long packs) {
+    gelu_packs<false>(reinterpret_cast<Pack8 *>(x), packs);
+}
