@@ -161,7 +161,9 @@ mod cuda {
     }
 
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
-        let func = dev.get_or_load_custom_func("layer_norm_bf16", MODULE, PTX)?;
+        const NAMES: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
+        // packs of 8 values a lane hold the row: the instance with just enough of them
+        let func = dev.get_or_load_custom_func(NAMES[d.div_ceil(256).clamp(1, 8) - 1], MODULE, PTX)?;
         let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (rows, d) = (rows as i32, d as i32);
         let mut l = func.builder();

@@ -1,9 +1,9 @@
 // Variable-length (packed) softmax attention for encoders, bf16 in and out, f32 softmax and
 // accumulation, head dimension 64, no mask inside a sequence (what BERT-style encoders need once
-// padding is gone). The algorithm is FlashAttention's online softmax (Dao et al., "FlashAttention:
-// Fast and Memory-Efficient Exact Attention with IO-Awareness", NeurIPS 2022; FlashAttention-2,
-// arXiv:2307.08691): tiles of 64 keys stream through shared memory, each query row keeps its
-// running max and sum, and the batch x heads x s x s score tensor is never written.
+// padding is gone). The algorithm is FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention
+// with Better Parallelism and Work Partitioning", arXiv:2307.08691): tiles of 64 keys stream
+// through shared memory, each query row keeps its running max and sum, and the
+// batch x heads x s x s score tensor is never written.
 //
 // Layout (src/gpu/varlen_attention.rs builds it):
 //   qkv  (tokens, 3 * heads * 64): each row is [q heads | k heads | v heads], the output of one
@@ -11,170 +11,212 @@
 //   cu   (cells + 1): cell c owns tokens cu[c] .. cu[c + 1];
 //   out  (tokens, heads * 64).
 // Grid: (ceil(longest / 64), heads, cells); a block of 4 warps takes 64 query rows of one head of
-// one cell, each warp 16 rows. Matrix products run on tensor cores through WMMA (16 x 16 x 16);
-// the output accumulates in registers, rescaled row by row through a map of the accumulator
-// fragment's rows (WMMA does not document its layout, so the kernel measures it at start).
-// Shared tiles have padded rows and the softmax reads them rotated by lane, so the 32 lanes of a
-// warp hit 32 different banks (the first version, without this, ran 2.5x slower end to end).
+// one cell, each warp 16 rows.
+//
+// Version 4 (v3, WMMA with scores and probabilities through shared memory, ran at 65-70 TFLOP/s
+// on the H200): the matrix products are PTX `mma.sync.m16n8k16` on fragments loaded with
+// `ldmatrix`, the scores stay in registers and become the probability operand of P V directly
+// (the accumulator layout of two 8-key tiles is the A-operand layout of one 16-key step), and the
+// next key/value tile is copied with `cp.async` while the current one is used (two buffers).
+// Shared rows are padded to 72 elements (144 bytes) so the 8 row addresses of an `ldmatrix`
+// fall on 8 different 16-byte bank groups.
 
 #include <cuda_bf16.h>
-#include <mma.h>
-
-using namespace nvcuda;
+#include <stdint.h>
 
 #define HD 64
-#define TILE 64
+#define BM 64  // query rows a block
+#define BN 64  // keys a tile
 #define WARPS 4
-// padded leading dimensions (in elements) so that rows of a shared tile start on different banks
-#define SLD 68  // f32 scores and output, per warp
-#define KLD 72  // bf16 key/value tiles, queries and probabilities
+#define LD 72  // padded shared row, in elements
 
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
-                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read)
+__device__ __forceinline__ void copy16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copy_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+__device__ __forceinline__ void ldsm4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c (16 x 8, f32) += a (16 x 16, bf16, row) * b (16 x 8, bf16, col)
+__device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     const int cell = blockIdx.z;
     const int head = blockIdx.y;
     const int start = cu[cell];
     const int len = cu[cell + 1] - start;
-    const int q0 = blockIdx.x * TILE;
+    const int q0 = blockIdx.x * BM;
     if (q0 >= len) return;
 
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
     const size_t row_stride = (size_t)3 * heads * HD;
-    const size_t out_stride = (size_t)heads * HD;
+    const __nv_bfloat16 *base = qkv + (size_t)start * row_stride + head * HD;  // q of the cell's first token
 
-    // per warp: 16 rows of scores (f32), reused for the final output; 16 rows of probabilities
-    // (bf16), first used for the query rows; the key and value tiles; each row's rescale factor
-    __shared__ __align__(32) float sbuf[WARPS][16 * SLD];
-    __shared__ __align__(32) __nv_bfloat16 pbuf[WARPS][16 * KLD];
-    __shared__ __align__(32) __nv_bfloat16 ks[TILE * KLD];
-    __shared__ __align__(32) __nv_bfloat16 vs[TILE * KLD];
-    __shared__ float alpha_s[WARPS][16];
+    __shared__ __align__(128) __nv_bfloat16 qs[BM * LD];
+    __shared__ __align__(128) __nv_bfloat16 ks[2][BN * LD];
+    __shared__ __align__(128) __nv_bfloat16 vs[2][BN * LD];
 
-    float *sw = sbuf[warp];
-    __nv_bfloat16 *pw = pbuf[warp];
-
-    // Which row of the 16 x 16 tile each element of an accumulator fragment holds: WMMA leaves
-    // the layout to the implementation, so load a tile whose values are their row numbers.
-    for (int i = lane; i < 16 * 16; i += 32) sw[(i / 16) * SLD + i % 16] = (float)(i / 16);
-    __syncwarp();
-    Acc rowmap;
-    wmma::load_matrix_sync(rowmap, sw, SLD, wmma::mem_row_major);
-    __syncwarp();
-
-    // this warp's 16 query rows (zeros past the cell) through shared memory into fragments
-    for (int i = lane; i < 16 * (HD / 8); i += 32) {
+    // the block's query rows, then the first key/value tile: one copy group
+    for (int i = tid; i < BM * (HD / 8); i += WARPS * 32) {
         const int r = i / (HD / 8), c = i % (HD / 8);
-        const int q = q0 + warp * 16 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (q < len) v = *reinterpret_cast<const uint4 *>(qkv + (size_t)(start + q) * row_stride + head * HD + c * 8);
-        *reinterpret_cast<uint4 *>(pw + r * KLD + c * 8) = v;
+        const bool ok = q0 + r < len;
+        copy16(qs + r * LD + c * 8, base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
     }
-    __syncwarp();
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[HD / 16];
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) wmma::load_matrix_sync(qf[kk], pw + kk * 16, KLD);
-
-    Acc of[HD / 16];
-#pragma unroll
-    for (int nt = 0; nt < HD / 16; ++nt) wmma::fill_fragment(of[nt], 0.f);
-    // two lanes a row: lane holds row r's columns h * 32 + ((j + lane) & 31), j < 32 (the
-    // rotation by lane keeps the 32 lanes on 32 different shared-memory banks), and the row's
-    // running max and sum
-    const int r = lane >> 1, h = lane & 1;
-    float m_r = -INFINITY, l_r = 0.f;
-
-    for (int k0 = 0; k0 < len; k0 += TILE) {
-        __syncthreads();  // every warp is done with the previous tiles
-        for (int i = threadIdx.x; i < TILE * (HD / 8); i += WARPS * 32) {
-            const int kr = i / (HD / 8), c = i % (HD / 8);
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (k0 + kr < len) {
-                const __nv_bfloat16 *row = qkv + (size_t)(start + k0 + kr) * row_stride + head * HD + c * 8;
-                kv = *reinterpret_cast<const uint4 *>(row + heads * HD);
-                vv = *reinterpret_cast<const uint4 *>(row + 2 * heads * HD);
-            }
-            *reinterpret_cast<uint4 *>(ks + kr * KLD + c * 8) = kv;
-            *reinterpret_cast<uint4 *>(vs + kr * KLD + c * 8) = vv;
+    auto load_kv = [&](int tile, int buf) {
+        const int k0 = tile * BN;
+        for (int i = tid; i < BN * (HD / 8); i += WARPS * 32) {
+            const int r = i / (HD / 8), c = i % (HD / 8);
+            const bool ok = k0 + r < len;
+            const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
+            copy16(ks[buf] + r * LD + c * 8, row + heads * HD, ok);
+            copy16(vs[buf] + r * LD + c * 8, row + 2 * heads * HD, ok);
         }
+    };
+    load_kv(0, 0);
+    copy_commit();
+
+    const int g = lane / 4;   // the fragment row (and row + 8) this lane holds
+    const int tig = lane % 4; // its column pair
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const int tiles = (len + BN - 1) / BN;
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) load_kv(t + 1, (t + 1) & 1);
+        copy_commit();
+        copy_wait_all_but_one();
         __syncthreads();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) ldsm4(qf[kk], qs + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+        }
+        const __nv_bfloat16 *kb = ks[t & 1];
+        const __nv_bfloat16 *vb = vs[t & 1];
 
-        // S = Q K^T for 16 rows x 64 keys
-        Acc sf[TILE / 16];
+        // S = Q K^T: 16 rows x 64 keys, eight 16 x 8 accumulators
+        float s[BN / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < TILE / 16; ++nt) wmma::fill_fragment(sf[nt], 0.f);
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
+        for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
-            for (int nt = 0; nt < TILE / 16; ++nt) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kf;
-                wmma::load_matrix_sync(kf, ks + nt * 16 * KLD + kk * 16, KLD);
-                wmma::mma_sync(sf[nt], qf[kk], kf, sf[nt]);
+            for (int j = 0; j < BN / 8; j += 2) {
+                uint32_t b[4];
+                ldsm4(b, kb + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma(s[j], qf[kk], b[0], b[1]);
+                mma(s[j + 1], qf[kk], b[2], b[3]);
             }
         }
+        // keys past the cell's end (the last tile only)
+        const int k0 = t * BN;
+        if (k0 + BN > len) {
 #pragma unroll
-        for (int nt = 0; nt < TILE / 16; ++nt) wmma::store_matrix_sync(sw + nt * 16, sf[nt], SLD, wmma::mem_row_major);
-        __syncwarp();
-
-        // online softmax of this tile: the row's max, then the probabilities and their sum
-        float mx = -INFINITY;
-#pragma unroll 4
-        for (int j = 0; j < 32; ++j) {
-            const int c = h * 32 + ((j + lane) & 31);
-            if (k0 + c < len) mx = fmaxf(mx, sw[r * SLD + c]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)) * scale_log2;
-        const float m_new = fmaxf(m_r, mx);
-        const float alpha = exp2f(m_r - m_new);
-        float sum = 0.f;
-#pragma unroll 4
-        for (int j = 0; j < 32; ++j) {
-            const int c = h * 32 + ((j + lane) & 31);
-            const float e = k0 + c < len ? exp2f(sw[r * SLD + c] * scale_log2 - m_new) : 0.f;
-            sum += e;
-            pw[r * KLD + c] = __float2bfloat16(e);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l_r = l_r * alpha + sum;
-        m_r = m_new;
-        if (h == 0) alpha_s[warp][r] = alpha;
-        __syncwarp();
-
-        // O = O * alpha (per row) + P V, the output kept in registers
-#pragma unroll
-        for (int nt = 0; nt < HD / 16; ++nt)
-#pragma unroll
-            for (int i = 0; i < of[nt].num_elements; ++i) of[nt].x[i] *= alpha_s[warp][(int)rowmap.x[i]];
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pf[TILE / 16];
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) wmma::load_matrix_sync(pf[kk], pw + kk * 16, KLD);
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < HD / 16; ++nt) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vf;
-                wmma::load_matrix_sync(vf, vs + kk * 16 * KLD + nt * 16, KLD);
-                wmma::mma_sync(of[nt], pf[kk], vf, of[nt]);
+            for (int j = 0; j < BN / 8; j++) {
+                const int c = k0 + j * 8 + tig * 2;
+                if (c >= len) s[j][0] = s[j][2] = -INFINITY;
+                if (c + 1 >= len) s[j][1] = s[j][3] = -INFINITY;
             }
         }
+        // online softmax, rows g and g + 8; the 4 lanes of a row group share a row
+        float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            x0 = fmaxf(x0, fmaxf(s[j][0], s[j][1]));
+            x1 = fmaxf(x1, fmaxf(s[j][2], s[j][3]));
+        }
+#pragma unroll
+        for (int w = 1; w < 4; w <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, w));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, w));
+        }
+        const float n0 = fmaxf(m0, x0 * scale_log2), n1 = fmaxf(m1, x1 * scale_log2);
+        const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            s[j][0] = exp2f(fmaf(s[j][0], scale_log2, -n0));
+            s[j][1] = exp2f(fmaf(s[j][1], scale_log2, -n0));
+            s[j][2] = exp2f(fmaf(s[j][2], scale_log2, -n1));
+            s[j][3] = exp2f(fmaf(s[j][3], scale_log2, -n1));
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * a0 + sum0;  // this lane's share of the row sums; the 4 lanes add up at the end
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            o[d][0] *= a0;
+            o[d][1] *= a0;
+            o[d][2] *= a1;
+            o[d][3] *= a1;
+        }
+        // O += P V: the probabilities of keys 16 ks .. 16 ks + 15 are the A operand
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t p[4] = {pack(s[2 * kk][0], s[2 * kk][1]), pack(s[2 * kk][2], s[2 * kk][3]), pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int d = 0; d < HD / 8; d += 2) {
+                uint32_t b[4];
+                ldsm4_t(b, vb + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + (d + lane / 16) * 8);
+                mma(o[d], p, b[0], b[1]);
+                mma(o[d + 1], p, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is filled again
     }
 
     // out = O / l
-    __syncwarp();
 #pragma unroll
-    for (int nt = 0; nt < HD / 16; ++nt) wmma::store_matrix_sync(sw + nt * 16, of[nt], SLD, wmma::mem_row_major);
-    __syncwarp();
-    const int q = q0 + warp * 16 + r;
-    if (q < len) {
-        const float inv = 1.f / l_r;
-        __nv_bfloat16 *dst = out + (size_t)(start + q) * out_stride + head * HD;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const int c = h * 32 + ((j + lane) & 31);
-            dst[c] = __float2bfloat16(sw[r * SLD + c] * inv);
-        }
+    for (int w = 1; w < 4; w <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, w);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, w);
     }
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    const size_t out_stride = (size_t)heads * HD;
+    const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+    __nv_bfloat16 *dst = out + (size_t)start * out_stride + head * HD + tig * 2;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        if (r0 < len) *reinterpret_cast<uint32_t *>(dst + (size_t)r0 * out_stride + d * 8) = pack(o[d][0] * i0, o[d][1] * i0);
+        if (r1 < len) *reinterpret_cast<uint32_t *>(dst + (size_t)r1 * out_stride + d * 8) = pack(o[d][2] * i1, o[d][3] * i1);
+    }
+}
+
+// 128 registers and 4 blocks an SM (24 bytes spilled); measured on the H200 against 149 registers
+// and 3 blocks (no spills): 1-5% faster at all four shapes of issue #5 (BENCHMARKS.md).
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 4)
+varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+    attention(qkv, out, cu, heads, scale_log2);
 }
