@@ -46,8 +46,10 @@
 //! Padding: upstream pads each batch to its longest sentence and passes the float mask
 //! `1 - mask` as `src_key_padding_mask`, which PyTorch adds to the attention scores (+1 at
 //! padding keys, not -inf), so a cell's embedding depends on the other cells of its batch. We
-//! mask padding keys with -inf: each cell's embedding is upstream's for that cell alone (a batch
-//! of one), whatever the batch size. scripts/uce_reference.py measures the difference.
+//! pack the sentences (their tokens end to end, each attending to its own tokens, no padding
+//! computed; `methods::post_norm`, on a GPU in bf16 through `gpu::fused_encoder`): each cell's
+//! embedding is upstream's for that cell alone (a batch of one), whatever the batch size.
+//! scripts/uce_reference.py measures the difference.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -56,6 +58,8 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::error::{Error, Result};
+use crate::methods::packed_bert::Packed;
+use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
 use crate::methods::scgpt::{cell_rng, Mt19937};
 
 /// The weights entries every run reads (weights.toml); the model entry depends on --nlayers.
@@ -68,8 +72,6 @@ pub const HUMAN_PE_FILE: &str = "protein_embeddings/Homo_sapiens.GRCh38.gene_sym
 pub const RELEASED_TOKENS: usize = 145_469;
 /// Items per SETITEMS batch in a pickled dict (pickle.py `_BATCHSIZE`).
 const PICKLE_BATCH: usize = 1000;
-/// Attention scores per forward chunk (floats), to bound memory at 1,000-token sentences.
-const MAX_SCORES: usize = 1 << 27;
 
 /// The weights entry of the model with `nlayers` layers.
 pub fn model_entry(nlayers: u64) -> Result<&'static str> {
@@ -422,58 +424,18 @@ pub fn sentence(genes: &[u32], counts: &[i64], map: &GeneMap, cfg: &Config, seed
 
 // ------------------------------------------------------------------------------------- model
 
-struct Attention {
-    in_proj: Linear,
-    out_proj: Linear,
-    heads: usize,
-    head_dim: usize,
-}
-
-impl Attention {
-    fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Attention> {
-        let w = vb.get((3 * d, d), "in_proj_weight")?;
-        let b = vb.get(3 * d, "in_proj_bias")?;
-        Ok(Attention { in_proj: Linear::new(w, Some(b)), out_proj: candle_nn::linear(d, d, vb.pp("out_proj"))?, heads, head_dim: d / heads })
-    }
-
-    /// x: (b, L, d); mask: (b, 1, 1, L), 0 or -inf at padding keys.
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, l, d) = x.dims3()?;
-        let qkv = self.in_proj.forward(x)?;
-        let split = |i: usize| qkv.narrow(2, i * d, d)?.reshape((b, l, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous();
-        let q = (split(0)? * (1.0 / (self.head_dim as f64).sqrt()))?;
-        let (k, v) = (split(1)?, split(2)?);
-        let scores = q.matmul(&k.t()?)?.broadcast_add(mask)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
-        self.out_proj.forward(&p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?)
-    }
-}
-
-/// nn.TransformerEncoderLayer(d_model, nhead, d_hid) defaults: post-norm, ReLU, eps 1e-5.
-struct EncoderLayer {
-    attn: Attention,
-    linear1: Linear,
-    linear2: Linear,
-    norm1: LayerNorm,
-    norm2: LayerNorm,
-}
-
-impl EncoderLayer {
-    fn new(d: usize, heads: usize, d_hid: usize, vb: VarBuilder) -> candle_core::Result<EncoderLayer> {
-        Ok(EncoderLayer {
-            attn: Attention::new(d, heads, vb.pp("self_attn"))?,
-            linear1: candle_nn::linear(d, d_hid, vb.pp("linear1"))?,
-            linear2: candle_nn::linear(d_hid, d, vb.pp("linear2"))?,
-            norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
-            norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm1.forward(&(x + self.attn.forward(x, mask)?)?)?;
-        let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
-        self.norm2.forward(&(x + h)?)
-    }
+/// One `nn.TransformerEncoderLayer(d_model, nhead, d_hid)` (post-norm, ReLU, eps 1e-5) as the
+/// packed stack runs it; `self_attn.in_proj_weight` rows are already q | k | v.
+fn encoder_layer(d: usize, d_hid: usize, vb: VarBuilder) -> candle_core::Result<PostNormLayer> {
+    let a = vb.pp("self_attn");
+    Ok(PostNormLayer {
+        qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
+        out: candle_nn::linear(d, d, a.pp("out_proj"))?,
+        norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
+        ff1: candle_nn::linear(d, d_hid, vb.pp("linear1"))?,
+        ff2: candle_nn::linear(d_hid, d, vb.pp("linear2"))?,
+        norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
+    })
 }
 
 /// The sizes read from a checkpoint.
@@ -498,10 +460,10 @@ pub struct Uce {
     pe: Tensor,
     enc_linear: Linear,
     enc_norm: LayerNorm,
-    layers: Vec<EncoderLayer>,
+    /// the transformer's layers over packed sentences (on a GPU in bf16, `gpu::fused_encoder`)
+    encoder: PostNormStack,
     decoder: Vec<(Linear, LayerNorm)>,
     dec_out: Linear,
-    dtype: DType,
     device: Device,
 }
 
@@ -575,7 +537,7 @@ impl Uce {
             let table = candle_nn::embedding(tokens, token_dim, vb.pp("pe_embedding"))?;
             let enc_linear = candle_nn::linear(token_dim, d_model, vb.pp("encoder.0"))?;
             let enc_norm = candle_nn::layer_norm(d_model, 1e-5, vb.pp("encoder.2"))?;
-            let layers = (0..nlayers).map(|i| EncoderLayer::new(d_model, cfg.nhead, d_hid, vb.pp(format!("transformer_encoder.layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let layers = (0..nlayers).map(|i| encoder_layer(d_model, d_hid, vb.pp(format!("transformer_encoder.layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
             let widths = [(d_model, decoder_hidden), (decoder_hidden, output_dim), (output_dim, output_dim)];
             let decoder = widths
                 .iter()
@@ -586,7 +548,8 @@ impl Uce {
             Ok((table, enc_linear, enc_norm, layers, decoder, dec_out))
         };
         let (table, enc_linear, enc_norm, layers, decoder, dec_out) = build().map_err(|e| bad(format!("is not a UCE TransformerModel state_dict: {e}")))?;
-        Ok(Uce { cfg, dims, path: path.into(), table, pe, enc_linear, enc_norm, layers, decoder, dec_out, dtype, device })
+        let encoder = PostNormStack::new(layers, cfg.nhead, 1e-5, Act::Relu);
+        Ok(Uce { cfg, dims, path: path.into(), table, pe, enc_linear, enc_norm, encoder, decoder, dec_out, device })
     }
 
     pub fn dim(&self) -> usize {
@@ -619,55 +582,30 @@ impl Uce {
         Ok(())
     }
 
-    /// The L2-normalised cell embeddings of sentences (each from CLS on, unpadded): n x output_dim.
-    pub fn embed_padded(&self, sentences: &[&[u32]]) -> Result<Vec<f32>> {
+    /// The L2-normalised cell embeddings of sentences (each from CLS on, unpadded): n x output_dim,
+    /// the sentences packed (see the module's note on padding).
+    pub fn embed(&self, sentences: &[&[u32]]) -> Result<Vec<f32>> {
         if sentences.is_empty() {
             return Ok(vec![]);
         }
         let ctx = model_err("running the UCE transformer");
-        let n = sentences.len();
-        let l = sentences.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
-        if l > self.pe.dims()[0] {
-            return Err(Error::Model { context: "running the UCE transformer".into(), detail: format!("a sentence of {l} tokens is longer than the positional table") });
+        let p = Packed::new(sentences);
+        let longest = sentences.iter().map(|s| s.len()).max().unwrap_or(0);
+        if longest > self.pe.dims()[0] {
+            return Err(Error::Model { context: "running the UCE transformer".into(), detail: format!("a sentence of {longest} tokens is longer than the positional table") });
         }
-        let mut ids = Vec::with_capacity(n * l);
-        let mut mask = Vec::with_capacity(n * l);
-        for s in sentences {
-            ids.extend_from_slice(s);
-            ids.extend(std::iter::repeat_n(self.cfg.pad_token_idx, l - s.len()));
-            mask.extend(std::iter::repeat_n(0f32, s.len()));
-            mask.extend(std::iter::repeat_n(f32::NEG_INFINITY, l - s.len()));
-        }
-        let ids = Tensor::from_vec(ids, (n, l), &self.device).map_err(&ctx)?;
-        let mask = Tensor::from_vec(mask, (n, 1, 1, l), &self.device).and_then(|m| m.to_dtype(self.dtype)).map_err(&ctx)?;
-        let x = (|| -> candle_core::Result<Tensor> {
+        (|| -> candle_core::Result<Vec<f32>> {
+            let ids = Tensor::new(p.ids.as_slice(), &self.device)?;
+            let pos = Tensor::new(p.positions.as_slice(), &self.device)?;
             // run_eval: lookup, then nn.functional.normalize(dim=2) (eps 1e-12)
             let t = self.table.forward(&ids)?;
             let norm = t.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
             let t = t.broadcast_div(&norm)?;
             let h = self.enc_norm.forward(&self.enc_linear.forward(&t)?.gelu_erf()?)?;
-            let h = (h * (self.dims.d_model as f64).sqrt())?;
-            h.broadcast_add(&self.pe.narrow(0, 0, l)?.unsqueeze(0)?)
-        })()
-        .map_err(&ctx)?;
-        let per_cell = self.cfg.nhead * l * l;
-        let chunk = (MAX_SCORES / per_cell.max(1)).max(1);
-        let mut cls = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let m = chunk.min(n - start);
-            let mut h = x.narrow(0, start, m).map_err(&ctx)?;
-            let mk = mask.narrow(0, start, m).map_err(&ctx)?;
-            for layer in &self.layers {
-                h = layer.forward(&h, &mk).map_err(&ctx)?;
-            }
-            // contiguous: CUDA's matmul takes no strided rows (the decoder's Linear would fail there)
-            cls.push(h.narrow(1, 0, 1).and_then(|t| t.squeeze(1)?.contiguous()).map_err(&ctx)?);
-            start += m;
-        }
-        (|| -> candle_core::Result<Vec<f32>> {
+            let h = ((h * (self.dims.d_model as f64).sqrt())? + self.pe.index_select(&pos, 0)?)?;
+            let h = self.encoder.forward(&h, &p.cu)?;
             // the decoder on the CLS position, then nn.functional.normalize(dim=1)
-            let mut h = Tensor::cat(&cls, 0)?;
+            let mut h = p.first_rows(&h)?;
             for (lin, norm) in &self.decoder {
                 h = norm.forward(&lin.forward(&h)?)?.gelu_erf()?;
             }

@@ -115,13 +115,13 @@ fn uce_embeddings_match_upstream_at_any_batch_size() {
     let refs: Vec<&[u32]> = sentences.iter().map(|s| s.as_slice()).collect();
     let mut rows = Vec::new();
     for batch in refs.chunks(7) {
-        rows.extend(model.embed_padded(batch).unwrap());
+        rows.extend(model.embed(batch).unwrap());
     }
     let err = max_rel_err(&rows, &f["embeddings"], dim);
     eprintln!("uce float32: largest relative error {err:.3e} over {} cells", refs.len());
     assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
-    // one cell alone gives the same row as in its batch of 7 (padding masked, unlike upstream)
-    let alone = model.embed_padded(&refs[3..4]).unwrap();
+    // one cell alone gives the same row as in its batch of 7 (cells packed, unlike upstream)
+    let alone = model.embed(&refs[3..4]).unwrap();
     let d: f32 = alone.iter().zip(&rows[3 * dim..4 * dim]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(d < 1e-5, "{d}");
     // upstream's own batches of 25 differ from cells alone: the fixture says by how much
@@ -134,7 +134,7 @@ fn uce_runs_in_bfloat16() {
     let (_, _, sentences) = ours(&f);
     let model = Uce::load_on(&dir().join("tiny.torch"), config(&f), DType::BF16, Device::Cpu).unwrap();
     let refs: Vec<&[u32]> = sentences.iter().take(4).map(|s| s.as_slice()).collect();
-    let rows = model.embed_padded(&refs).unwrap();
+    let rows = model.embed(&refs).unwrap();
     let dim = model.dim();
     let want = f["embeddings"].as_array().unwrap();
     for i in 0..4 {

@@ -60,7 +60,8 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     ));
 
     let dev = TaskDevice::start(spec)?;
-    let mut model = Uce::load_on(&model_path, cfg.clone(), candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let dtype = crate::commands::task::precision(spec, &dev.device, &mut notes);
+    let mut model = Uce::load_on(&model_path, cfg.clone(), dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     cfg.chrom_token_offset = model.chrom_offset(chroms.categories.len());
     model.cfg.chrom_token_offset = cfg.chrom_token_offset;
@@ -111,7 +112,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
             }
         }
         let order: Vec<usize> = (0..sentences.len()).collect();
-        let rows = batches.run(sentences.len(), dim, &order, 0.0, |idx| model.embed_padded(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run(sentences.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
@@ -136,6 +137,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("nlayers".into(), json!(model.dims.nlayers));
+    params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("species".into(), json!(cfg.species));
     params.insert("sample_size".into(), json!(cfg.sample_size));
     params.insert("pad_length".into(), json!(cfg.pad_length));
