@@ -92,7 +92,8 @@ mod cuda {
     /// with tokens is written. `longest` is the longest cell's token count.
     pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
         let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
-        let cfg = LaunchConfig { grid_dim: (longest.div_ceil(64) as u32, heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // a block takes 128 query rows of one head of one cell (kernels/varlen_attention.cu)
+        let cfg = LaunchConfig { grid_dim: (longest.div_ceil(128) as u32, heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let heads = heads as i32;
         let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
         let mut b = func.builder();
