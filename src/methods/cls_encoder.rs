@@ -105,6 +105,18 @@ impl ClsEncoder {
         Ok(ClsEncoder { arch, model, dict, input_size: config.max_position_embeddings, cls: 25426, config, device, proj, proj_dim, weights_path: PathBuf::new(), proj_path: None })
     }
 
+    /// Run the encoder in `dtype` (bf16 on a GPU takes the fused encoder); the `<cls>` read-out
+    /// and LangCell's projection stay float32.
+    pub fn set_precision(&mut self, dtype: candle_core::DType) -> Result<()> {
+        self.model = self.model.to_dtype(dtype).map_err(model_err("converting the encoder"))?;
+        Ok(())
+    }
+
+    /// The dtype the encoder runs in.
+    pub fn precision(&self) -> candle_core::DType {
+        self.model.encoder.dtype()
+    }
+
     /// Width of the cell embedding.
     pub fn dim(&self) -> usize {
         self.proj_dim.unwrap_or(self.config.hidden_size)
@@ -163,7 +175,7 @@ impl ClsEncoder {
         t.to_dtype(candle_core::DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(ctx)
     }
 
-    /// `(n, dim)` on the model's device, in the weights' dtype.
+    /// `(n, dim)` on the model's device, float32.
     pub fn forward_tensor(&self, cells: &[&[u32]]) -> Result<Tensor> {
         let ctx = model_err("running the encoder");
         let run = || -> candle_core::Result<Tensor> {
@@ -171,7 +183,7 @@ impl ClsEncoder {
                 return Tensor::zeros((0, self.dim()), candle_core::DType::F32, &self.device);
             }
             let p = Packed::new(cells);
-            let cls = p.first_rows(&self.model.forward(&p)?)?;
+            let cls = p.first_rows(&self.model.forward(&p)?)?.to_dtype(candle_core::DType::F32)?;
             match &self.proj {
                 None => Ok(cls),
                 Some(p) => {

@@ -24,6 +24,7 @@ pub struct PackedBert {
     /// the encoder layers (on a GPU in bf16, `gpu::fused_encoder`)
     pub encoder: PostNormStack,
     max_positions: usize,
+    eps: f64,
 }
 
 /// The cells of one batch, packed: token ids end to end, each token's position in its cell,
@@ -97,7 +98,22 @@ impl PackedBert {
             HiddenAct::Relu => Act::Relu,
         };
         let encoder = PostNormStack::new(layers, cfg.num_attention_heads, cfg.layer_norm_eps, act);
-        Ok(PackedBert { word, position, token_type, emb_norm, encoder, max_positions: cfg.max_position_embeddings })
+        Ok(PackedBert { word, position, token_type, emb_norm, encoder, max_positions: cfg.max_position_embeddings, eps: cfg.layer_norm_eps })
+    }
+
+    /// The same model with its weights in `dtype` (bf16 on a GPU takes the fused encoder).
+    pub fn to_dtype(&self, dtype: DType) -> Result<PackedBert> {
+        let emb = |e: &Embedding| -> Result<Embedding> { Ok(Embedding::new(e.embeddings().to_dtype(dtype)?, e.hidden_size())) };
+        let nb = self.emb_norm.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
+        Ok(PackedBert {
+            word: emb(&self.word)?,
+            position: emb(&self.position)?,
+            token_type: self.token_type.to_dtype(dtype)?,
+            emb_norm: LayerNorm::new(self.emb_norm.weight().to_dtype(dtype)?, nb, self.eps),
+            encoder: self.encoder.to_dtype(dtype)?,
+            max_positions: self.max_positions,
+            eps: self.eps,
+        })
     }
 
     /// Hidden states of the last layer, `tokens x hidden`, for the packed cells.

@@ -52,6 +52,17 @@ pub struct PostNormLayer {
 }
 
 impl PostNormLayer {
+    /// The same layer with its weights in `dtype` (norms with `eps`); a no-op copy when they
+    /// already are.
+    pub fn to_dtype(&self, dtype: candle_core::DType, eps: f64) -> Result<PostNormLayer> {
+        let lin = |l: &Linear| -> Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
+        let norm = |n: &LayerNorm| -> Result<LayerNorm> {
+            let b = n.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
+            Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, eps))
+        };
+        Ok(PostNormLayer { qkv: lin(&self.qkv)?, out: lin(&self.out)?, norm1: norm(&self.norm1)?, ff1: lin(&self.ff1)?, ff2: lin(&self.ff2)?, norm2: norm(&self.norm2)? })
+    }
+
     /// The unfused layer over packed cells.
     pub fn forward_unfused(&self, x: &Tensor, cu: &[u32], heads: usize, act: Act) -> Result<Tensor> {
         let a = varlen_attention(&self.qkv.forward(x)?, cu, heads)?;
@@ -78,6 +89,17 @@ impl PostNormStack {
         PostNormStack { layers, heads, eps, act, fused: true }
     }
 
+    /// The stack with its weights in `dtype`.
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<PostNormStack> {
+        let layers = self.layers.iter().map(|l| l.to_dtype(dtype, self.eps)).collect::<Result<Vec<_>>>()?;
+        Ok(PostNormStack { layers, heads: self.heads, eps: self.eps, act: self.act, fused: self.fused })
+    }
+
+    /// The dtype of the weights (float32 for an empty stack).
+    pub fn dtype(&self) -> candle_core::DType {
+        self.layers.first().map(|l| l.ff1.weight().dtype()).unwrap_or(candle_core::DType::F32)
+    }
+
     /// The last layer's output for packed cells `x` (`tokens x d`).
     pub fn forward(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
         if self.fused && crate::gpu::fused_encoder::applies(self, x) {
@@ -93,5 +115,57 @@ impl PostNormStack {
             x = l.forward_unfused(&x, cu, self.heads, self.act)?;
         }
         Ok(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn stack() -> PostNormStack {
+        let (d, f) = (8, 12);
+        let mut state = 7u64;
+        let mut t = |shape: &[usize], centre: f32| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    centre + ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
+                })
+                .collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        };
+        let layers = (0..2)
+            .map(|_| PostNormLayer {
+                qkv: Linear::new(t(&[3 * d, d], 0.0), Some(t(&[3 * d], 0.0))),
+                out: Linear::new(t(&[d, d], 0.0), Some(t(&[d], 0.0))),
+                norm1: LayerNorm::new(t(&[d], 1.0), t(&[d], 0.0), 1e-5),
+                ff1: Linear::new(t(&[f, d], 0.0), Some(t(&[f], 0.0))),
+                ff2: Linear::new(t(&[d, f], 0.0), Some(t(&[d], 0.0))),
+                norm2: LayerNorm::new(t(&[d], 1.0), t(&[d], 0.0), 1e-5),
+            })
+            .collect();
+        PostNormStack::new(layers, 2, 1e-5, Act::GeluErf)
+    }
+
+    #[test]
+    fn the_cpu_takes_the_candle_path_and_dtype_conversion_keeps_the_answer() {
+        let s = stack();
+        let x = Tensor::arange(0f32, 40.0, &Device::Cpu).unwrap().reshape((5, 8)).unwrap().affine(0.05, -1.0).unwrap();
+        let cu = [0u32, 2, 5];
+        assert!(!crate::gpu::fused_encoder::applies(&s, &x), "no fused path on the CPU");
+        let a = s.forward(&x, &cu).unwrap();
+        assert_eq!(a.dims(), &[5, 8]);
+        let b = s.to_dtype(DType::F32).unwrap().forward(&x, &cu).unwrap();
+        let diff = (a.clone() - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(diff, 0.0);
+        // each cell attends to itself only: the second cell alone gives its rows
+        let alone = s.forward(&x.narrow(0, 2, 3).unwrap(), &[0, 3]).unwrap();
+        let diff = (a.narrow(0, 2, 3).unwrap() - alone).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-6, "{diff}");
+        let half = s.to_dtype(DType::BF16).unwrap();
+        assert_eq!(half.dtype(), DType::BF16);
+        assert_eq!((half.heads, half.act, half.fused), (2, Act::GeluErf, true));
     }
 }

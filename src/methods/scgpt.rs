@@ -508,15 +508,9 @@ impl EncoderLayer {
         norm(&self.norm2, &(x + h)?)
     }
 
-    /// The same layer for packed cells (in_proj's rows are already q | k | v), its weights in
-    /// `dtype`.
-    fn post_norm(&self, dtype: DType) -> candle_core::Result<PostNormLayer> {
-        let lin = |l: &Linear| -> candle_core::Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
-        let norm = |n: &LayerNorm| -> candle_core::Result<LayerNorm> {
-            let b = n.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
-            Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, 1e-5))
-        };
-        Ok(PostNormLayer { qkv: lin(&self.attn.in_proj)?, out: lin(&self.attn.out_proj)?, norm1: norm(&self.norm1)?, ff1: lin(&self.linear1)?, ff2: lin(&self.linear2)?, norm2: norm(&self.norm2)? })
+    /// The same layer for packed cells (in_proj's rows are already q | k | v).
+    fn post_norm(&self) -> PostNormLayer {
+        PostNormLayer { qkv: self.attn.in_proj.clone(), out: self.attn.out_proj.clone(), norm1: self.norm1.clone(), ff1: self.linear1.clone(), ff2: self.linear2.clone(), norm2: self.norm2.clone() }
     }
 }
 
@@ -658,20 +652,21 @@ impl Model {
         let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
         let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
-        let packed = packed_stack(&layers, args.nheads, DType::F32).map_err(|e| bad(e.to_string()))?;
+        let packed = PostNormStack::new(layers.iter().map(EncoderLayer::post_norm).collect(), args.nheads, 1e-5, Act::Relu);
         Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained, packed })
     }
 
     /// Run the packed encoder layers in `dtype` (bf16 on a GPU takes `gpu::fused_encoder`); the
     /// input encoding and the `<cls>` read-out stay float32. Upstream embeds under fp16 autocast.
     pub fn set_precision(&mut self, dtype: DType) -> Result<()> {
-        self.packed = packed_stack(&self.layers, self.args.nheads, dtype).map_err(model_err("converting the encoder layers"))?;
+        let f32_stack = PostNormStack::new(self.layers.iter().map(EncoderLayer::post_norm).collect(), self.args.nheads, 1e-5, Act::Relu);
+        self.packed = f32_stack.to_dtype(dtype).map_err(model_err("converting the encoder layers"))?;
         Ok(())
     }
 
     /// The dtype the packed encoder layers run in.
     pub fn precision(&self) -> DType {
-        self.packed.layers.first().map(|l| l.ff1.weight().dtype()).unwrap_or(DType::F32)
+        self.packed.dtype()
     }
 
     pub fn dim(&self) -> usize {
@@ -805,10 +800,6 @@ impl Model {
         }
         Ok(out)
     }
-}
-
-fn packed_stack(layers: &[EncoderLayer], heads: usize, dtype: DType) -> candle_core::Result<PostNormStack> {
-    Ok(PostNormStack::new(layers.iter().map(|l| l.post_norm(dtype)).collect::<candle_core::Result<Vec<_>>>()?, heads, 1e-5, Act::Relu))
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {

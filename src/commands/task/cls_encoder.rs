@@ -73,7 +73,8 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
         Err(e) => return Err(e),
     };
     let dev = TaskDevice::start(spec)?;
-    let model = load(arch, &model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut model = load(arch, &model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    model.set_precision(crate::commands::task::precision(spec, &dev.device, &mut notes))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
     if given {
@@ -137,6 +138,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     params.insert("gene_column".into(), json!(column));
     params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("model_input_size".into(), json!(model.input_size));
     params.insert("cls_token".into(), json!(model.cls));
     params.insert("pooling".into(), json!(match arch {
