@@ -652,15 +652,14 @@ impl Model {
         let (embedding, enc_norm, values, layers) = build().map_err(|e| bad(format!("does not fit args.json ({}): {e}", args_path.display())))?;
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
         let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
-        let packed = PostNormStack::new(layers.iter().map(EncoderLayer::post_norm).collect(), args.nheads, 1e-5, Act::Relu);
+        let packed = packed_stack(&layers, args.nheads);
         Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained, packed })
     }
 
     /// Run the packed encoder layers in `dtype` (bf16 on a GPU takes `gpu::fused_encoder`); the
     /// input encoding and the `<cls>` read-out stay float32. Upstream embeds under fp16 autocast.
     pub fn set_precision(&mut self, dtype: DType) -> Result<()> {
-        let f32_stack = PostNormStack::new(self.layers.iter().map(EncoderLayer::post_norm).collect(), self.args.nheads, 1e-5, Act::Relu);
-        self.packed = f32_stack.to_dtype(dtype).map_err(model_err("converting the encoder layers"))?;
+        self.packed = packed_stack(&self.layers, self.args.nheads).to_dtype(dtype).map_err(model_err("converting the encoder layers"))?;
         Ok(())
     }
 
@@ -800,6 +799,11 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// The layers as one post-norm stack (the same tensors, float32).
+fn packed_stack(layers: &[EncoderLayer], heads: usize) -> PostNormStack {
+    PostNormStack::new(layers.iter().map(EncoderLayer::post_norm).collect(), heads, 1e-5, Act::Relu)
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {
