@@ -43,7 +43,7 @@ pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> 
     #[cfg(feature = "cuda")]
     {
         let offsets = Tensor::new(cu, x.device())?;
-        let longest = cu.windows(2).map(|w| w[1].saturating_sub(w[0]) as usize).max().unwrap_or(0);
+        let longest = crate::gpu::varlen_attention::longest(cu);
         x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: None })
     }
     #[cfg(not(feature = "cuda"))]
@@ -63,7 +63,7 @@ pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> 
     #[cfg(feature = "cuda")]
     {
         let offsets = Tensor::new(cu, x.device())?;
-        let longest = cu.windows(2).map(|w| w[1].saturating_sub(w[0]) as usize).max().unwrap_or(0);
+        let longest = crate::gpu::varlen_attention::longest(cu);
         let times = std::sync::Mutex::new(Vec::new());
         x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: Some((repeat.max(1), &times)) })?;
         Ok(times.into_inner().expect("not poisoned"))

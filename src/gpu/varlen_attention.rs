@@ -43,8 +43,9 @@ fn check(tokens: usize, width: usize, cu: &[u32], heads: usize) -> Result<()> {
     Ok(())
 }
 
+/// The longest cell's token count (the attention kernel's grid is sized by it).
 #[cfg(feature = "cuda")]
-fn longest(cu: &[u32]) -> usize {
+pub(crate) fn longest(cu: &[u32]) -> usize {
     cu.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
 }
 

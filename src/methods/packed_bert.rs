@@ -14,7 +14,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
-use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
+use crate::methods::post_norm::{layer_norm_to_dtype, Act, PostNormLayer, PostNormStack};
 
 pub struct PackedBert {
     word: Embedding,
@@ -104,12 +104,11 @@ impl PackedBert {
     /// The same model with its weights in `dtype` (bf16 on a GPU takes the fused encoder).
     pub fn to_dtype(&self, dtype: DType) -> Result<PackedBert> {
         let emb = |e: &Embedding| -> Result<Embedding> { Ok(Embedding::new(e.embeddings().to_dtype(dtype)?, e.hidden_size())) };
-        let nb = self.emb_norm.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
         Ok(PackedBert {
             word: emb(&self.word)?,
             position: emb(&self.position)?,
             token_type: self.token_type.to_dtype(dtype)?,
-            emb_norm: LayerNorm::new(self.emb_norm.weight().to_dtype(dtype)?, nb, self.eps),
+            emb_norm: layer_norm_to_dtype(&self.emb_norm, dtype, self.eps)?,
             encoder: self.encoder.to_dtype(dtype)?,
             max_positions: self.max_positions,
             eps: self.eps,

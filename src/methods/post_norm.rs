@@ -56,10 +56,7 @@ impl PostNormLayer {
     /// already are.
     pub fn to_dtype(&self, dtype: candle_core::DType, eps: f64) -> Result<PostNormLayer> {
         let lin = |l: &Linear| -> Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
-        let norm = |n: &LayerNorm| -> Result<LayerNorm> {
-            let b = n.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
-            Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, eps))
-        };
+        let norm = |n: &LayerNorm| layer_norm_to_dtype(n, dtype, eps);
         Ok(PostNormLayer { qkv: lin(&self.qkv)?, out: lin(&self.out)?, norm1: norm(&self.norm1)?, ff1: lin(&self.ff1)?, ff2: lin(&self.ff2)?, norm2: norm(&self.norm2)? })
     }
 
@@ -70,6 +67,12 @@ impl PostNormLayer {
         let h = act.apply(&self.ff1.forward(&x)?)?;
         self.norm2.forward(&(self.ff2.forward(&h)? + x)?)
     }
+}
+
+/// `n` with its weight and bias in `dtype` (candle's LayerNorm does not expose its eps: give it).
+pub fn layer_norm_to_dtype(n: &LayerNorm, dtype: candle_core::DType, eps: f64) -> Result<LayerNorm> {
+    let b = n.bias().map(|b| b.to_dtype(dtype)).transpose()?.ok_or_else(|| candle_core::Error::Msg("a layer norm without bias".into()))?;
+    Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, eps))
 }
 
 /// A stack of post-norm layers. Every layer norm of the stack has the same `eps`.
