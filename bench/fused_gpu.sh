@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fused encoder path (src/gpu/fused_encoder.rs) on the device in one call: correctness
 # against candle's ops (--check), a per-step profile of one layer (--profile) and throughput,
-# fused and unfused, at the four full-size shapes of issue #5 (bf16, random weights, real
+# fused (with each attention kernel) and unfused, at the four full-size shapes of issue #5 (bf16, random weights, real
 # token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
 #
 #   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
@@ -24,9 +24,12 @@ shapes=(
 for s in "${shapes[@]}"; do
   read -r name Ly d h f maxlen batch cells lengths <<<"$s"
   common=(--layers "$Ly" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --order sorted)
-  for v in fused unfused; do
+  # fused: our encoder path with the best attention kernel for the GPU (wgmma on Hopper);
+  # portable: the same with the mma.sync attention kernel; unfused: candle's ops
+  for v in ${VARIANTS:-fused portable unfused}; do
     extra=(--check --profile); [[ $v == unfused ]] && extra=(--unfused)
-    line=$(timeout "${STEP_TIMEOUT:-150}" "$B" __bench-encoder "${common[@]}" "${extra[@]}" 2>"$OUT/$name.$v.err") || line="{\"error\":\"$(tail -1 "$OUT/$name.$v.err" | tr -d '"')\"}"
+    kernel=; [[ $v == portable ]] && kernel=portable
+    line=$(SCFOUNDRY_ATTENTION=$kernel timeout "${STEP_TIMEOUT:-150}" "$B" __bench-encoder "${common[@]}" "${extra[@]}" 2>"$OUT/$name.$v.err") || line="{\"error\":\"$(tail -1 "$OUT/$name.$v.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"variant\":\"$v\",\"run\":$line}" >> "$OUT/fused.jsonl"
   done
 done
@@ -35,7 +38,7 @@ import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l); x = r["run"]
     print(r["shape"], r["variant"], round(x.get("cells_per_s", 0), 1), round(x.get("useful_tflops", 0), 1),
-          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("error", ""))
+          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("attention_kernel", ""), x.get("error", ""))
     if "profile_ms_per_layer" in x:
         p = x["profile_ms_per_layer"]; t = sum(p.values())
         print("   layer %.3f ms (%d tokens, %.0f TFLOP/s): " % (t, x["profile_tokens"], x["profile_layer_tflops"]) + ", ".join("%s %.3f (%.0f%%)" % (k, v, 100 * v / t) for k, v in p.items()))

@@ -536,6 +536,10 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let plain = crate::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
         check.insert("check_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
         check.insert("fused_kernel".into(), json!(crate::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
+        #[cfg(feature = "cuda")]
+        if let candle_core::Device::Cuda(d) = &device {
+            check.insert("attention_kernel".into(), json!(crate::gpu::varlen_attention::kernel_name(d)));
+        }
         // the whole encoder: fused GPU path against candle's ops on the same layers
         let x = Tensor::randn(0f32, 1f32, (p.tokens(), hidden), &device)?.to_dtype(dtype)?;
         let fused_applies = crate::gpu::fused_encoder::applies(&packed_model.encoder, &x);

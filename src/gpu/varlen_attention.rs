@@ -4,9 +4,11 @@
 //! cell's tokens only, so no padding is ever computed and no mask is needed.
 //!
 //! Two paths with one answer:
-//! - on a GPU, bf16, head dimension 64 (Geneformer V1/V2, scGPT, UCE): one fused kernel
-//!   (`kernels/varlen_attention.cu`: online softmax over key tiles on tensor cores, no score
-//!   tensor in memory), built into the CUDA binary by build.rs;
+//! - on a GPU, bf16, head dimension 64 (Geneformer V1/V2, scGPT, UCE): one fused kernel (online
+//!   softmax over key tiles on tensor cores, no score tensor in memory), built into the CUDA
+//!   binary by build.rs: `kernels/varlen_attention_sm90.cu` (wgmma) on Hopper (compute
+//!   capability 9.x), `kernels/varlen_attention.cu` (mma.sync) on any other GPU or where
+//!   `SCFOUNDRY_ATTENTION=portable` asks for it;
 //! - anything else (the CPU, f32, other head sizes): [`reference`], plain candle ops a cell at a
 //!   time in f32. It is the oracle the kernel is checked against (`__bench-encoder --check`).
 
@@ -78,23 +80,46 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::launch as launch_fused;
+pub(crate) use cuda::{kernel_name, launch as launch_fused};
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
+    /// Empty unless the binary was built for compute capability 9.0 (build.rs).
+    const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention_sm90.ptx"));
+    /// The Hopper kernel's dynamic shared memory: 128 query rows and two buffers of 96 key and
+    /// 96 value rows, 128 bytes each, and 1024 bytes to align the tiles (kernels/varlen_attention_sm90.cu).
+    const SM90_SHARED: u32 = 128 * 128 + 2 * 2 * 96 * 128 + 1024;
+
+    /// Which attention kernel runs on `dev`: "sm90" (wgmma, Hopper) or "portable" (mma.sync).
+    pub fn kernel_name(dev: &CudaDevice) -> &'static str {
+        let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
+        if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
+            "sm90"
+        } else {
+            "portable"
+        }
+    }
 
     /// The kernel over `qkv` (`tokens x 3 d`, bf16) into `out` (`tokens x d`): every row of a cell
     /// with tokens is written. `longest` is the longest cell's token count.
     pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
-        let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
-        // a block takes 128 query rows of one head of one cell (kernels/varlen_attention.cu)
-        let cfg = LaunchConfig { grid_dim: (longest.div_ceil(128) as u32, heads as u32, cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // either kernel: a block takes 128 query rows of one head of one cell
+        let grid_dim = (longest.div_ceil(128) as u32, heads as u32, cells as u32);
+        let (func, cfg) = if kernel_name(dev) == "sm90" {
+            let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64_sm90", "scfoundry_varlen_attention_sm90", PTX_SM90)?;
+            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
+            (func, LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED })
+        } else {
+            let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
+            (func, LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 })
+        };
         let heads = heads as i32;
         let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
         let mut b = func.builder();

@@ -59,6 +59,14 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x in one instruction (exp2f adds a range check and two multiplies to keep subnormal
+// results, which softmax weights below 2^-126 do not need)
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -187,16 +195,16 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                 x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, w));
             }
             const float n0 = fmaxf(m[mt][0], x0 * scale_log2), n1 = fmaxf(m[mt][1], x1 * scale_log2);
-            const float a0 = exp2f(m[mt][0] - n0), a1 = exp2f(m[mt][1] - n1);
+            const float a0 = exp2_ftz(m[mt][0] - n0), a1 = exp2_ftz(m[mt][1] - n1);
             m[mt][0] = n0;
             m[mt][1] = n1;
             float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
-                s[mt][j][0] = exp2f(fmaf(s[mt][j][0], scale_log2, -n0));
-                s[mt][j][1] = exp2f(fmaf(s[mt][j][1], scale_log2, -n0));
-                s[mt][j][2] = exp2f(fmaf(s[mt][j][2], scale_log2, -n1));
-                s[mt][j][3] = exp2f(fmaf(s[mt][j][3], scale_log2, -n1));
+                s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale_log2, -n0));
+                s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale_log2, -n0));
+                s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale_log2, -n1));
+                s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale_log2, -n1));
                 sum0 += s[mt][j][0] + s[mt][j][1];
                 sum1 += s[mt][j][2] + s[mt][j][3];
             }

@@ -1,0 +1,164 @@
+// The packed attention kernels alone, on the device, without the rest of scfoundry: each
+// kernel's answer against a plain f32 reference (one thread a query row, two passes over the
+// keys), and its speed in useful TFLOP/s (4 * head_dim * sum over cells of len^2 * heads, real
+// tokens only), at the four shapes of issue #5 with real token lengths.
+//
+//   nvcc -arch=sm_90a -O3 -o dist/attention_kernels bench/attention_kernels.cu
+//   dist/attention_kernels bench/token_lengths_wu2020.txt      # on an sm_90 GPU
+//
+// Kernels: varlen_attention.cu (mma.sync, every GPU since sm_80) and varlen_attention_sm90.cu
+// (wgmma, Hopper), two tile widths.
+#include "../src/gpu/kernels/varlen_attention_sm90.cu"
+#include "../src/gpu/kernels/varlen_attention.cu"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e = (x);                                                                   \
+        if (e != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+__global__ void reference(const __nv_bfloat16 *qkv, float *out, const unsigned *cu, const int *cell_of, int tokens, int heads, float scale) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens * heads) return;
+    const int tok = i / heads, h = i % heads;
+    const int c = cell_of[tok];
+    const size_t rs = (size_t)3 * heads * 64;
+    float q[64], o[64];
+    for (int d = 0; d < 64; d++) q[d] = __bfloat162float(qkv[tok * rs + h * 64 + d]), o[d] = 0.f;
+    float m = -INFINITY;
+    for (unsigned k = cu[c]; k < cu[c + 1]; k++) {
+        float s = 0.f;
+        for (int d = 0; d < 64; d++) s += q[d] * __bfloat162float(qkv[k * rs + heads * 64 + h * 64 + d]);
+        m = fmaxf(m, s * scale);
+    }
+    float l = 0.f;
+    for (unsigned k = cu[c]; k < cu[c + 1]; k++) {
+        float s = 0.f;
+        for (int d = 0; d < 64; d++) s += q[d] * __bfloat162float(qkv[k * rs + heads * 64 + h * 64 + d]);
+        const float e = expf(s * scale - m);
+        l += e;
+        for (int d = 0; d < 64; d++) o[d] += e * __bfloat162float(qkv[k * rs + 2 * heads * 64 + h * 64 + d]);
+    }
+    for (int d = 0; d < 64; d++) out[(size_t)tok * heads * 64 + h * 64 + d] = o[d] / l;
+}
+
+typedef void (*Kernel)(const __nv_bfloat16 *, __nv_bfloat16 *, const unsigned *, int, float);
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s TOKEN_LENGTHS_FILE\n", argv[0]);
+        return 2;
+    }
+    std::vector<int> pool;
+    {
+        FILE *f = fopen(argv[1], "r");
+        if (!f) {
+            fprintf(stderr, "cannot open %s\n", argv[1]);
+            return 2;
+        }
+        int v;
+        while (fscanf(f, "%d", &v) == 1) pool.push_back(v);
+        fclose(f);
+    }
+    struct Shape {
+        const char *name;
+        int heads, max_len, cells, fixed;
+    } shapes[] = {{"geneformer_v1", 4, 2048, 256, 0}, {"scgpt", 8, 1200, 256, 0}, {"geneformer_v2", 12, 4096, 128, 0}, {"uce_33l", 20, 1536, 128, 1072}};
+    struct K {
+        const char *name;
+        Kernel fn;
+        int rows, threads, smem;
+    } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
+                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
+    for (auto &k : kernels) {
+        if (k.smem > 0) CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+        int blocks = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, k.smem));
+        printf("%-22s %3d threads, %6d bytes of shared memory, %d blocks an SM\n", k.name, k.threads, k.smem, blocks);
+    }
+    const float scale = 0.125f;
+    unsigned long long rng = 0x5eed;  // seed of the random q, k, v values
+    for (auto &sh : shapes) {
+        std::vector<unsigned> cu(1, 0);
+        std::vector<int> cell_of;
+        double pairs = 0;
+        int longest = 0;
+        for (int c = 0; c < sh.cells; c++) {
+            int n = sh.fixed ? sh.fixed : pool[(c * 7919) % pool.size()];
+            if (n > sh.max_len) n = sh.max_len;
+            cu.push_back(cu.back() + n);
+            for (int i = 0; i < n; i++) cell_of.push_back(c);
+            pairs += (double)n * n;
+            longest = n > longest ? n : longest;
+        }
+        const int tokens = cu.back();
+        const size_t width = (size_t)3 * sh.heads * 64;
+        std::vector<__nv_bfloat16> h(tokens * width);
+        for (auto &x : h) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const float u = ((rng >> 40) & 0xFFFFFF) / 16777216.0f;  // [0, 1)
+            x = __float2bfloat16((u - 0.5f) * 5.0f);                 // peaky softmax rows
+        }
+        __nv_bfloat16 *dq, *dout;
+        float *dref;
+        unsigned *dcu;
+        int *dcell;
+        CK(cudaMalloc(&dq, h.size() * 2));
+        CK(cudaMalloc(&dout, (size_t)tokens * sh.heads * 64 * 2));
+        CK(cudaMalloc(&dref, (size_t)tokens * sh.heads * 64 * 4));
+        CK(cudaMalloc(&dcu, cu.size() * 4));
+        CK(cudaMalloc(&dcell, cell_of.size() * 4));
+        CK(cudaMemcpy(dq, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dcu, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dcell, cell_of.data(), cell_of.size() * 4, cudaMemcpyHostToDevice));
+        reference<<<(tokens * sh.heads + 127) / 128, 128>>>(dq, dref, dcu, dcell, tokens, sh.heads, scale);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        std::vector<float> ref((size_t)tokens * sh.heads * 64);
+        CK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
+        const double flops = 4.0 * 64 * pairs * sh.heads;
+        printf("%s: %d cells, %d tokens (longest %d), %d heads\n", sh.name, sh.cells, tokens, longest, sh.heads);
+        for (auto &k : kernels) {
+            dim3 grid((longest + k.rows - 1) / k.rows, sh.heads, sh.cells);
+            CK(cudaMemset(dout, 0, (size_t)tokens * sh.heads * 64 * 2));
+            k.fn<<<grid, k.threads, k.smem>>>(dq, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            std::vector<__nv_bfloat16> got(ref.size());
+            CK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0, worst = 0;
+            for (size_t i = 0; i < ref.size(); i++) {
+                const double d = (double)__bfloat162float(got[i]) - ref[i];
+                num += d * d;
+                den += (double)ref[i] * ref[i];
+                worst = fmax(worst, fabs(d));
+            }
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            const int reps = 20;
+            CK(cudaEventRecord(a));
+            for (int r = 0; r < reps; r++) k.fn<<<grid, k.threads, k.smem>>>(dq, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            ms /= reps;
+            printf("  %-22s rel_l2 %.2e max_abs %.2e  %8.3f ms  %6.1f TFLOP/s\n", k.name, sqrt(num / den), worst, ms, flops / ms / 1e9);
+        }
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(dref);
+        cudaFree(dcu);
+        cudaFree(dcell);
+    }
+    return 0;
+}
