@@ -3,8 +3,8 @@
 // keys), and its speed in useful TFLOP/s (4 * head_dim * sum over cells of len^2 * heads, real
 // tokens only), at the four shapes of issue #5 with real token lengths.
 //
-//   nvcc -arch=sm_90a -O3 -o dist/attention_kernels bench/attention_kernels.cu
-//   dist/attention_kernels bench/token_lengths_wu2020.txt      # on an sm_90 GPU
+//   scripts/build-cuda.sh                                        # builds dist/cuda/attention_kernels
+//   dist/cuda/attention_kernels bench/token_lengths_wu2020.txt   # on an sm_90 GPU
 //
 // Kernels: varlen_attention.cu (mma.sync, every GPU since sm_80) and varlen_attention_sm90.cu
 // (wgmma, Hopper), two tile widths.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The fused encoder path (src/gpu/fused_encoder.rs) on the device in one call: correctness
 # against candle's ops (--check), a per-step profile of one layer (--profile) and throughput,
-# fused (with each attention kernel) and unfused, at the four full-size shapes of issue #5 (bf16, random weights, real
-# token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
+# fused (with each attention kernel) and unfused, at the four full-size shapes of issue #5 (bf16,
+# random weights, real token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
 #
 #   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
 set -u
