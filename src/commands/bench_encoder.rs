@@ -529,6 +529,13 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
             Ok((x.to_dtype(DType::F32)? - y.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()? / scale)
         };
         check.insert("check_embedding_packed_vs_padded".into(), json!(rel(&packed_run(b)?, &padded_run(b)?)?));
+        // the cell embeddings' pooling (one kernel on a GPU) against candle's ops a cell at a time
+        {
+            let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+            let h = packed_model.forward(&p)?;
+            let spans: Vec<(usize, usize)> = p.cu.windows(2).map(|w| (w[0] as usize, (w[1] - w[0]) as usize)).collect();
+            check.insert("check_pool_vs_candle".into(), json!(rel(&PackedBert::mean_spans(&h, &spans)?, &PackedBert::mean_spans_candle(&h, &spans)?)?));
+        }
         // the attention alone, on random q, k, v of this batch's cells
         let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
         let qkv = Tensor::randn(0f32, 1f32, (p.tokens(), 3 * hidden), &device)?.to_dtype(dtype)?;

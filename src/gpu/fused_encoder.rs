@@ -76,6 +76,9 @@ pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> 
 }
 
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::{MODULE, PTX};
+
+#[cfg(feature = "cuda")]
 mod cuda {
     use std::sync::{Arc, Mutex, OnceLock};
 
@@ -88,8 +91,9 @@ mod cuda {
 
     use crate::methods::post_norm::{Act, PostNormStack};
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
-    const MODULE: &str = "scfoundry_encoder_ops";
+    /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
+    pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
+    pub(crate) const MODULE: &str = "scfoundry_encoder_ops";
 
     pub struct Fused<'a> {
         pub stack: &'a PostNormStack,

@@ -23,6 +23,7 @@ pub mod backoff;
 pub mod cuda;
 pub mod options;
 pub mod fused_encoder;
+pub mod segment_mean;
 pub mod varlen_attention;
 
 use std::path::Path;

@@ -135,8 +135,18 @@ impl PackedBert {
     }
 
     /// The mean of `hidden`'s rows `start..start + count` for each (start, count), as f32
-    /// `spans x hidden`; an empty span gives zeros.
+    /// `spans x hidden`; an empty span gives zeros. On a GPU one kernel pools them all
+    /// (`gpu::segment_mean`); elsewhere candle's ops, a span at a time.
     pub fn mean_spans(hidden: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor> {
+        if crate::gpu::segment_mean::applies(hidden) {
+            return crate::gpu::segment_mean::mean_spans(hidden, spans);
+        }
+        Self::mean_spans_candle(hidden, spans)
+    }
+
+    /// [`Self::mean_spans`] in candle's ops, a span at a time (the CPU's path, and the GPU
+    /// kernel's reference in `__bench-encoder --check`).
+    pub fn mean_spans_candle(hidden: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor> {
         let d = hidden.dims2()?.1;
         let mut rows = Vec::with_capacity(spans.len());
         for &(s, count) in spans {

@@ -5,6 +5,7 @@
 //                     (biased variance, as torch.nn.LayerNorm), f32 arithmetic;
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
+//   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
 
 #include <cuda_bf16.h>
 
@@ -147,4 +148,33 @@ extern "C" __global__ void gelu_erf_bf16(__nv_bfloat16 *__restrict__ x, const un
 
 extern "C" __global__ void gelu_tanh_bf16(__nv_bfloat16 *__restrict__ x, const unsigned long long packs) {
     gelu_packs<false>(reinterpret_cast<Pack8 *>(x), packs);
+}
+
+// out (spans x d, f32, zeroed by the caller) += the mean of x's rows start[s] .. start[s] +
+// count[s] for every span s: a block takes up to 64 rows of one span and blockDim.x columns and
+// adds its share (its sum / count) atomically. Grid: (ceil(longest span / 64), spans,
+// ceil(d / blockDim.x)). One launch pools a whole batch of cells (a narrow, a cast and a mean a
+// cell in candle's ops: three launches a cell).
+template <typename T>
+__device__ __forceinline__ void segment_mean(const T *__restrict__ x, const unsigned int *__restrict__ start,
+                                             const unsigned int *__restrict__ count, float *__restrict__ out, const int d) {
+    const int span = blockIdx.y;
+    const unsigned int c = count[span];
+    const unsigned int r0 = blockIdx.x * 64;
+    const int col = blockIdx.z * blockDim.x + threadIdx.x;
+    if (r0 >= c || col >= d) return;
+    const unsigned int r1 = min(c, r0 + 64);
+    const T *p = x + (size_t)(start[span] + r0) * d + col;
+    float acc = 0.f;
+    for (unsigned int r = r0; r < r1; r++, p += d) acc += (float)*p;
+    atomicAdd(out + (size_t)span * d + col, acc / (float)c);
+}
+
+extern "C" __global__ void segment_mean_bf16(const __nv_bfloat16 *__restrict__ x, const unsigned int *__restrict__ start,
+                                             const unsigned int *__restrict__ count, float *__restrict__ out, const int d) {
+    segment_mean(x, start, count, out, d);
+}
+extern "C" __global__ void segment_mean_f32(const float *__restrict__ x, const unsigned int *__restrict__ start,
+                                            const unsigned int *__restrict__ count, float *__restrict__ out, const int d) {
+    segment_mean(x, start, count, out, d);
 }
