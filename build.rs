@@ -38,6 +38,7 @@ fn cuda_kernels() {
     for (name, arch) in [("varlen_attention", format!("sm_{cap}")), ("encoder_ops", format!("sm_{cap}")), ("varlen_attention_sm90", "sm_90a".into())] {
         let src = format!("src/gpu/kernels/{name}.cu");
         println!("cargo:rerun-if-changed={src}");
+        println!("cargo:rerun-if-changed=src/gpu/kernels/attention_common.cuh");
         let ptx = out.join(format!("{name}.ptx"));
         if name.ends_with("_sm90") && !hopper {
             std::fs::write(&ptx, "").unwrap();

@@ -22,8 +22,7 @@
 // Shared rows are padded to 72 elements (144 bytes) so the 8 row addresses of an `ldmatrix`
 // fall on 8 different 16-byte bank groups.
 
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "attention_common.cuh"
 
 #define HD 64
 #define BM 64  // query rows a block per 16-row tile a warp (BM * MT rows a block)
@@ -31,13 +30,10 @@
 #define WARPS 4
 #define LD 72  // padded shared row, in elements
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is then not read)
 __device__ __forceinline__ void copy16(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
 __device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
@@ -57,19 +53,6 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x in one instruction (exp2f adds a range check and two multiplies to keep subnormal
-// results, which softmax weights below 2^-126 do not need)
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
 }
 
 // MT m16 tiles of query rows a warp (16 MT rows; a block of 4 warps takes 64 MT rows): with

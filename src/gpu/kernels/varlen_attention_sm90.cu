@@ -23,19 +23,15 @@
 // descriptors: K-major operands (Q, K) advance 32 bytes a 16-wide k step, 8-row groups 1024 bytes
 // apart; V is MN-major: 16 keys a k step (2048 bytes), 8-row groups 1024 bytes apart.
 
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "attention_common.cuh"
 
 namespace sm90 {
 
 constexpr int kHead = 64;  // head dimension: one 128-byte row
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // until at most N copy groups are in flight
 template <int N> __device__ __forceinline__ void copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 // cp.async writes through the generic proxy; wgmma reads through the async proxy
@@ -56,19 +52,6 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lead, uint32_t 
 
 // byte offset of 16-byte chunk c of row r in a swizzled tile
 __device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-// 2^x in one instruction (exp2f adds a range check and two multiplies around it to keep
-// subnormal results, which a softmax weight below 2^-126 does not need)
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 // d (64 x 96, f32) (+)= A (64 x 16 from shared, K-major) * B (16 x 96 from shared, K-major)
 __device__ __forceinline__ void mma_ss_n96(float *d, uint64_t a, uint64_t b, int accumulate) {
