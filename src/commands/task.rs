@@ -710,13 +710,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         notes.push(format!("{sampled} cell(s) had more than {} genes and were sampled to --max-len {max_len} (seeded by --seed, as upstream samples at random)", max_len - 1));
     }
     if !empty.is_empty() {
-        let shown: Vec<&str> = empty.iter().take(5).map(|&i| ad.obs_names[i].as_str()).collect();
-        notes.push(format!(
-            "{} cell(s) express no gene of the vocabulary ({}{}): embedded from <cls> alone, so they share one embedding (upstream's embed_data fails on them)",
-            empty.len(),
-            shown.join(", "),
-            if empty.len() > shown.len() { ", ..." } else { "" }
-        ));
+        notes.push(format!("{} cell(s) express no gene of the vocabulary ({}): embedded from <cls> alone, so they share one embedding (upstream's embed_data fails on them)", empty.len(), some_cells(&ad.obs_names, &empty)));
     }
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
@@ -744,6 +738,13 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     drop(uns);
     out.commit()?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
+
+/// The first five of `cells`' names, ", ..." after them when there are more: for notes that name
+/// the cells they are about.
+pub(crate) fn some_cells(obs_names: &[String], cells: &[usize]) -> String {
+    let shown: Vec<&str> = cells.iter().take(5).map(|&i| obs_names[i].as_str()).collect();
+    format!("{}{}", shown.join(", "), if cells.len() > shown.len() { ", ..." } else { "" })
 }
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
+use super::{param_u64, provenance, some_cells, verified_weights, write_json_dict, Batches, TaskDevice};
 use crate::anndata::h5util::require_dict;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
@@ -101,13 +101,7 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
         ));
     }
     if !empty.is_empty() {
-        let shown: Vec<&str> = empty.iter().take(5).map(|&i| ad.obs_names[i].as_str()).collect();
-        notes.push(format!(
-            "{} cell(s) have no count in any reference gene ({}{}): all their tokens are 0, so they share one embedding",
-            empty.len(),
-            shown.join(", "),
-            if empty.len() > shown.len() { ", ..." } else { "" }
-        ));
+        notes.push(format!("{} cell(s) have no count in any reference gene ({}): all their tokens are 0, so they share one embedding", empty.len(), some_cells(&ad.obs_names, &empty)));
     }
     let f = out.file();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
