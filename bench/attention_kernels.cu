@@ -11,21 +11,6 @@
 #include "../src/gpu/kernels/varlen_attention_sm90.cu"
 #include "../src/gpu/kernels/varlen_attention.cu"
 
-// variants measured against the kept kernels (harness only)
-#define VARIANT(NAME, CALL)                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                                        \
-        NAME(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,        \
-             const int heads, const float scale_log2) {                                                                         \
-        CALL(qkv, out, cu, heads, scale_log2);                                                                                  \
-    }
-VARIANT(sm90_poly4, (sm90::attention<2, 96, 2, 4>))
-VARIANT(sm90_poly3, (sm90::attention<2, 96, 2, 3>))
-VARIANT(sm90_poly2, (sm90::attention<2, 96, 2, 2>))
-VARIANT(pp_s2, (sm90::attention_pp<96, 2, 0>))
-VARIANT(pp_s3, (sm90::attention_pp<96, 3, 0>))
-VARIANT(pp_s3_poly4, (sm90::attention_pp<96, 3, 4>))
-VARIANT(pp_s3_poly3, (sm90::attention_pp<96, 3, 3>))
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -92,15 +77,7 @@ int main(int argc, char **argv) {
         Kernel fn;
         int rows, threads, smem;
     } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
-                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"sm90_poly4", sm90_poly4, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"sm90_poly3", sm90_poly3, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"sm90_poly2", sm90_poly2, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"pp_s2", pp_s2, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"pp_s3", pp_s3, 128, 256, sm90::smem_bytes<2, 96, 3>()},
-                   {"pp_s3_poly4", pp_s3_poly4, 128, 256, sm90::smem_bytes<2, 96, 3>()},
-                   {"pp_s3_poly3", pp_s3_poly3, 128, 256, sm90::smem_bytes<2, 96, 3>()},
-                   {"sm90_wgmma_again", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
+                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
     for (auto &k : kernels) {
         if (k.smem > 0) CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
         int blocks = 0;

@@ -44,37 +44,6 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
 __device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// 2^x for x <= 0 on the FMA units instead of the special-function unit (FlashAttention-4's
-// trick): round x to an integer j with the 1.5 * 2^23 shift, 2^(x - j) by a degree-3 polynomial
-// (relative error 1.1e-4 on [-1/2, 1/2], fitted on Chebyshev nodes), j added to the exponent
-// bits. Below 2^-125 it returns 2^-125 (softmax weights that small are zero after rounding P).
-__device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -125.f);
-    const float t = x + 12582912.f;
-    const float f = x - (t - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.054592824741898194f, f, 0.2422178381011818f), f, 0.6933686012593135f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-// one in every POLY exponentials of a row tile on the FMA units (0: none)
-template <int POLY> __device__ __forceinline__ float exp2_mix(float x, int j) {
-    if (POLY > 0 && j % POLY == POLY - 1) return exp2_poly(x);
-    return exp2_ftz(x);
-}
-
-// mbarriers (shared-memory arrival counters with a phase bit) and named barriers
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"); }
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
-// arrives once every cp.async this thread issued before it has landed
-__device__ __forceinline__ void mbar_copy_arrive(uint32_t bar) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory"); }
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-
 // shared-memory matrix descriptor, 128-byte swizzle
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lead, uint32_t stride) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead & 0x3FFFF) >> 4) << 16) | ((uint64_t)((stride & 0x3FFFF) >> 4) << 32) | (1ull << 62);
@@ -118,7 +87,7 @@ __device__ __forceinline__ void rescale(float *o, float a0, float a1) {
 // base 2), for this thread's two rows (16 warp + g and + 8; the 4 lanes of a group share a row):
 // masks keys past the cell's end, updates the running maxima m and sums l, and returns O's
 // rescale factors a.
-template <int KT, int POLY>
+template <int KT>
 __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int tig, float scale_log2, float &m0, float &m1, float &l0,
                                                float &l1, float &a0, float &a1) {
     if (k0 + KT > len) {  // the last tile only
@@ -153,10 +122,10 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
     float sm[2][4] = {};
 #pragma unroll
     for (int j = 0; j < KT / 8; j++) {
-        s[4 * j] = exp2_mix<POLY>(fmaf(s[4 * j], scale_log2, -n0), j);
-        s[4 * j + 1] = exp2_mix<POLY>(fmaf(s[4 * j + 1], scale_log2, -n0), j);
-        s[4 * j + 2] = exp2_mix<POLY>(fmaf(s[4 * j + 2], scale_log2, -n1), j);
-        s[4 * j + 3] = exp2_mix<POLY>(fmaf(s[4 * j + 3], scale_log2, -n1), j);
+        s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -n0));
+        s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -n0));
+        s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -n1));
+        s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -n1));
         sm[0][j % 4] += s[4 * j] + s[4 * j + 1];
         sm[1][j % 4] += s[4 * j + 2] + s[4 * j + 3];
     }
@@ -186,7 +155,7 @@ __device__ __forceinline__ void store(__nv_bfloat16 *out, const float *o, float 
 // KG warpgroups of 64 query rows, KT keys a tile
 template <int KG, int KT, int STAGES> constexpr int smem_bytes() { return 64 * KG * 128 + STAGES * 2 * KT * 128 + 1024; }
 
-template <int KG, int KT, int STAGES, int POLY = 0>
+template <int KG, int KT, int STAGES>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     constexpr int ROWS = 64 * KG;
@@ -262,7 +231,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
         for (int i = 0; i < KT / 2; i++) pin(s[i]);
 
         float a0, a1;
-        online_softmax<KT, POLY>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+        online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
         rescale(o, a0, a1);
         // O += P V: the probabilities of keys 16 kk .. 16 kk + 15 are the A operand of step kk
         uint32_t p[KT / 16][4];
@@ -287,144 +256,6 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 #pragma unroll
             for (int i = 0; i < 4; i++) pin(p[kk][i]);
     }
-
-    store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
-}
-
-
-// Ping-pong (FlashAttention-3's inter-warpgroup schedule): the two warpgroups of a block take
-// turns on the tensor cores, one's matrix products (P V of the last tile, then S = Q K^T of this
-// one) while the other runs its softmax, ordered by two named barriers. Key/value tiles come
-// through STAGES buffers with an mbarrier each for "landed" (cp.async arrivals) and "free" (each
-// warp arrives when its P V has read the tile); warpgroup 1, which runs second, issues the copies,
-// so the buffer it refills is always already free.
-template <int KT, int STAGES, int POLY>
-__device__ __forceinline__ void attention_pp(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
-                                             const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    constexpr int ROWS = 128;
-    const int cell = blockIdx.z;
-    const int head = blockIdx.y;
-    const int start = cu[cell];
-    const int len = cu[cell + 1] - start;
-    const int q0 = blockIdx.x * ROWS;
-    if (q0 >= len) return;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    __shared__ __align__(8) uint64_t bars[2 * STAGES];
-    const uint32_t raw = smem_addr(smem_raw);
-    const uint32_t qs = raw + ((1024 - (raw & 1023)) & 1023);
-    auto ks = [&](int tile) { return qs + ROWS * 128 + (tile % STAGES) * 2 * KT * 128; };
-    auto vs = [&](int tile) { return ks(tile) + KT * 128; };
-    const uint32_t bar0 = smem_addr(bars);
-    auto full = [&](int tile) { return bar0 + 8 * (tile % STAGES); };
-    auto empty = [&](int tile) { return bar0 + 8 * (STAGES + tile % STAGES); };
-
-    const int tid = threadIdx.x;
-    const int wg = tid / 128;
-    const int warp = (tid % 128) / 32;
-    const int lane = tid % 32;
-    const int g = lane / 4, tig = lane % 4;
-    const size_t row_stride = (size_t)3 * heads * kHead;
-    const __nv_bfloat16 *base = qkv + (size_t)start * row_stride + head * kHead;
-    const int tiles = (len + KT - 1) / KT;
-    if (tid == 0) {
-        for (int i = 0; i < STAGES; i++) {
-            mbar_init(bar0 + 8 * i, 128);
-            mbar_init(bar0 + 8 * (STAGES + i), 8);
-        }
-    }
-    __syncthreads();
-
-    const int ltid = tid - 128;  // warpgroup 1 copies
-    auto load_kv = [&](int tile) {
-        const int k0 = tile * KT;
-        for (int i = ltid; i < KT * 8; i += 128) {
-            const int r = i / 8, c = i % 8;
-            const bool ok = k0 + r < len;
-            const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
-            copy16(ks(tile) + swz(r, c), row + heads * kHead, ok);
-            copy16(vs(tile) + swz(r, c), row + 2 * heads * kHead, ok);
-        }
-        mbar_copy_arrive(full(tile));
-    };
-    if (wg == 1) {
-        for (int i = ltid; i < ROWS * 8; i += 128) {
-            const int r = i / 8, c = i % 8;
-            const bool ok = q0 + r < len;
-            copy16(qs + swz(r, c), base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
-        }
-#pragma unroll
-        for (int t = 0; t < STAGES - 1; t++)
-            if (t < tiles) load_kv(t);
-        bar_arrive(1);  // warpgroup 0 goes first
-    }
-    const int mine = 1 + wg, other = 2 - wg;
-
-    float o[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const uint32_t qa = qs + wg * 64 * 128;
-    uint32_t p[KT / 16][4];
-
-    for (int t = 0; t < tiles; t++) {
-        mbar_wait(full(t), (t / STAGES) & 1);
-        fence_async_shared();
-        bar_sync(mine);
-        if (t > 0) {  // O += P V of the last tile
-#pragma unroll
-            for (int i = 0; i < 32; i++) pin(o[i]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(vs(t - 1) + kk * 2048, 1024, 1024));
-            wg_commit();
-            wg_wait_all();
-#pragma unroll
-            for (int i = 0; i < 32; i++) pin(o[i]);
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) pin(p[kk][i]);
-        }
-        float s[KT / 2];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHead / 16; kk++) mma_qk<KT>(s, desc(qa + kk * 32, 16, 1024), desc(ks(t) + kk * 32, 16, 1024), kk);
-        wg_commit();
-        bar_arrive(other);
-        wg_wait_all();
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) pin(s[i]);
-        if (t > 0 && lane == 0) mbar_arrive(empty(t - 1));
-        if (wg == 1) {
-            const int n = t + STAGES - 1;
-            if (n < tiles) {
-                if (n >= STAGES) mbar_wait(empty(n), (n / STAGES - 1) & 1);
-                load_kv(n);
-            }
-        }
-        float a0, a1;
-        online_softmax<KT, POLY>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
-        rescale(o, a0, a1);
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++) {
-            p[kk][0] = pack(s[8 * kk], s[8 * kk + 1]);
-            p[kk][1] = pack(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = pack(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = pack(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-    }
-    bar_sync(mine);
-#pragma unroll
-    for (int i = 0; i < 32; i++) pin(o[i]);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(vs(tiles - 1) + kk * 2048, 1024, 1024));
-    wg_commit();
-    if (wg == 0) bar_arrive(other);
-    wg_wait_all();
-#pragma unroll
-    for (int i = 0; i < 32; i++) pin(o[i]);
 
     store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
 }
