@@ -22,17 +22,18 @@ real=bench/token_lengths_wu2020.txt
 # to 1536 by upstream's design
 uce="$out/uce_lengths.txt"
 yes 1072 | head -200 > "$uce"
-# name layers hidden heads ffn max_len batch cells lengths torch-pad-to
+# name layers hidden heads ffn max_len batch cells lengths torch-pad-to activation (each
+# model's own: Geneformer's BERT uses GELU, scGPT and UCE PyTorch's default ReLU)
 shapes=(
-  "geneformer_v1 6 256 4 512 2048 64 2048 $real 0"
-  "scgpt 12 512 8 512 1200 64 2048 $real 0"
-  "geneformer_v2 12 768 12 3072 4096 16 512 $real 0"
-  "uce_33l 33 1280 20 5120 1536 16 256 $uce 1536"
+  "geneformer_v1 6 256 4 512 2048 64 2048 $real 0 gelu"
+  "scgpt 12 512 8 512 1200 64 2048 $real 0 relu"
+  "geneformer_v2 12 768 12 3072 4096 16 512 $real 0 gelu"
+  "uce_33l 33 1280 20 5120 1536 16 256 $uce 1536 relu"
 )
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
 for s in "${shapes[@]}"; do
-  read -r name L d h f maxlen batch cells lengths padto <<<"$s"
-  common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16)
+  read -r name L d h f maxlen batch cells lengths padto act <<<"$s"
+  common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --activation "$act")
   for variant in packed padded; do
     extra=(--check); [[ $variant == padded ]] && extra=(--padded)
     line=$(timeout "${STEP_TIMEOUT:-240}" "$bin" __bench-encoder "${common[@]}" --order sorted "${extra[@]}" 2>"$out/$name.scfoundry.$variant.err") || line="{\"tool\":\"scfoundry\",\"variant\":\"$variant\",\"error\":\"$(tail -1 "$out/$name.scfoundry.$variant.err" | tr -d '"')\"}"

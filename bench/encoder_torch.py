@@ -25,6 +25,7 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--order", default="file")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--activation", default="gelu", choices=["gelu", "relu"], help="feed-forward activation (scGPT and UCE: relu)")
     ap.add_argument("--pad-to", type=int, default=0, help="pad every batch to this length (UCE pads every cell to 1536 by design)")
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -35,7 +36,7 @@ def main():
     if a.order == "sorted":
         order.sort(key=lambda i: -lens[i])
     dev = torch.device("cuda")
-    layer = torch.nn.TransformerEncoderLayer(a.hidden, a.heads, a.ffn, dropout=0.0, activation="gelu", batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(a.hidden, a.heads, a.ffn, dropout=0.0, activation=a.activation, batch_first=True)
     enc = torch.nn.TransformerEncoder(layer, a.layers, enable_nested_tensor=False).to(dev, dtype).eval()
     emb = torch.nn.Embedding(25426, a.hidden).to(dev, dtype)
     batches = [order[i:i + a.batch] for i in range(0, len(order), a.batch)]
@@ -67,7 +68,7 @@ def main():
     computed = sum(len(b) * max(max(lens[i] for i in b), a.pad_to) for b in batches)
     print(json.dumps({
         "tool": "pytorch", "version": torch.__version__, "encoder": "nn.TransformerEncoder + key padding mask",
-        "layers": L, "hidden": d, "heads": a.heads, "ffn": f, "max_len": a.max_len, "dtype": a.dtype,
+        "layers": L, "hidden": d, "heads": a.heads, "ffn": f, "max_len": a.max_len, "activation": a.activation, "dtype": a.dtype,
         "order": a.order, "batch": a.batch, "cells": a.cells, "seconds": best,
         "cells_per_s": a.cells / best, "useful_tflops": flops / best / 1e12,
         "mean_tokens": sum(lens) / a.cells, "padding_share": 1 - sum(lens) / computed,

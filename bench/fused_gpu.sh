@@ -13,17 +13,17 @@ B=$PWD/${BIN:-dist/cuda/scfoundry}; L=bench/token_lengths_wu2020.txt; export SCF
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 U="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$U"
 timeout 60 "$B" __bench-encoder --arch bert --layers 2 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $L --cells 64 --batch 16 --check --repeat 1 2>&1 | tee "$OUT/quick.txt" | tail -3
-# name layers hidden heads ffn max_len batch cells lengths
+# name layers hidden heads ffn max_len batch cells lengths activation (each model's own)
 shapes=(
-  "geneformer_v1 6 256 4 512 2048 64 2048 $L"
-  "scgpt 12 512 8 512 1200 64 2048 $L"
-  "geneformer_v2 12 768 12 3072 4096 16 512 $L"
-  "uce_33l 33 1280 20 5120 1536 16 256 $U"
+  "geneformer_v1 6 256 4 512 2048 64 2048 $L gelu"
+  "scgpt 12 512 8 512 1200 64 2048 $L relu"
+  "geneformer_v2 12 768 12 3072 4096 16 512 $L gelu"
+  "uce_33l 33 1280 20 5120 1536 16 256 $U relu"
 )
 : > "$OUT/fused.jsonl"
 for s in "${shapes[@]}"; do
-  read -r name Ly d h f maxlen batch cells lengths <<<"$s"
-  common=(--layers "$Ly" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --order sorted)
+  read -r name Ly d h f maxlen batch cells lengths act <<<"$s"
+  common=(--layers "$Ly" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --order sorted --activation "$act")
   # fused: our encoder path with the best attention kernel for the GPU (wgmma on Hopper);
   # portable: the same with the mma.sync attention kernel; unfused: candle's ops
   for v in ${VARIANTS:-fused portable unfused}; do

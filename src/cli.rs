@@ -224,6 +224,10 @@ pub struct BenchEncoderArgs {
     /// and print the shares of a layer in the JSON line.
     #[arg(long)]
     pub profile: bool,
+    /// --arch bert: the feed-forward activation, `gelu` (Geneformer's, erf form) or `relu`
+    /// (scGPT's and UCE's: PyTorch's TransformerEncoderLayer default).
+    #[arg(long, default_value = "gelu", value_parser = ["gelu", "relu"])]
+    pub activation: String,
 }
 
 #[derive(Debug, Args)]

@@ -480,7 +480,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let device = device_of(&a.device)?;
     let cfg: Config = serde_json::from_value(json!({
         "vocab_size": 25426, "hidden_size": hidden, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "intermediate_size": ffn, "hidden_act": "gelu",
+        "num_attention_heads": heads, "intermediate_size": ffn, "hidden_act": a.activation,
         "hidden_dropout_prob": 0.0, "max_position_embeddings": max_len, "type_vocab_size": 2,
         "initializer_range": 0.02, "layer_norm_eps": 1e-12, "pad_token_id": 0,
         "classifier_dropout": null, "model_type": "bert"
@@ -584,7 +584,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let mut out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"),
         "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else if a.unfused || !crate::gpu::fused_encoder::applies(&packed_model.encoder, &Tensor::zeros((1, hidden), dtype, &device)?) { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, candle ops" } else { "scfoundry PackedBert, packed cells, fused encoder (gpu/fused_encoder.rs)" },
-        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len,
+        "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len, "activation": a.activation,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,

@@ -173,3 +173,31 @@ fn geneformer_cells_without_dictionary_genes_get_nan() {
     let e = Geneformer::load(&fx().join("v1"), -1, EmbMode::Cls).err().unwrap().to_string();
     assert!(e.contains("cls needs a <cls> token"), "{e}");
 }
+
+/// `__bench-encoder --arch bert` (the throughput benchmark of bench/encoder_throughput.sh) on
+/// the CPU at a tiny shape: its packed encoder agrees with candle-transformers' padded BertModel
+/// on the same random weights for both feed-forward activations the benchmark runs (GELU for
+/// Geneformer, ReLU for scGPT and UCE), and the JSON line names the activation it ran.
+#[test]
+fn bench_encoder_packed_matches_padded_bert_for_both_activations() {
+    let t = TestContext::new();
+    let lengths = t.path("lengths.txt");
+    std::fs::write(&lengths, "17\n40\n3\n64\n25\n9\n").unwrap();
+    for act in ["gelu", "relu"] {
+        let lengths = lengths.to_str().unwrap();
+        let run = t.run(&[
+            "__bench-encoder", "--arch", "bert", "--device", "cpu", "--dtype", "f32", "--layers", "2", "--hidden", "32", "--heads", "2",
+            "--ffn", "64", "--max-len", "64", "--lengths", lengths, "--cells", "12", "--batch", "5", "--repeat", "1", "--check",
+            "--activation", act,
+        ]);
+        run.success();
+        let v: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+        assert_eq!(v["activation"], act);
+        let rel = v["check_embedding_packed_vs_padded"].as_f64().unwrap();
+        assert!(rel < 1e-5, "{act}: packed vs padded {rel}");
+        assert!(v["cells_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let bad = t.run(&["__bench-encoder", "--arch", "bert", "--activation", "swish"]);
+    bad.user_error();
+    assert!(bad.stderr.contains("gelu") && bad.stderr.contains("relu"), "{}", bad.stderr);
+}
