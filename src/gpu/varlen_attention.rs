@@ -88,7 +88,9 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::DeviceId;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
+    use std::sync::Mutex;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
     /// Empty unless the binary was built for compute capability 9.0 (build.rs).
@@ -96,15 +98,28 @@ mod cuda {
     /// The Hopper kernel's dynamic shared memory: 128 query rows and two buffers of 96 key and
     /// 96 value rows, 128 bytes each, and 1024 bytes to align the tiles (kernels/varlen_attention_sm90.cu).
     const SM90_SHARED: u32 = 128 * 128 + 2 * 2 * 96 * 128 + 1024;
+    const SM90_KERNEL: &str = "varlen_attention_bf16_d64_sm90";
+    const SM90_MODULE: &str = "scfoundry_varlen_attention_sm90";
 
     /// Which attention kernel runs on `dev`: "sm90" (wgmma, Hopper) or "portable" (mma.sync).
-    pub fn kernel_name(dev: &CudaDevice) -> &'static str {
+    /// Decided once per device (the first launch reads SCFOUNDRY_ATTENTION, asks the compute
+    /// capability and raises the Hopper kernel's shared-memory limit), not on every launch.
+    pub fn kernel_name(dev: &CudaDevice) -> Result<&'static str> {
+        static CHOSEN: Mutex<Vec<(DeviceId, &'static str)>> = Mutex::new(Vec::new());
+        let mut chosen = CHOSEN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, name)) = chosen.iter().find(|(id, _)| *id == dev.id()) {
+            return Ok(name);
+        }
         let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
-        if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
+        let name = if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
+            let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
+            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
             "sm90"
         } else {
             "portable"
-        }
+        };
+        chosen.push((dev.id(), name));
+        Ok(name)
     }
 
     /// The kernel over `qkv` (`tokens x 3 d`, bf16) into `out` (`tokens x d`): every row of a cell
@@ -112,9 +127,8 @@ mod cuda {
     pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
         // either kernel: a block takes 128 query rows of one head of one cell
         let grid_dim = (longest.div_ceil(128) as u32, heads as u32, cells as u32);
-        let (func, cfg) = if kernel_name(dev) == "sm90" {
-            let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64_sm90", "scfoundry_varlen_attention_sm90", PTX_SM90)?;
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
+        let (func, cfg) = if kernel_name(dev)? == "sm90" {
+            let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             (func, LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED })
         } else {
             let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;

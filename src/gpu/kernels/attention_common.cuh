@@ -21,3 +21,14 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
+
+// A block's share of the grid (row blocks, heads, cells): query rows q0 .. q0 + rows - 1 of one
+// head of one cell whose tokens start at row `start` of the packed batch.
+struct BlockWork {
+    int head, start, len, q0;
+};
+__device__ __forceinline__ BlockWork block_work(const unsigned int *cu, int rows) {
+    const int cell = blockIdx.z;
+    const int start = cu[cell];
+    return {(int)blockIdx.y, start, (int)cu[cell + 1] - start, (int)blockIdx.x * rows};
+}

@@ -61,12 +61,9 @@ template <int MT>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     constexpr int ROWS = BM * MT;
-    const int cell = blockIdx.z;
-    const int head = blockIdx.y;
-    const int start = cu[cell];
-    const int len = cu[cell + 1] - start;
-    const int q0 = blockIdx.x * ROWS;
-    if (q0 >= len) return;
+    const BlockWork work = block_work(cu, ROWS);
+    if (work.q0 >= work.len) return;
+    const int head = work.head, start = work.start, len = work.len, q0 = work.q0;
 
     const int tid = threadIdx.x;
     const int warp = tid / 32;

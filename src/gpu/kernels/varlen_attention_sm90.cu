@@ -12,10 +12,11 @@
 //     V read from shared memory as an MN-major ("transposed") operand;
 //   - key/value tiles are copied with cp.async, STAGES - 1 tiles ahead. Two blocks an SM
 //     interleave one block's softmax with the other's matrix products.
-// Not here (measured slower at these shapes, or not tried): the softmax overlapped with P V in
-// the same warpgroup (the compiler then waits for P V before the softmax unless P is
-// double-buffered, which costs the registers of the second block an SM), a producer warp with
-// TMA, ping-pong scheduling of the two warpgroups.
+// Not here (measured slower at these shapes on the H200, BENCHMARKS.md): the softmax overlapped
+// with P V in the same warpgroup (the compiler then waits for P V before the softmax unless P is
+// double-buffered, which costs the registers of the second block an SM); ping-pong scheduling of
+// the two warpgroups with an mbarrier key/value pipeline; part of the exponentials as
+// polynomials on the FMA units (both in commit 416848e). Not tried: a TMA producer warp.
 // Grid: (ceil(longest / (64 KG)), heads, cells); dynamic shared memory: smem_bytes<KG, KT, STAGES>().
 //
 // A tile in shared memory is rows of 64 bf16 (128 bytes); 16-byte chunk c of row r is stored at
@@ -160,12 +161,9 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     constexpr int ROWS = 64 * KG;
     constexpr int THREADS = 128 * KG;
-    const int cell = blockIdx.z;
-    const int head = blockIdx.y;
-    const int start = cu[cell];
-    const int len = cu[cell + 1] - start;
-    const int q0 = blockIdx.x * ROWS;
-    if (q0 >= len) return;
+    const BlockWork work = block_work(cu, ROWS);
+    if (work.q0 >= work.len) return;
+    const int head = work.head, start = work.start, len = work.len, q0 = work.q0;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_addr(smem_raw);
