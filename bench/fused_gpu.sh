@@ -13,11 +13,12 @@ B=$PWD/${BIN:-dist/cuda/scfoundry}; L=bench/token_lengths_wu2020.txt; export SCF
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 U="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$U"
 timeout 60 "$B" __bench-encoder --arch bert --layers 2 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $L --cells 64 --batch 16 --check --repeat 1 2>&1 | tee "$OUT/quick.txt" | tail -3
-# name layers hidden heads ffn max_len batch cells lengths activation (each model's own)
+# name layers hidden heads ffn max_len batch cells lengths activation (each model's own: ReLU
+# for all four, see encoder_throughput.sh)
 shapes=(
-  "geneformer_v1 6 256 4 512 2048 64 2048 $L gelu"
+  "geneformer_v1 6 256 4 512 2048 64 2048 $L relu"
   "scgpt 12 512 8 512 1200 64 2048 $L relu"
-  "geneformer_v2 12 768 12 3072 4096 16 512 $L gelu"
+  "geneformer_v2 12 768 12 3072 4096 16 512 $L relu"
   "uce_33l 33 1280 20 5120 1536 16 256 $U relu"
 )
 : > "$OUT/fused.jsonl"

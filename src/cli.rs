@@ -224,8 +224,8 @@ pub struct BenchEncoderArgs {
     /// and print the shares of a layer in the JSON line.
     #[arg(long)]
     pub profile: bool,
-    /// --arch bert: the feed-forward activation, `gelu` (Geneformer's, erf form) or `relu`
-    /// (scGPT's and UCE's: PyTorch's TransformerEncoderLayer default).
+    /// --arch bert: the feed-forward activation, `gelu` (BERT's, erf form) or `relu` (what
+    /// Geneformer's config.json, scGPT and UCE use).
     #[arg(long, default_value = "gelu", value_parser = ["gelu", "relu"])]
     pub activation: String,
 }
