@@ -440,24 +440,16 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     drop(ds);
     let batch = job.batches.size();
     let CellamaJob { ad, x, enc, model_dir, shas, notes, .. } = job;
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("batch_size".into(), json!(batch));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
     params.insert("pooling".into(), json!("mean, L2-normalised"));
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }
 
 /// The Ensembl ids of the var entries: a var column, or the index for `index`.
@@ -587,9 +579,6 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens and were truncated, as upstream", model.input_size));
     }
     batches.finish(&mut notes, true);
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("gene_column".into(), json!(column));
     params.insert("batch_size".into(), json!(batches.size()));
@@ -603,18 +592,13 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("genes_in_dictionary".into(), json!(table.n_genes()));
     params.insert("mean_tokens_per_cell".into(), json!(n_tokens as f64 / ad.n_obs.max(1) as f64));
     params.insert("tie_order".into(), json!("gene order (stable sort)"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }
 
 /// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
@@ -712,9 +696,6 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     if !empty.is_empty() {
         notes.push(format!("{} cell(s) express no gene of the vocabulary ({}): embedded from <cls> alone, so they share one embedding (upstream's embed_data fails on them)", empty.len(), some_cells(&ad.obs_names, &empty)));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("gene_col".into(), json!(gene_col));
@@ -729,15 +710,10 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("rng".into(), json!("numpy MT19937 per cell, seeded with (seed + cell row) mod 2^32: bin ties, then sampling"));
     params.insert("cells_sampled".into(), json!(sampled));
     params.insert("cells_without_vocab_genes".into(), json!(empty.len()));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }
 
 /// The first five of `cells`' names, ", ..." after them when there are more: for notes that name
@@ -745,6 +721,21 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
 pub(crate) fn some_cells(obs_names: &[String], cells: &[usize]) -> String {
     let shown: Vec<&str> = cells.iter().take(5).map(|&i| obs_names[i].as_str()).collect();
     format!("{}{}", shown.join(", "), if cells.len() > shown.len() { ", ..." } else { "" })
+}
+
+/// The last step of an embedding task: `uns['scfoundry']` (the [`provenance`], the parameters
+/// the run used and the weights files it read, with their sha256) written into the pending output,
+/// which is then renamed into place; the destination is untouched until this succeeds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn commit_embedding(spec: &TaskSpec, out: PendingOutput, key: &str, matrix: &str, params: serde_json::Map<String, Value>, weights: serde_json::Map<String, Value>, n_obs: usize, dim: usize, notes: Vec<String>) -> Result<TaskResult> {
+    let uns = require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, matrix);
+    prov.insert("parameters".into(), Value::Object(params));
+    prov.insert("weights".into(), Value::Object(weights));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
 }
 
 /// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,

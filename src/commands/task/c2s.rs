@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{obs_strings, param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{obs_strings, param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::c2s::{self, C2sTokenizer, GptNeoX, Prompter};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -112,9 +111,6 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
             model.cfg.max_position_embeddings
         ));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -127,15 +123,10 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("mean_tokens".into(), json!(tokens_total as f64 / ad.n_obs.max(1) as f64));
     params.insert("longest_prompt_tokens".into(), json!(longest));
     params.insert("cell_embedding".into(), json!("mean over the prompt's tokens of the last hidden state (after final_layer_norm); each cell as in a batch of one"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("config".into(), json!(config_path.display().to_string()));
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

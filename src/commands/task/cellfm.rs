@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, LengthStats, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::cellfm::{self, CellFm, CellInput, CellProblem, GeneMap};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -105,9 +104,6 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     if !model.dims.st_tokens {
         notes.push("the state_dict has no ST_emb: the port's embedding_infer read-out (the cls token alone in front of the genes) is used".into());
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -122,16 +118,11 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     params.insert("read_out".into(), json!(if model.dims.st_tokens { "encode" } else { "embedding_infer" }));
     params.insert("preprocessing".into(), json!("counts of cells above 1e5 scaled to 1e5 and rounded (read_h5ad); genes by exact symbol, the first 2,048 in var order (SCrna); non-zero ones, log1p(x / T * 1e4) with T their sum (Prepare.normalize); no down-sampling, no masking"));
     params.insert("cell_embedding".into(), json!("the cls token's row of the last RetentionLayer (model.py Cell_FM: cls_token of FinetuneModel.encode, eval mode)"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_info".into(), json!(info_path.display().to_string()));
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, TaskDevice};
+use super::{param_u64, commit_embedding, verified_weights, TaskDevice};
 use crate::anndata::dataframe::Column;
-use crate::anndata::h5util::require_dict;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::cellplm::{self, attention_batches, Alignment, CellPlm};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -193,9 +192,6 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     if empty > 0 {
         notes.push(format!("{empty} cell(s) have no count in the model's genes: their input is all zeros"));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     dev.write_report(task_dir, None, Some(batch));
     params.insert("batch_size".into(), json!(batch));
@@ -215,14 +211,9 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
         "cell_embedding".into(),
         json!("the GMVAE latent mean (q(z|x, y) with y the argmax cluster; upstream samples y with Gumbel noise) after a Flowformer encoder over the cells of each forward pass"),
     );
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{gene_ids, param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{gene_ids, param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::cls_encoder::{Arch, ClsEncoder};
 use crate::methods::geneformer::{self, length_order, Dictionaries};
 use crate::methods::{langcell, sccello};
@@ -131,9 +130,6 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
         notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens (with <cls>) and were truncated, as upstream", model.input_size));
     }
     batches.finish(&mut notes, true);
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, &key, &x.field);
     let mut params = spec.params.clone();
     params.insert("gene_column".into(), json!(column));
     params.insert("batch_size".into(), json!(batches.size()));
@@ -149,7 +145,6 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     params.insert("genes_in_dictionary".into(), json!(table.n_genes()));
     params.insert("mean_tokens_per_cell".into(), json!(n_tokens as f64 / ad.n_obs.max(1) as f64));
     params.insert("tie_order".into(), json!("gene order (stable sort)"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
@@ -159,9 +154,5 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, &key, &x.field, params, w, ad.n_obs, dim, notes)
 }

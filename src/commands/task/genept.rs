@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use super::{provenance, verified_weights, write_json_dict};
-use crate::anndata::h5util::require_dict;
+use super::{commit_embedding, verified_weights};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::genept::{self, Lookup, Table};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -71,22 +70,14 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     }
     p.finish();
     drop(ds);
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("device".into(), json!("cpu"));
     params.insert("genes_matched".into(), json!(lookup.matched()));
     params.insert("genes_without_embedding".into(), json!(lookup.missing));
     params.insert("table_genes".into(), json!(table.index.len()));
     params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::novae::{self, Config, GraphBatch, Novae, SpatialGraph};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -214,9 +213,6 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let ds = out.create_obsm(key, n, dim)?;
     write_rows(&ds, 0, &emb, dim)?;
     drop(ds);
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     params.insert("batch_size".into(), json!(batches.size()));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
@@ -232,14 +228,9 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     params.insert("normalize_total_target".into(), json!(if counts { target } else { 0.0 }));
     params.insert("scale_to_microns".into(), json!(1.0));
     params.insert("cell_embedding".into(), json!("upstream obsm['novae_latent']: the attention-aggregated GATv2 encoding of the cell's n_hops_local subgraph; zeros for cells without a valid neighbourhood"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("config".into(), json!(config_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: n, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, n, dim, notes)
 }

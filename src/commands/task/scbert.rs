@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, some_cells, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::scbert::{self, GeneAlign, ScBert};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -103,9 +102,6 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     if !empty.is_empty() {
         notes.push(format!("{} cell(s) have no count in any reference gene ({}): all their tokens are 0, so they share one embedding", empty.len(), some_cells(&ad.obs_names, &empty)));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -118,14 +114,9 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     params.insert("cells_below_min_genes".into(), json!(few));
     params.insert("preprocessing".into(), json!("reference genes by exact name, normalize_total(1e4) over them, log2(1 + x), bins min(trunc(x), 5), a 0 appended (preprocess.py, predict.py)"));
     params.insert("cell_embedding".into(), json!("mean of the final LayerNorm's output over the gene positions (the appended one left out), as BioLLM's 'mean'; FAVOR+ key stabiliser per cell (each cell as predict.py runs it, alone)"));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

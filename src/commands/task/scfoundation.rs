@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{provenance, verified_weights, write_json_dict, Batches, LengthStats, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::scfoundation::{self, CellInput, CellProblem, GeneAlignment, ScFoundation};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -86,9 +85,6 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     p.finish();
     drop(ds);
     notes.extend(tokens.note("tokens per cell (expressed model genes + T + S)"));
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -104,14 +100,9 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     params.insert("genes_in_model".into(), json!(genes.len()));
     params.insert("genes_present".into(), json!(align.present()));
     params.insert("genes_zero_filled".into(), json!(align.missing.len()));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -7,11 +7,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::scprint::{self, CellProblem, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -99,9 +98,6 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
             spec.seed
         ));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     let cfg = &model.config;
@@ -117,13 +113,8 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("layers".into(), json!(cfg.nlayers));
     params.insert("genes_in_model".into(), json!(cfg.genes.len()));
     params.insert("genes_present".into(), json!(align.present));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::scvi_pretrained::{self as sp, GeneAlignment, Latent, PretrainedScvi, SavedModel};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -212,9 +211,6 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     if empty > 0 {
         notes.push(format!("{empty} cell(s) have no count in the model's genes: their embedding is the encoder's output for zeros"));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -234,13 +230,8 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
             Latent::Ln => format!("mean of softmax(z) over {} draws z ~ N(q_m, q_v) (scvi-tools get_latent_representation(give_mean=True) for latent_distribution='ln'); ChaCha8 seeded per cell with (seed, row)", sp::MC_SAMPLES),
         }),
     );
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(saved.path.display().to_string()));
     w.insert("sha256".into(), json!(crate::weights::sha256_file(&saved.path, |_| {})?));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }

@@ -5,11 +5,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, provenance, some_cells, verified_weights, write_json_dict, Batches, TaskDevice};
-use crate::anndata::h5util::require_dict;
+use super::{param_u64, commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
-use crate::error::{Error, Hdf5Context, Result};
+use crate::error::{Error, Result};
 use crate::methods::uce::{self, ChromTable, Config, GeneMap, Uce};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
@@ -123,9 +122,6 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     if !empty.is_empty() {
         notes.push(format!("{} cell(s) have no count in any embedded gene ({}): embedded from CLS alone, so they share one embedding (upstream cannot sample them)", empty.len(), some_cells(&ad.obs_names, &empty)));
     }
-    let f = out.file();
-    let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = provenance(spec, key, &x.field);
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("batch_size".into(), json!(batches.size()));
@@ -143,14 +139,9 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("cell_embedding".into(), json!("CLS output through the decoder, L2-normalised; padding masked (each cell as in a batch of one)"));
     params.insert("rng".into(), json!("numpy MT19937 per cell, seeded with (seed + cell row) mod 2^32: np.random.choice of the genes, then the chromosome shuffle"));
     params.insert("cells_without_counts".into(), json!(empty.len()));
-    prov.insert("parameters".into(), Value::Object(params));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
     w.insert("sha256".into(), Value::Object(shas));
-    prov.insert("weights".into(), Value::Object(w));
-    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
-    drop(uns);
-    out.commit()?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
 }
