@@ -570,11 +570,20 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("profile_tokens".into(), json!(p.tokens()));
         check.insert("profile_layer_tflops".into(), json!(layer_flops / total / 1e12));
     }
+    // the host's share: the mean time spent queueing a batch's work (up to the read-back that
+    // waits for the GPU) times the batches, over the best pass; near 1, the GPU waited for the host
+    let (mut queued, mut calls) = (0f64, 0usize);
     let best = time_batches(&device, &batches, a.repeat, |b| {
+        let t = Instant::now();
         let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
+        if calls > 0 {
+            queued += t.elapsed().as_secs_f64(); // the warm-up batch left out
+        }
+        calls += 1;
         let _ = e.to_vec2::<f32>()?;
         Ok(())
     })?;
+    let host_queue_share = queued / calls.saturating_sub(1).max(1) as f64 * batches.len() as f64 / best;
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
@@ -586,6 +595,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+        "host_queue_share": host_queue_share,
     });
     out.as_object_mut().expect("an object").extend(check);
     println!("{out}");
