@@ -570,8 +570,9 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("profile_tokens".into(), json!(p.tokens()));
         check.insert("profile_layer_tflops".into(), json!(layer_flops / total / 1e12));
     }
-    // the host's share: the mean time spent queueing a batch's work (up to the read-back that
-    // waits for the GPU) times the batches, over the best pass; near 1, the GPU waited for the host
+    // the mean time spent queueing a batch's work (up to the read-back) times the batches, over
+    // the best pass: an upper bound on the host's share, since queueing includes any wait for
+    // the GPU inside it (a copy from pageable memory waits for the work queued before it)
     let (mut queued, mut calls) = (0f64, 0usize);
     let best = time_batches(&device, &batches, a.repeat, |b| {
         let t = Instant::now();
