@@ -116,7 +116,8 @@ def geneformer(out):
                                  ("geneformer_v2", "v2", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=4096, vocab_size=20275))):
         dims = {k: shape[v] for k, v in small.items()}
         big = redraw(sd, dims, "bert.encoder.layer.", shape["num_hidden_layers"])
-        # the MLM head's decoder is tied to the word embeddings in transformers' files
+        # cls.predictions.* (the MLM head; upstream ties its decoder to the word embeddings) is
+        # redrawn on its own like every tensor: embed never reads it
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
         c = json.load(open(src / version / "config.json"))
