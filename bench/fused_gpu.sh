@@ -39,7 +39,7 @@ import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l); x = r["run"]
     print(r["shape"], r["variant"], round(x.get("cells_per_s", 0), 1), round(x.get("useful_tflops", 0), 1),
-          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("attention_kernel", ""), x.get("error", ""))
+          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("check_embedding_kernel_vs_candle"), x.get("attention_kernel", ""), x.get("error", ""))
     if "profile_ms_per_layer" in x:
         p = x["profile_ms_per_layer"]; t = sum(p.values())
         print("   layer %.3f ms (%d tokens, %.0f TFLOP/s): " % (t, x["profile_tokens"], x["profile_layer_tflops"]) + ", ".join("%s %.3f (%.0f%%)" % (k, v, 100 * v / t) for k, v in p.items()))

@@ -531,6 +531,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
         let h = packed_model.forward(&p)?;
         check.insert("check_embedding_packed_vs_padded".into(), json!(rel(&PackedBert::mean_pool(&h, &p.cu, 0, 0)?, &padded_run(b)?)?));
+        // the input embedding (one kernel in bf16 on a GPU) against candle's ops
+        check.insert("check_embedding_kernel_vs_candle".into(), json!(rel(&packed_model.embed(&p)?, &packed_model.embed_candle(&p)?)?));
         // the cell embeddings' pooling (one kernel on a GPU) against candle's ops a cell at a time
         let spans: Vec<(usize, usize)> = p.cu.windows(2).map(|w| (w[0] as usize, (w[1] - w[0]) as usize)).collect();
         check.insert("check_pool_vs_candle".into(), json!(rel(&PackedBert::mean_spans(&h, &spans)?, &PackedBert::mean_spans_candle(&h, &spans)?)?));

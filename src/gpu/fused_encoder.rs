@@ -76,7 +76,7 @@ pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> 
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{MODULE, PTX};
+pub(crate) use cuda::{norm_launch, Held, MODULE, PTX};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -116,20 +116,20 @@ mod cuda {
     }
 
     /// A tensor's bf16 elements on the GPU, with the read guard that keeps them there.
-    struct Held<'t> {
+    pub(crate) struct Held<'t> {
         guard: candle_core::StorageRef<'t>,
         start: usize,
         len: usize,
     }
 
     impl<'t> Held<'t> {
-        fn new(t: &'t Tensor) -> Result<Held<'t>> {
+        pub(crate) fn new(t: &'t Tensor) -> Result<Held<'t>> {
             let (guard, layout) = t.storage_and_layout();
             let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("fused encoder: a weight is not contiguous") };
             Ok(Held { guard, start, len: end - start })
         }
 
-        fn view(&self) -> Result<CudaView<'_, bf16>> {
+        pub(crate) fn view(&self) -> Result<CudaView<'_, bf16>> {
             match &*self.guard {
                 Storage::Cuda(s) => Ok(s.as_cuda_slice::<bf16>()?.slice(self.start..self.start + self.len)),
                 _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
@@ -166,9 +166,8 @@ mod cuda {
 
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
         const NAMES: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
-        // packs of 8 values a lane hold the row: the instance with just enough of them
-        let func = dev.get_or_load_custom_func(NAMES[d.div_ceil(256).clamp(1, 8) - 1], MODULE, PTX)?;
-        let cfg = LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (instance, cfg) = norm_launch(rows, d);
+        let func = dev.get_or_load_custom_func(NAMES[instance], MODULE, PTX)?;
         let (rows, d) = (rows as i32, d as i32);
         let mut l = func.builder();
         l.arg(x);
@@ -179,6 +178,19 @@ mod cuda {
         l.arg(&eps);
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
+    }
+
+    /// The layer-norm kernels' instance (0-based: packs of 8 values a lane that hold a row, just
+    /// enough of them) and launch shape for `rows` rows of `d` values: blocks of 8 warps, each warp
+    /// taking `rows_a_warp` rows (kernels/encoder_ops.cu: 4 rows at d <= 256, 2 at d <= 512).
+    pub(crate) fn norm_launch(rows: usize, d: usize) -> (usize, LaunchConfig) {
+        let packs = d.div_ceil(256).clamp(1, 8);
+        let rows_a_warp = match packs {
+            1 => 4,
+            2 => 2,
+            _ => 1,
+        };
+        (packs - 1, LaunchConfig { grid_dim: (rows.div_ceil(8 * rows_a_warp) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
     }
 
     fn gelu(dev: &CudaDevice, x: &mut CudaSlice<bf16>, n: usize, erf: bool) -> Result<()> {

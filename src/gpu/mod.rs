@@ -7,6 +7,7 @@
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
 //! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
+//! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
@@ -22,6 +23,7 @@ pub mod backoff;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod options;
+pub mod embedding;
 pub mod fused_encoder;
 pub mod segment_mean;
 pub mod varlen_attention;

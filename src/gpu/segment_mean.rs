@@ -63,8 +63,9 @@ mod cuda {
             if n == 0 || d == 0 || longest == 0 {
                 return Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, d))));
             }
-            let starts = dev.clone_htod(&self.starts)?;
-            let counts = dev.clone_htod(&self.counts)?;
+            // starts then counts, one upload
+            let both = dev.clone_htod(&[self.starts.as_slice(), self.counts.as_slice()].concat())?;
+            let (starts, counts) = (both.slice(0..n), both.slice(n..2 * n));
             let threads = d.min(256);
             // a block: 64 rows of one span, `threads` columns (kernels/encoder_ops.cu)
             let cfg = LaunchConfig { grid_dim: (longest.div_ceil(64) as u32, n as u32, d.div_ceil(threads) as u32), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
@@ -79,7 +80,7 @@ mod cuda {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn launch<T>(dev: &CudaDevice, name: &str, x: &CudaView<T>, starts: &CudaSlice<u32>, counts: &CudaSlice<u32>, out: &mut CudaSlice<f32>, d: i32, cfg: LaunchConfig) -> Result<()> {
+    fn launch<T>(dev: &CudaDevice, name: &str, x: &CudaView<T>, starts: &CudaView<u32>, counts: &CudaView<u32>, out: &mut CudaSlice<f32>, d: i32, cfg: LaunchConfig) -> Result<()> {
         let func = dev.get_or_load_custom_func(name, crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
         let mut b = func.builder();
         b.arg(x);

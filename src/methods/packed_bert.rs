@@ -117,14 +117,31 @@ impl PackedBert {
 
     /// Hidden states of the last layer, `tokens x hidden`, for the packed cells.
     pub fn forward(&self, p: &Packed) -> Result<Tensor> {
+        self.encoder.forward(&self.embed(p)?, &p.cu)
+    }
+
+    /// The encoder's input for the packed cells (`tokens x hidden`): the word, position and
+    /// token-type rows summed and normalised. In bf16 on a GPU one kernel (`gpu::embedding`);
+    /// elsewhere [`Self::embed_candle`].
+    pub fn embed(&self, p: &Packed) -> Result<Tensor> {
         if let Some(&pos) = p.positions.iter().max().filter(|&&m| m as usize >= self.max_positions) {
             candle_core::bail!("a cell of {} tokens is longer than the model's {} positions", pos + 1, self.max_positions);
         }
+        if let (true, Some(bias)) = (crate::gpu::embedding::applies(self.word.embeddings()), self.emb_norm.bias()) {
+            let t = crate::gpu::embedding::Tables { word: self.word.embeddings(), position: self.position.embeddings(), token_type: &self.token_type, norm_weight: self.emb_norm.weight(), norm_bias: bias, eps: self.eps };
+            return crate::gpu::embedding::embed_norm(&t, &p.ids, &p.positions);
+        }
+        self.embed_candle(p)
+    }
+
+    /// [`Self::embed`] in candle's ops (the CPU's path, and the kernel's reference in
+    /// `__bench-encoder --check`).
+    pub fn embed_candle(&self, p: &Packed) -> Result<Tensor> {
         let dev = self.token_type.device();
         let ids = Tensor::new(p.ids.as_slice(), dev)?;
         let pos = Tensor::new(p.positions.as_slice(), dev)?;
         let x = (self.word.forward(&ids)? + self.position.forward(&pos)?)?.broadcast_add(&self.token_type)?;
-        self.encoder.forward(&self.emb_norm.forward(&x)?, &p.cu)
+        self.emb_norm.forward(&x)
     }
 
     /// The mean over each cell's tokens `lo..len - hi` of `hidden` (`tokens x hidden`), as f32

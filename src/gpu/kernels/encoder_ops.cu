@@ -3,6 +3,7 @@
 // whose epilogues already add the biases and the residuals):
 //   layer_norm_bf16   x <- (x - mean) / sqrt(var + eps) * w + b over each row of d values
 //                     (biased variance, as torch.nn.LayerNorm), f32 arithmetic;
+//   embed_layer_norm_bf16  the same over BERT's summed embeddings (gpu/embedding.rs);
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
 //   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
@@ -14,73 +15,141 @@ struct __align__(16) Pack8 {
     __nv_bfloat162 h[4];
 };
 
-// One warp a row; d a multiple of 8 and at most 32 x 8 x MAX_PACKS (fused_encoder.rs picks the
-// instance with MAX_PACKS = ceil(d / 256): the row lives in registers, and a small d keeps the
-// register count, and so the number of rows in flight, high; the first version held 8 packs a
-// lane for every d and ran at 0.5 TB/s on 256-wide rows). The sum and the sum of squares are
-// reduced across the warp together, shifted by the row's first value (so a mean far from zero
-// loses no precision): one chain of shuffles a row instead of two.
+// Layer norm over rows of d values (d a multiple of 8, at most 32 x 8 x MAX_PACKS): one warp
+// takes ROWS rows and holds them in registers as f32, packs of 8 a lane (fused_encoder.rs picks
+// the instance with MAX_PACKS = ceil(d / 256): a small d keeps the register count, and so the
+// number of rows in flight, high; the first version held 8 packs a lane for every d and ran at
+// 0.5 TB/s on 256-wide rows). A warp loads all its rows before reducing any, so narrow rows
+// (256 and 512 wide: 1 and 2 packs a lane) keep 2 KB a warp in flight instead of one row's 512
+// or 1,024 bytes. The sum and the sum of squares are reduced across the warp together, shifted
+// by the row's first value (so a mean far from zero loses no precision): one chain of shuffles
+// a row, the ROWS chains interleaved.
+//
+// With EMBED the rows are BERT's embeddings, summed as they are loaded: row r is
+// word[idx[r]] + position[idx[rows + r]] + token_type, then normalised into `out` (one kernel for
+// what candle's ops do in five: two gathers, two adds and a layer norm). Without it the rows are
+// read from and written back to `x` (`out` is `x`: no __restrict__ on either).
 template <int MAX_PACKS>
-__device__ __forceinline__ void layer_norm(__nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
-                                           const __nv_bfloat16 *__restrict__ b, const int rows, const int d,
-                                           const float eps) {
+__host__ __device__ constexpr int rows_a_warp() { return MAX_PACKS == 1 ? 4 : MAX_PACKS == 2 ? 2 : 1; }
+
+__device__ __forceinline__ void add_pack(float *v, const Pack8 &p) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(p.h[k]);
+        v[2 * k] += f.x;
+        v[2 * k + 1] += f.y;
+    }
+}
+
+template <int MAX_PACKS, bool EMBED>
+__device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat16 *x, const unsigned int *__restrict__ idx,
+                                          const __nv_bfloat16 *__restrict__ word, const __nv_bfloat16 *__restrict__ position,
+                                          const __nv_bfloat16 *__restrict__ token_type, const __nv_bfloat16 *__restrict__ w,
+                                          const __nv_bfloat16 *__restrict__ b, const int rows, const int d, const float eps) {
+    constexpr int ROWS = rows_a_warp<MAX_PACKS>();
     const int warps = blockDim.x / 32;
-    const int row = blockIdx.x * warps + threadIdx.x / 32;
+    const int row0 = (blockIdx.x * warps + threadIdx.x / 32) * ROWS;
     const int lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    Pack8 *xr = reinterpret_cast<Pack8 *>(x + (size_t)row * d);
-    const Pack8 *wr = reinterpret_cast<const Pack8 *>(w);
-    const Pack8 *br = reinterpret_cast<const Pack8 *>(b);
+    if (row0 >= rows) return;
     const int packs = d / 8;
-    Pack8 t[MAX_PACKS];
+    float v[ROWS][MAX_PACKS][8];
 #pragma unroll
-    for (int j = 0; j < MAX_PACKS; j++)
-        if (lane + 32 * j < packs) t[j] = xr[lane + 32 * j];
-    const float shift = __shfl_sync(0xffffffffu, __low2float(t[0].h[0]), 0);
-    float sum = 0.f, sq = 0.f;
+    for (int r = 0; r < ROWS; r++) {
+        const int row = row0 + r;
+        const Pack8 *a = nullptr, *p = nullptr;
+        if (row < rows) {
+            if (EMBED) {
+                a = reinterpret_cast<const Pack8 *>(word + (size_t)idx[row] * d);
+                p = reinterpret_cast<const Pack8 *>(position + (size_t)idx[rows + row] * d);
+            } else {
+                a = reinterpret_cast<const Pack8 *>(x + (size_t)row * d);
+            }
+        }
 #pragma unroll
-    for (int j = 0; j < MAX_PACKS; j++) {
-        if (lane + 32 * j < packs) {
+        for (int j = 0; j < MAX_PACKS; j++) {
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __bfloat1622float2(t[j].h[k]);
-                const float c0 = f.x - shift, c1 = f.y - shift;
-                sum += c0 + c1;
-                sq = fmaf(c0, c0, fmaf(c1, c1, sq));
+            for (int k = 0; k < 8; k++) v[r][j][k] = 0.f;
+            const int q = lane + 32 * j;
+            if (row < rows && q < packs) {
+                add_pack(v[r][j], a[q]);
+                if (EMBED) {
+                    add_pack(v[r][j], p[q]);
+                    add_pack(v[r][j], reinterpret_cast<const Pack8 *>(token_type)[q]);
+                }
+            }
+        }
+    }
+    float shift[ROWS], sum[ROWS], sq[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        shift[r] = __shfl_sync(0xffffffffu, v[r][0][0], 0);
+        sum[r] = 0.f;
+        sq[r] = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAX_PACKS; j++) {
+            if (lane + 32 * j < packs) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float c = v[r][j][k] - shift[r];
+                    sum[r] += c;
+                    sq[r] = fmaf(c, c, sq[r]);
+                }
             }
         }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], o);
+            sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], o);
+        }
     }
-    const float dm = sum / d;  // mean - shift
-    const float mean = shift + dm;
-    const float inv = rsqrtf(fmaxf(sq / d - dm * dm, 0.f) + eps);
+    float mean[ROWS], inv[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        const float dm = sum[r] / d;  // mean - shift
+        mean[r] = shift[r] + dm;
+        inv[r] = rsqrtf(fmaxf(sq[r] / d - dm * dm, 0.f) + eps);
+    }
+    const Pack8 *wr = reinterpret_cast<const Pack8 *>(w);
+    const Pack8 *br = reinterpret_cast<const Pack8 *>(b);
 #pragma unroll
     for (int j = 0; j < MAX_PACKS; j++) {
-        const int p = lane + 32 * j;
-        if (p < packs) {
-            const Pack8 ww = wr[p], bb = br[p];
-            Pack8 o;
+        const int q = lane + 32 * j;
+        if (q < packs) {
+            const Pack8 ww = wr[q], bb = br[q];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __bfloat1622float2(t[j].h[k]);
-                const float2 fw = __bfloat1622float2(ww.h[k]);
-                const float2 fb = __bfloat1622float2(bb.h[k]);
-                o.h[k] = __floats2bfloat162_rn((f.x - mean) * inv * fw.x + fb.x, (f.y - mean) * inv * fw.y + fb.y);
+            for (int r = 0; r < ROWS; r++) {
+                if (row0 + r < rows) {
+                    Pack8 o;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float2 fw = __bfloat1622float2(ww.h[k]);
+                        const float2 fb = __bfloat1622float2(bb.h[k]);
+                        o.h[k] = __floats2bfloat162_rn((v[r][j][2 * k] - mean[r]) * inv[r] * fw.x + fb.x,
+                                                       (v[r][j][2 * k + 1] - mean[r]) * inv[r] * fw.y + fb.y);
+                    }
+                    reinterpret_cast<Pack8 *>(out + (size_t)(row0 + r) * d)[q] = o;
+                }
             }
-            xr[p] = o;
         }
     }
 }
 
-#define LAYER_NORM(P)                                                                                                    \
-    extern "C" __global__ void layer_norm_bf16_p##P(__nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w, \
-                                                    const __nv_bfloat16 *__restrict__ b, const int rows, const int d,   \
-                                                    const float eps) {                                                  \
-        layer_norm<P>(x, w, b, rows, d, eps);                                                                           \
+// x (rows x d) normalised in place; a block of 256 threads takes 8 x rows_a_warp<P>() rows
+#define LAYER_NORM(P)                                                                                                     \
+    extern "C" __global__ void layer_norm_bf16_p##P(__nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,               \
+                                                    const __nv_bfloat16 *__restrict__ b, const int rows, const int d,    \
+                                                    const float eps) {                                                   \
+        norm_rows<P, false>(x, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                               \
+    }                                                                                                                    \
+    extern "C" __global__ void embed_layer_norm_bf16_p##P(                                                               \
+        __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ idx, const __nv_bfloat16 *__restrict__ word,   \
+        const __nv_bfloat16 *__restrict__ position, const __nv_bfloat16 *__restrict__ token_type,                        \
+        const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *__restrict__ b, const int rows, const int d,           \
+        const float eps) {                                                                                               \
+        norm_rows<P, true>(out, nullptr, idx, word, position, token_type, w, b, rows, d, eps);                           \
     }
 LAYER_NORM(1)
 LAYER_NORM(2)
