@@ -5,6 +5,7 @@
 # random weights, real token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
 #
 #   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
+#   VARIANTS="fused sync" bash bench/fused_gpu.sh OUT_DIR   # the read-back A/B: one batch behind vs each batch
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: fused_gpu.sh OUT_DIR}
@@ -28,7 +29,8 @@ for s in "${shapes[@]}"; do
   # fused: our encoder path with the best attention kernel for the GPU (wgmma on Hopper);
   # portable: the same with the mma.sync attention kernel; unfused: candle's ops
   for v in ${VARIANTS:-fused portable unfused}; do
-    extra=(--check --profile); [[ $v == unfused ]] && extra=(--unfused)
+    # sync: fused, each batch read back before the next is queued (before gpu/readback.rs)
+    extra=(--check --profile); [[ $v == unfused ]] && extra=(--unfused); [[ $v == sync ]] && extra=(--sync-batches)
     kernel=; [[ $v == portable ]] && kernel=portable
     line=$(SCFOUNDRY_ATTENTION=$kernel timeout "${STEP_TIMEOUT:-150}" "$B" __bench-encoder "${common[@]}" "${extra[@]}" 2>"$OUT/$name.$v.err") || line="{\"error\":\"$(tail -1 "$OUT/$name.$v.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"variant\":\"$v\",\"run\":$line}" >> "$OUT/fused.jsonl"
@@ -39,7 +41,7 @@ import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l); x = r["run"]
     print(r["shape"], r["variant"], round(x.get("cells_per_s", 0), 1), round(x.get("useful_tflops", 0), 1),
-          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("check_embedding_kernel_vs_candle"), x.get("attention_kernel", ""), x.get("error", ""))
+          x.get("check_fused_encoder_vs_unfused"), x.get("check_attention_vs_reference"), x.get("check_embedding_kernel_vs_candle"), x.get("check_readback_lagged_vs_plain"), x.get("read_back", ""), x.get("attention_kernel", ""), x.get("error", ""))
     if "profile_ms_per_layer" in x:
         p = x["profile_ms_per_layer"]; t = sum(p.values())
         print("   layer %.3f ms (%d tokens, %.0f TFLOP/s): " % (t, x["profile_tokens"], x["profile_layer_tflops"]) + ", ".join("%s %.3f (%.0f%%)" % (k, v, 100 * v / t) for k, v in p.items()))

@@ -228,6 +228,10 @@ pub struct BenchEncoderArgs {
     /// Geneformer's config.json, scGPT and UCE use).
     #[arg(long, default_value = "gelu", value_parser = ["gelu", "relu"])]
     pub activation: String,
+    /// --arch bert: read each batch's embeddings back before queueing the next (what every
+    /// batch loop did before `gpu/readback.rs`) instead of one batch behind, for comparison.
+    #[arg(long)]
+    pub sync_batches: bool,
 }
 
 #[derive(Debug, Args)]

@@ -531,6 +531,22 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
         let h = packed_model.forward(&p)?;
         check.insert("check_embedding_packed_vs_padded".into(), json!(rel(&PackedBert::mean_pool(&h, &p.cu, 0, 0)?, &padded_run(b)?)?));
+        // the embeddings read back one batch behind (gpu/readback.rs) against plain reads, over
+        // the first three batches (the same rows, up to the pooling kernel's atomic adds)
+        let first: Vec<&Vec<usize>> = batches.iter().take(3).collect();
+        let mut plain = Vec::new();
+        for b in &first {
+            plain.extend(packed_run(b)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        let (mut lagged, mut got) = (crate::gpu::readback::Lagged::new(), Vec::new());
+        for b in &first {
+            got.extend(lagged.push(&packed_run(b)?)?.unwrap_or_default());
+        }
+        got.extend(lagged.finish()?.unwrap_or_default());
+        let scale = plain.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
+        anyhow::ensure!(got.len() == plain.len(), "the lagged read-back gave {} values where plain reads gave {}", got.len(), plain.len());
+        let diff = got.iter().zip(&plain).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+        check.insert("check_readback_lagged_vs_plain".into(), json!(diff));
         // the input embedding (one kernel in bf16 on a GPU) against candle's ops
         check.insert("check_embedding_kernel_vs_candle".into(), json!(rel(&packed_model.embed(&p)?, &packed_model.embed_candle(&p)?)?));
         // the cell embeddings' pooling (one kernel on a GPU) against candle's ops a cell at a time
@@ -572,21 +588,24 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("profile_tokens".into(), json!(p.tokens()));
         check.insert("profile_layer_tflops".into(), json!(layer_flops / total / 1e12));
     }
-    // the mean time spent queueing a batch's work (up to the read-back) times the batches, over
-    // the best pass: an upper bound on the host's share, since queueing includes any wait for
-    // the GPU inside it (a copy from pageable memory waits for the work queued before it)
-    let (mut queued, mut calls) = (0f64, 0usize);
+    // the embeddings read back one batch behind (gpu/readback.rs), as `embed` does, unless
+    // --sync-batches; the last batch's read-back is inside the timed pass
+    let mut lagged = crate::gpu::readback::Lagged::new();
+    let (batch_count, mut run) = (batches.len(), 0usize);
     let best = time_batches(&device, &batches, a.repeat, |b| {
-        let t = Instant::now();
         let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
-        if calls > 0 {
-            queued += t.elapsed().as_secs_f64(); // the warm-up batch left out
+        if a.sync_batches {
+            let _ = e.to_vec2::<f32>()?;
+        } else {
+            let _ = lagged.push(&e)?;
+            // the warm-up batch, then each pass's last batch
+            run += 1;
+            if run == 1 || (run - 1) % batch_count == 0 {
+                let _ = lagged.finish()?;
+            }
         }
-        calls += 1;
-        let _ = e.to_vec2::<f32>()?;
         Ok(())
     })?;
-    let host_queue_share = queued / calls.saturating_sub(1).max(1) as f64 * batches.len() as f64 / best;
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
@@ -598,7 +617,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
-        "host_queue_share": host_queue_share,
+        "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
     });
     out.as_object_mut().expect("an object").extend(check);
     println!("{out}");

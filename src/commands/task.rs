@@ -310,35 +310,81 @@ impl Batches {
     /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that
     /// order in batches, halving the batch on CUDA out-of-memory; cells not in `order` keep
     /// `fill`. `progress` hears of each finished batch. On an error the cost report is written.
-    pub fn run(
-        &mut self,
-        n: usize,
-        dim: usize,
-        order: &[usize],
-        fill: f32,
-        mut forward: impl FnMut(&[usize]) -> Result<Vec<f32>>,
-        mut progress: impl FnMut(usize),
-    ) -> Result<Vec<f32>> {
-        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
+    pub fn run(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let mut rows = vec![fill; n * dim];
-        let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
-        let done = |r: std::ops::Range<usize>, v: Vec<f32>| {
-            for (k, &i) in order[r.clone()].iter().enumerate() {
-                rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
-            }
+        self.run_with(order, forward, |r, v: Vec<f32>| {
+            place_rows(&mut rows, dim, &order[r.clone()], &v);
+            progress(r.len());
+            Ok(())
+        })?;
+        Ok(rows)
+    }
+
+    /// As [`Self::run`], with `forward` returning the batch's rows on the model's device
+    /// (`batch x dim`, any float type) without reading them: each batch is read back while the
+    /// next one runs (`gpu::readback`), so the GPU does not sit idle while the host prepares
+    /// the next batch.
+    pub fn run_lagged(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<candle_core::Tensor>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let mut rows = vec![fill; n * dim];
+        let mut lagged = crate::gpu::readback::Lagged::new();
+        let mut waiting: Option<std::ops::Range<usize>> = None;
+        let read_err = |e: candle_core::Error| Error::Model { context: "reading a batch's embeddings back from the device".into(), detail: e.to_string() };
+        let mut place = |r: std::ops::Range<usize>, v: Vec<f32>| {
+            place_rows(&mut rows, dim, &order[r.clone()], &v);
             progress(r.len());
         };
-        let outcome = run_batched(order.len(), self.size, is_oom, |r| forward(&order[r]), done);
+        self.run_with(order, forward, |r, t: candle_core::Tensor| {
+            if let (Some(v), Some(done)) = (lagged.push(&t).map_err(read_err)?, waiting.replace(r)) {
+                place(done, v);
+            }
+            Ok(())
+        })?;
+        if let (Some(v), Some(done)) = (lagged.finish().map_err(read_err)?, waiting) {
+            place(done, v);
+        }
+        Ok(rows)
+    }
+
+    /// The batches of `order` through `forward`, each result to `done` in order (an error from
+    /// `done` stops the run), halving the batch on out-of-memory; the back-off and, on an
+    /// error, the cost report recorded.
+    fn run_with<T>(&mut self, order: &[usize], mut forward: impl FnMut(&[usize]) -> Result<T>, mut done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
+        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
+        let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
+        // an error from `done` (reading a batch back) ends the run as the next batch's error
+        let done_err: std::cell::RefCell<Option<Error>> = Default::default();
+        let outcome = run_batched(
+            order.len(),
+            self.size,
+            is_oom,
+            |r| {
+                if done_err.borrow().is_some() {
+                    // stop; the error itself is returned below (this one is not out-of-memory)
+                    return Err(Error::Model { context: "reading a batch back".into(), detail: "stopped after an earlier error".into() });
+                }
+                forward(&order[r])
+            },
+            |r, t| {
+                let mut slot = done_err.borrow_mut();
+                if slot.is_none() {
+                    *slot = done(r, t).err();
+                }
+            },
+        );
+        let outcome = match (outcome, done_err.into_inner()) {
+            (_, Some(e)) => Err(BackoffError::Other(e)),
+            (o, None) => o,
+        };
         let allocator = self.dev.allocator();
         let err = match outcome {
-            Ok(None) => return Ok(rows),
+            Ok(None) => return Ok(()),
             Ok(Some(r)) => {
                 self.size = r.final_batch;
                 self.backoff = Some(match self.backoff.take() {
                     Some(t) => BackoffReport { requested: t.requested, final_batch: r.final_batch, retries: t.retries + r.retries },
                     None => r,
                 });
-                return Ok(rows);
+                return Ok(());
             }
             Err(BackoffError::OutOfMemoryAtOne(e)) => crate::gpu::GpuError::OutOfMemory {
                 allocator: allocator.to_string(),
@@ -359,6 +405,13 @@ impl Batches {
             notes.push(b.message(self.dev.allocator(), batch_flag));
         }
         self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
+    }
+}
+
+/// `v`'s rows (`cells.len() x dim`) into `rows` at the rows `cells` name.
+fn place_rows(rows: &mut [f32], dim: usize, cells: &[usize], v: &[f32]) {
+    for (k, &i) in cells.iter().enumerate() {
+        rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
     }
 }
 
@@ -566,7 +619,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             // longest first, halving the batch on CUDA out-of-memory; rows back in input order
             let order = geneformer::length_order(&cells);
             p.inc((cells.len() - order.len()) as u64);
-            let rows = batches.run(cells.len(), dim, &order, f32::NAN, |idx| model.forward_batch(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
+            let rows = batches.run_lagged(cells.len(), dim, &order, f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
             write_rows(&ds, start, &rows, dim)?;
         }
     }
@@ -685,7 +738,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         // longest first, halving the batch on CUDA out-of-memory; rows back in input order
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed_batch(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run_lagged(cells.len(), dim, &order, 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();

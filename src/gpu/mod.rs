@@ -8,6 +8,7 @@
 //! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
+//! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
 //! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
@@ -25,6 +26,7 @@ pub mod cuda;
 pub mod options;
 pub mod embedding;
 pub mod fused_encoder;
+pub mod readback;
 pub mod segment_mean;
 pub mod varlen_attention;
 

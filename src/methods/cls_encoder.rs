@@ -158,13 +158,18 @@ impl ClsEncoder {
     pub fn embed(&self, cells: &[Vec<u32>], batch_size: usize, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let d = self.dim();
         let mut out = vec![f32::NAN; cells.len() * d];
-        for chunk in length_order(cells).chunks(batch_size.max(1)) {
-            let rows = self.forward_batch(chunk.iter().map(|&i| cells[i].as_slice()).collect())?;
-            for (k, &i) in chunk.iter().enumerate() {
-                out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
-            }
-            progress(chunk.len());
-        }
+        // each batch's embeddings read back while the next one runs (gpu::readback)
+        crate::gpu::readback::run_lagged(
+            length_order(cells).chunks(batch_size.max(1)),
+            |chunk| self.forward_tensor(&chunk.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()),
+            |chunk, rows| {
+                for (k, &i) in chunk.iter().enumerate() {
+                    out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
+                }
+                progress(chunk.len());
+            },
+            model_err("reading the embeddings back"),
+        )?;
         Ok(out)
     }
 

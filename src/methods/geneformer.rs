@@ -1053,13 +1053,18 @@ impl Geneformer {
         if skipped > 0 {
             progress(skipped);
         }
-        for chunk in order.chunks(batch_size.max(1)) {
-            let rows = self.forward_batch(chunk.iter().map(|&i| cells[i].as_slice()).collect())?;
-            for (k, &i) in chunk.iter().enumerate() {
-                out[i * h..(i + 1) * h].copy_from_slice(&rows[k * h..(k + 1) * h]);
-            }
-            progress(chunk.len());
-        }
+        // each batch's embeddings read back while the next one runs (gpu::readback)
+        crate::gpu::readback::run_lagged(
+            order.chunks(batch_size.max(1)),
+            |chunk| self.forward_tensor(chunk.iter().map(|&i| cells[i].as_slice()).collect()),
+            |chunk, rows| {
+                for (k, &i) in chunk.iter().enumerate() {
+                    out[i * h..(i + 1) * h].copy_from_slice(&rows[k * h..(k + 1) * h]);
+                }
+                progress(chunk.len());
+            },
+            model_err("reading the Geneformer embeddings back"),
+        )?;
         Ok(out)
     }
 

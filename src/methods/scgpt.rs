@@ -755,9 +755,18 @@ impl Model {
     /// tokens end to end, no padding computed, each cell attending to its own tokens (the same
     /// result as `embed_padded`; for inference, the layers being fine-tuned run padded).
     pub fn embed_packed(&self, cells: &[&Cell]) -> Result<Vec<f32>> {
-        let ctx = model_err("running the scGPT transformer");
         if cells.is_empty() {
             return Ok(vec![]);
+        }
+        self.embed_packed_tensor(cells)?.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the scGPT transformer"))
+    }
+
+    /// As [`Self::embed_packed`], as an f32 `cells x d` tensor on the model's device (not read
+    /// back; `Batches::run_lagged` reads it while the next batch runs).
+    pub fn embed_packed_tensor(&self, cells: &[&Cell]) -> Result<Tensor> {
+        let ctx = model_err("running the scGPT transformer");
+        if cells.is_empty() {
+            return Tensor::zeros((0, self.dim()), DType::F32, &self.device).map_err(&ctx);
         }
         let refs: Vec<&[u32]> = cells.iter().map(|c| c.genes.as_slice()).collect();
         let p = crate::methods::packed_bert::Packed::new(&refs);
@@ -769,7 +778,7 @@ impl Model {
         let h = self.packed.forward(&x, &p.cu).map_err(&ctx)?;
         let cls = p.first_rows(&h).and_then(|c| c.to_dtype(DType::F32)).map_err(&ctx)?;
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
-        cls.broadcast_div(&norm).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)
+        cls.broadcast_div(&norm).map_err(&ctx)
     }
 
     /// One batch's L2-normalised `<cls>` outputs: packed for inference, padded (differentiable)
@@ -779,6 +788,17 @@ impl Model {
             self.embed_packed(cells)
         } else {
             self.embed_padded(cells)
+        }
+    }
+
+    /// As [`Self::embed_batch`], as an f32 `cells x d` tensor: on the model's device when
+    /// packed (not read back yet), on the CPU when padded.
+    pub fn embed_batch_tensor(&self, cells: &[&Cell]) -> Result<Tensor> {
+        if self.first_trained == usize::MAX {
+            self.embed_packed_tensor(cells)
+        } else {
+            let n = cells.len();
+            Tensor::from_vec(self.embed_padded(cells)?, (n, self.dim()), &Device::Cpu).map_err(model_err("running the scGPT transformer"))
         }
     }
 

@@ -588,13 +588,23 @@ impl Uce {
         if sentences.is_empty() {
             return Ok(vec![]);
         }
+        self.embed_tensor(sentences)?.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the UCE transformer"))
+    }
+
+    /// As [`Self::embed`], as an f32 `n x output_dim` tensor on the model's device (not read
+    /// back; `Batches::run_lagged` reads it while the next batch runs).
+    pub fn embed_tensor(&self, sentences: &[&[u32]]) -> Result<Tensor> {
         let ctx = model_err("running the UCE transformer");
+        if sentences.is_empty() {
+            let out = self.dec_out.weight().dims2().map_err(&ctx)?.0;
+            return Tensor::zeros((0, out), DType::F32, &self.device).map_err(&ctx);
+        }
         let p = Packed::new(sentences);
         let longest = sentences.iter().map(|s| s.len()).max().unwrap_or(0);
         if longest > self.pe.dims()[0] {
             return Err(Error::Model { context: "running the UCE transformer".into(), detail: format!("a sentence of {longest} tokens is longer than the positional table") });
         }
-        (|| -> candle_core::Result<Vec<f32>> {
+        (|| -> candle_core::Result<Tensor> {
             let ids = Tensor::new(p.ids.as_slice(), &self.device)?;
             let pos = Tensor::new(p.positions.as_slice(), &self.device)?;
             // run_eval: lookup, then nn.functional.normalize(dim=2) (eps 1e-12)
@@ -611,7 +621,7 @@ impl Uce {
             }
             let h = self.dec_out.forward(&h)?.to_dtype(DType::F32)?;
             let norm = h.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
-            h.broadcast_div(&norm)?.flatten_all()?.to_vec1::<f32>()
+            h.broadcast_div(&norm)
         })()
         .map_err(&ctx)
     }

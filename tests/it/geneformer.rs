@@ -177,7 +177,8 @@ fn geneformer_cells_without_dictionary_genes_get_nan() {
 /// `__bench-encoder --arch bert` (the throughput benchmark of bench/encoder_throughput.sh) on
 /// the CPU at a tiny shape: its packed encoder agrees with candle-transformers' padded BertModel
 /// on the same random weights for both feed-forward activations it offers (ReLU, which all four
-/// issue #5 models use, and BERT's GELU), and the JSON line names the activation it ran.
+/// issue #5 models use, and BERT's GELU), and the JSON line names the activation it ran; the
+/// batches' embeddings read back one batch behind agree with plain reads.
 #[test]
 fn bench_encoder_packed_matches_padded_bert_for_both_activations() {
     let t = TestContext::new();
@@ -195,6 +196,10 @@ fn bench_encoder_packed_matches_padded_bert_for_both_activations() {
         assert_eq!(v["activation"], act);
         let rel = v["check_embedding_packed_vs_padded"].as_f64().unwrap();
         assert!(rel < 1e-5, "{act}: packed vs padded {rel}");
+        // the lagged read-back (gpu/readback.rs) returns the plain reads' values, batch for batch
+        let lag = v["check_readback_lagged_vs_plain"].as_f64().unwrap();
+        assert!(lag < 1e-6, "{act}: lagged vs plain read-back {lag}");
+        assert_eq!(v["read_back"], "one batch behind");
         assert!(v["cells_per_s"].as_f64().unwrap() > 0.0);
     }
     let bad = t.run(&["__bench-encoder", "--arch", "bert", "--activation", "swish"]);
