@@ -398,6 +398,13 @@ impl Batches {
         Err(err)
     }
 
+    /// The batch size in effect (after any back-off) and the device, into an embedding task's
+    /// parameters (`uns['scfoundry']['parameters']`).
+    pub fn record(&self, spec: &TaskSpec, params: &mut serde_json::Map<String, Value>) {
+        params.insert("batch_size".into(), json!(self.size));
+        params.insert("device".into(), json!(spec.device.kind.to_string()));
+    }
+
     /// After the last batch: the back-off note (`batch_flag`: the method honours --batch-size)
     /// and the cost report.
     pub fn finish(&self, notes: &mut Vec<String>, batch_flag: bool) {
@@ -634,8 +641,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     batches.finish(&mut notes, true);
     let mut params = spec.params.clone();
     params.insert("gene_column".into(), json!(column));
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("emb_layer".into(), json!(emb_layer));
     params.insert("emb_mode".into(), json!(emb_mode.name()));
     params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
@@ -752,8 +758,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     params.insert("gene_col".into(), json!(gene_col));
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("genes_matched".into(), json!(matched));
     params.insert("n_bins".into(), json!(model.args.n_bins));

@@ -113,8 +113,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("top_genes".into(), json!(top));
     params.insert("seed".into(), json!(spec.seed));
     params.insert("rng".into(), json!("numpy legacy MT19937 seeded once with --seed (np.random.seed), sklearn.utils.shuffle per cell in data order (ties); CPython random seeded once with --seed, random.choice of the prompt template per cell in data order; upstream's seed is 42"));

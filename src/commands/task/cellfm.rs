@@ -106,8 +106,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("layers".into(), json!(model.dims.depth));
     params.insert("enc_dims".into(), json!(model.dims.dim));
     params.insert("heads".into(), json!(model.dims.heads));

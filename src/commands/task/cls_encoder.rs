@@ -132,8 +132,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     batches.finish(&mut notes, true);
     let mut params = spec.params.clone();
     params.insert("gene_column".into(), json!(column));
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("model_input_size".into(), json!(model.input_size));
     params.insert("cls_token".into(), json!(model.cls));

@@ -214,8 +214,7 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     write_rows(&ds, 0, &emb, dim)?;
     drop(ds);
     let mut params = spec.params.clone();
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("radius".into(), json!(radius));
     params.insert("graph".into(), json!("Delaunay triangulation of obsm['spatial'] (novae.spatial_neighbors, coord_type generic), edges longer than radius dropped (0: none)"));
     params.insert("edges".into(), json!(graph.n_edges()));

@@ -104,8 +104,7 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("depth".into(), json!(model.dims.depth));
     params.insert("heads".into(), json!(model.dims.heads));
     params.insert("nb_features".into(), json!(model.dims.nb_features));

@@ -87,8 +87,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     notes.extend(tokens.note("tokens per cell (expressed model genes + T + S)"));
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("version".into(), json!(scfoundation::CELL_KEY));
     params.insert("input_type".into(), json!("singlecell"));
     params.insert("pre_normalized".into(), json!("F"));

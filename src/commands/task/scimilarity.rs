@@ -126,8 +126,7 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("model_genes".into(), json!(align.n_genes));
     params.insert("genes_matched".into(), json!(align.matched));
     params.insert("genes_missing_zero_filled".into(), json!(align.missing));

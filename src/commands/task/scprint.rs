@@ -101,9 +101,8 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     let cfg = &model.config;
-    params.insert("batch_size".into(), json!(batches.size()));
+    batches.record(spec, &mut params);
     params.insert("max_len".into(), json!(max_len));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("how".into(), json!("random expr"));
     params.insert("add_zero_genes".into(), json!(0));
     params.insert("pred_embedding".into(), json!(scprint::PRED_EMBEDDING));

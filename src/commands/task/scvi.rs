@@ -213,8 +213,7 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("model_dir".into(), json!(dir.display().to_string()));
     params.insert("architecture".into(), serde_json::to_value(&a).unwrap_or(Value::Null));
     params.insert("genes_in_model".into(), json!(genes.n_model));

@@ -124,8 +124,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("batch_size".into(), json!(batches.size()));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
     params.insert("nlayers".into(), json!(model.dims.nlayers));
     params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("species".into(), json!(cfg.species));
