@@ -4,7 +4,7 @@
 //! `embed_layer_norm_bf16_*`, the layer-norm kernel summing the three rows as it loads them, in
 //! f32). candle's ops take five kernels for it (two gathers, two adds, one with a broadcast, and a
 //! layer norm); on Geneformer V1's batches they took longer than a whole encoder layer (an Nsight
-//! Compute pass, BENCHMARKS.md). `PackedBert::forward` uses it when `applies` says so and keeps
+//! Compute pass, BENCHMARKS.md). `PackedBert::embed` uses it when `applies` says so and keeps
 //! candle's ops elsewhere (the CPU, f32).
 
 use candle_core::{DType, Result, Tensor};
@@ -31,7 +31,7 @@ pub struct Tables<'a> {
 /// position table's (checked here: the kernel reads rows by index).
 pub fn embed_norm(t: &Tables, ids: &[u32], positions: &[u32]) -> Result<Tensor> {
     if !applies(t.word) {
-        candle_core::bail!("embedding kernel: takes a bf16 table on a GPU, rows a multiple of 8 wide (PackedBert::forward runs candle's ops elsewhere)");
+        candle_core::bail!("embedding kernel: takes a bf16 table on a GPU, rows a multiple of 8 wide (PackedBert::embed runs candle's ops elsewhere)");
     }
     let (vocab, d) = t.word.dims2()?;
     let (max_pos, dp) = t.position.dims2()?;
