@@ -540,9 +540,9 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         }
         let (mut lagged, mut got) = (crate::gpu::readback::Lagged::new(), Vec::new());
         for b in &first {
-            got.extend(lagged.push(&packed_run(b)?)?.unwrap_or_default());
+            got.extend(lagged.push((), &packed_run(b)?)?.map(|(_, v)| v).unwrap_or_default());
         }
-        got.extend(lagged.finish()?.unwrap_or_default());
+        got.extend(lagged.finish()?.map(|(_, v)| v).unwrap_or_default());
         let scale = plain.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
         anyhow::ensure!(got.len() == plain.len(), "the lagged read-back gave {} values where plain reads gave {}", got.len(), plain.len());
         let diff = got.iter().zip(&plain).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
@@ -591,16 +591,15 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     // the embeddings read back one batch behind (gpu/readback.rs), as `embed` does, unless
     // --sync-batches; the last batch's read-back is inside the timed pass
     let mut lagged = crate::gpu::readback::Lagged::new();
-    let (batch_count, mut run) = (batches.len(), 0usize);
+    let last = batches.last().map(|b| b.as_ptr());
     let best = time_batches(&device, &batches, a.repeat, |b| {
         let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
         if a.sync_batches {
             let _ = e.to_vec2::<f32>()?;
         } else {
-            let _ = lagged.push(&e)?;
-            // the warm-up batch, then each pass's last batch
-            run += 1;
-            if run == 1 || (run - 1) % batch_count == 0 {
+            // the warm-up batch's read waits in `lagged` until the first pass's first batch
+            let _ = lagged.push((), &e)?;
+            if Some(b.as_ptr()) == last {
                 let _ = lagged.finish()?;
             }
         }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::anndata::h5util::{require_dict, write_array_f64, write_f64, write_i64, write_string, set_encoding};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
+use crate::gpu::readback::place_rows;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
 use crate::methods::cellama::{self, Encoder};
@@ -327,19 +328,18 @@ impl Batches {
     pub fn run_lagged(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<candle_core::Tensor>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let mut rows = vec![fill; n * dim];
         let mut lagged = crate::gpu::readback::Lagged::new();
-        let mut waiting: Option<std::ops::Range<usize>> = None;
         let read_err = |e: candle_core::Error| Error::Model { context: "reading a batch's embeddings back from the device".into(), detail: e.to_string() };
         let mut place = |r: std::ops::Range<usize>, v: Vec<f32>| {
             place_rows(&mut rows, dim, &order[r.clone()], &v);
             progress(r.len());
         };
         self.run_with(order, forward, |r, t: candle_core::Tensor| {
-            if let (Some(v), Some(done)) = (lagged.push(&t).map_err(read_err)?, waiting.replace(r)) {
+            if let Some((done, v)) = lagged.push(r, &t).map_err(read_err)? {
                 place(done, v);
             }
             Ok(())
         })?;
-        if let (Some(v), Some(done)) = (lagged.finish().map_err(read_err)?, waiting) {
+        if let Some((done, v)) = lagged.finish().map_err(read_err)? {
             place(done, v);
         }
         Ok(rows)
@@ -348,33 +348,10 @@ impl Batches {
     /// The batches of `order` through `forward`, each result to `done` in order (an error from
     /// `done` stops the run), halving the batch on out-of-memory; the back-off and, on an
     /// error, the cost report recorded.
-    fn run_with<T>(&mut self, order: &[usize], mut forward: impl FnMut(&[usize]) -> Result<T>, mut done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
+    fn run_with<T>(&mut self, order: &[usize], mut forward: impl FnMut(&[usize]) -> Result<T>, done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
         use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
         let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
-        // an error from `done` (reading a batch back) ends the run as the next batch's error
-        let done_err: std::cell::RefCell<Option<Error>> = Default::default();
-        let outcome = run_batched(
-            order.len(),
-            self.size,
-            is_oom,
-            |r| {
-                if done_err.borrow().is_some() {
-                    // stop; the error itself is returned below (this one is not out-of-memory)
-                    return Err(Error::Model { context: "reading a batch back".into(), detail: "stopped after an earlier error".into() });
-                }
-                forward(&order[r])
-            },
-            |r, t| {
-                let mut slot = done_err.borrow_mut();
-                if slot.is_none() {
-                    *slot = done(r, t).err();
-                }
-            },
-        );
-        let outcome = match (outcome, done_err.into_inner()) {
-            (_, Some(e)) => Err(BackoffError::Other(e)),
-            (o, None) => o,
-        };
+        let outcome = run_batched(order.len(), self.size, is_oom, |r| forward(&order[r]), done);
         let allocator = self.dev.allocator();
         let err = match outcome {
             Ok(None) => return Ok(()),
@@ -412,13 +389,6 @@ impl Batches {
             notes.push(b.message(self.dev.allocator(), batch_flag));
         }
         self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
-    }
-}
-
-/// `v`'s rows (`cells.len() x dim`) into `rows` at the rows `cells` name.
-fn place_rows(rows: &mut [f32], dim: usize, cells: &[usize], v: &[f32]) {
-    for (k, &i) in cells.iter().enumerate() {
-        rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
     }
 }
 

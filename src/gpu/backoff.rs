@@ -56,13 +56,14 @@ pub enum BackoffError<E> {
 
 /// Run `f` over `0..n` in batches of `batch`, in order. `f` gets a row range and returns its
 /// result or an error; `is_oom` says whether an error is out-of-memory. Each successful batch's
-/// result goes to `done` in order. Returns the back-off report when any batch was retried.
+/// result goes to `done` in order (an error from `done` stops the run as `Other`). Returns the
+/// back-off report when any batch was retried.
 pub fn run_batched<T, E>(
     n: usize,
     batch: usize,
     is_oom: impl Fn(&E) -> bool,
     mut f: impl FnMut(Range<usize>) -> Result<T, E>,
-    mut done: impl FnMut(Range<usize>, T),
+    mut done: impl FnMut(Range<usize>, T) -> Result<(), E>,
 ) -> Result<Option<BackoffReport>, BackoffError<E>> {
     let requested = batch.max(1);
     let mut size = requested;
@@ -72,7 +73,7 @@ pub fn run_batched<T, E>(
         let end = (start + size).min(n);
         match f(start..end) {
             Ok(t) => {
-                done(start..end, t);
+                done(start..end, t).map_err(BackoffError::Other)?;
                 start = end;
             }
             Err(e) if is_oom(&e) => {
@@ -108,7 +109,8 @@ mod tests {
         let mut sizes = Vec::new();
         let rep = run_batched(100, 64, oom, device(20), |r, v| {
             sizes.push(r.len());
-            seen.extend(v)
+            seen.extend(v);
+            Ok(())
         })
         .unwrap()
         .unwrap();
@@ -124,7 +126,10 @@ mod tests {
     #[test]
     fn no_report_when_everything_fits() {
         let mut n = 0;
-        assert_eq!(run_batched(10, 4, oom, device(4), |r, _| n += r.len()).unwrap(), None);
+        assert_eq!(run_batched(10, 4, oom, device(4), |r, _| {
+            n += r.len();
+            Ok(())
+        }).unwrap(), None);
         assert_eq!(n, 10);
     }
 
@@ -132,14 +137,17 @@ mod tests {
     fn a_short_last_batch_is_halved_from_its_own_size() {
         // 70 cells at 64: the first batch fails (64 > 40), then 32-cell batches fit.
         let mut sizes = Vec::new();
-        let rep = run_batched(70, 64, oom, device(40), |r, _| sizes.push(r.len())).unwrap().unwrap();
+        let rep = run_batched(70, 64, oom, device(40), |r, _| {
+            sizes.push(r.len());
+            Ok(())
+        }).unwrap().unwrap();
         assert_eq!(sizes, [32, 32, 6]);
         assert_eq!(rep.final_batch, 32);
     }
 
     #[test]
     fn out_of_memory_at_one_cell_is_an_error() {
-        let r = run_batched(5, 8, oom, device(0), |_, _| ());
+        let r = run_batched(5, 8, oom, device(0), |_, _| Ok(()));
         assert!(matches!(r, Err(BackoffError::OutOfMemoryAtOne(_))));
     }
 
@@ -154,9 +162,20 @@ mod tests {
                 calls += 1;
                 Err::<(), _>("weights are corrupt".to_string())
             },
-            |_, _| (),
+            |_, _| Ok(()),
         );
         assert!(matches!(r, Err(BackoffError::Other(_))));
         assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn an_error_from_done_stops_the_run() {
+        let mut calls = 0;
+        let r = run_batched(100, 10, oom, device(100), |r, _| {
+            calls += 1;
+            if r.start == 10 { Err("could not read the batch back".to_string()) } else { Ok(()) }
+        });
+        assert!(matches!(r, Err(BackoffError::Other(e)) if e.contains("read")));
+        assert_eq!(calls, 2);
     }
 }

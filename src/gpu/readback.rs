@@ -9,10 +9,10 @@
 
 use candle_core::{DType, Result, Tensor};
 
-/// Tensors' values read back one `push` late (see the module's comment).
-#[derive(Default)]
-pub struct Lagged {
-    pending: Option<Pending>,
+/// Tensors' values read back one `push` late (see the module's comment), each with the tag it
+/// was pushed with (what the caller needs to place it: a batch's cells, a row range).
+pub struct Lagged<T = ()> {
+    pending: Option<(T, Pending)>,
     #[cfg(feature = "cuda")]
     buffers: [Option<candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>>; 2],
     #[cfg(feature = "cuda")]
@@ -32,24 +32,37 @@ enum Pending {
     },
 }
 
-impl Lagged {
-    pub fn new() -> Lagged {
+impl<T> Default for Lagged<T> {
+    fn default() -> Lagged<T> {
+        Lagged {
+            pending: None,
+            #[cfg(feature = "cuda")]
+            buffers: [None, None],
+            #[cfg(feature = "cuda")]
+            next: 0,
+        }
+    }
+}
+
+impl<T> Lagged<T> {
+    pub fn new() -> Lagged<T> {
         Lagged::default()
     }
 
     /// Queue the read of `t` (any shape and dtype, read as f32 in row-major order) and return the
-    /// values of the tensor pushed before it, if any: on a GPU those are complete once the work
-    /// queued before that tensor's push is, so the GPU keeps running what was queued after it.
-    pub fn push(&mut self, t: &Tensor) -> Result<Option<Vec<f32>>> {
+    /// tag and values of the tensor pushed before it, if any: on a GPU those are complete once
+    /// the work queued before that tensor's push is, so the GPU keeps running what was queued
+    /// after it.
+    pub fn push(&mut self, tag: T, t: &Tensor) -> Result<Option<(T, Vec<f32>)>> {
         let t = t.flatten_all()?.to_dtype(DType::F32)?.contiguous()?;
         let next = self.start(t)?;
-        let previous = self.pending.replace(next);
-        previous.map(|p| self.read(p)).transpose()
+        let previous = self.pending.replace((tag, next));
+        previous.map(|(tag, p)| Ok((tag, self.read(p)?))).transpose()
     }
 
-    /// The values of the last tensor pushed (none if nothing is pending).
-    pub fn finish(&mut self) -> Result<Option<Vec<f32>>> {
-        self.pending.take().map(|p| self.read(p)).transpose()
+    /// The tag and values of the last tensor pushed (none if nothing is pending).
+    pub fn finish(&mut self) -> Result<Option<(T, Vec<f32>)>> {
+        self.pending.take().map(|(tag, p)| Ok((tag, self.read(p)?))).transpose()
     }
 
     fn start(&mut self, t: Tensor) -> Result<Pending> {
@@ -102,21 +115,40 @@ impl Lagged {
     }
 }
 
-/// Each of `chunks` through `batch` (which queues its work and returns the result on the
-/// device), the results read back one batch behind: `place(chunk, values)` gets every chunk's
-/// values, in order. Errors from candle's side of the read-back go through `err`.
-pub fn run_lagged<C, E>(chunks: impl IntoIterator<Item = C>, mut batch: impl FnMut(&C) -> std::result::Result<Tensor, E>, mut place: impl FnMut(C, Vec<f32>), err: impl Fn(candle_core::Error) -> E) -> std::result::Result<(), E> {
-    let mut lagged = Lagged::new();
-    let mut waiting: Option<C> = None;
-    for chunk in chunks {
-        let t = batch(&chunk)?;
-        if let (Some(values), Some(done)) = (lagged.push(&t).map_err(&err)?, waiting.take()) {
-            place(done, values);
-        }
-        waiting = Some(chunk);
+/// `v`'s rows (`cells.len() x dim`) into `rows` (`n x dim`) at the rows `cells` name.
+pub fn place_rows(rows: &mut [f32], dim: usize, cells: &[usize], v: &[f32]) {
+    for (k, &i) in cells.iter().enumerate() {
+        rows[i * dim..(i + 1) * dim].copy_from_slice(&v[k * dim..(k + 1) * dim]);
     }
-    if let (Some(values), Some(done)) = (lagged.finish().map_err(&err)?, waiting) {
-        place(done, values);
+}
+
+/// The cells of `order` through `batch` in chunks of `batch_size` (`batch` queues a chunk's work
+/// and returns its `cells x dim` result on the device), each result read back one chunk behind
+/// and written into `out` (`n x dim`) at its cells' rows; `progress` hears of each chunk placed.
+/// Errors from candle's side of the read-back go through `err`.
+#[allow(clippy::too_many_arguments)]
+pub fn embed_in_order<E>(
+    out: &mut [f32],
+    dim: usize,
+    order: &[usize],
+    batch_size: usize,
+    mut batch: impl FnMut(&[usize]) -> std::result::Result<Tensor, E>,
+    mut progress: impl FnMut(usize),
+    err: impl Fn(candle_core::Error) -> E,
+) -> std::result::Result<(), E> {
+    let mut lagged = Lagged::new();
+    let mut place = |cells: &[usize], v: Vec<f32>| {
+        place_rows(out, dim, cells, &v);
+        progress(cells.len());
+    };
+    for chunk in order.chunks(batch_size.max(1)) {
+        let t = batch(chunk)?;
+        if let Some((done, v)) = lagged.push(chunk, &t).map_err(&err)? {
+            place(done, v);
+        }
+    }
+    if let Some((done, v)) = lagged.finish().map_err(&err)? {
+        place(done, v);
     }
     Ok(())
 }
@@ -131,19 +163,23 @@ mod tests {
         let mut l = Lagged::new();
         let a = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
         let b = Tensor::new(&[5f32, 6.0, 7.0], &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
-        assert_eq!(l.push(&a).unwrap(), None);
-        assert_eq!(l.push(&b).unwrap(), Some(vec![1.0, 2.0, 3.0, 4.0]));
-        assert_eq!(l.finish().unwrap(), Some(vec![5.0, 6.0, 7.0]));
+        assert_eq!(l.push("a", &a).unwrap(), None);
+        assert_eq!(l.push("b", &b).unwrap(), Some(("a", vec![1.0, 2.0, 3.0, 4.0])));
+        assert_eq!(l.finish().unwrap(), Some(("b", vec![5.0, 6.0, 7.0])));
         assert_eq!(l.finish().unwrap(), None);
     }
 
     #[test]
-    fn run_lagged_places_every_chunk_once_in_order() {
+    fn embed_in_order_places_every_chunk_once_at_its_cells() {
+        // cells 3, 0 | 2, 1 | 4 in chunks of 2; each cell's row is (cell, cell) times 10
+        let mut out = vec![f32::NAN; 5 * 2];
         let mut seen = Vec::new();
-        run_lagged([1usize, 2, 3], |&n| Tensor::new(vec![n as f32; n], &Device::Cpu), |n, v| seen.push((n, v)), |e| e).unwrap();
-        assert_eq!(seen, vec![(1, vec![1.0]), (2, vec![2.0, 2.0]), (3, vec![3.0, 3.0, 3.0])]);
+        let batch = |cells: &[usize]| Tensor::new(cells.iter().flat_map(|&c| [c as f32 * 10.0; 2]).collect::<Vec<_>>(), &Device::Cpu)?.reshape((cells.len(), 2));
+        embed_in_order(&mut out, 2, &[3, 0, 2, 1, 4], 2, batch, |k| seen.push(k), |e| e).unwrap();
+        assert_eq!(out, vec![0.0, 0.0, 10.0, 10.0, 20.0, 20.0, 30.0, 30.0, 40.0, 40.0]);
+        assert_eq!(seen, vec![2, 2, 1]);
         let mut none = 0;
-        run_lagged(Vec::<usize>::new(), |_| Tensor::new(&[0f32], &Device::Cpu), |_, _| none += 1, |e| e).unwrap();
+        embed_in_order(&mut [], 2, &[], 2, |_| Tensor::new(&[0f32], &Device::Cpu), |_| none += 1, |e| e).unwrap();
         assert_eq!(none, 0);
     }
 }

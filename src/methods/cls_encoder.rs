@@ -159,17 +159,8 @@ impl ClsEncoder {
         let d = self.dim();
         let mut out = vec![f32::NAN; cells.len() * d];
         // each batch's embeddings read back while the next one runs (gpu::readback)
-        crate::gpu::readback::run_lagged(
-            length_order(cells).chunks(batch_size.max(1)),
-            |chunk| self.forward_tensor(&chunk.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()),
-            |chunk, rows| {
-                for (k, &i) in chunk.iter().enumerate() {
-                    out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
-                }
-                progress(chunk.len());
-            },
-            model_err("reading the embeddings back"),
-        )?;
+        let batch = |chunk: &[usize]| self.forward_tensor(&chunk.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+        crate::gpu::readback::embed_in_order(&mut out, d, &length_order(cells), batch_size, batch, &mut progress, model_err("reading the embeddings back"))?;
         Ok(out)
     }
 

@@ -1054,17 +1054,8 @@ impl Geneformer {
             progress(skipped);
         }
         // each batch's embeddings read back while the next one runs (gpu::readback)
-        crate::gpu::readback::run_lagged(
-            order.chunks(batch_size.max(1)),
-            |chunk| self.forward_tensor(chunk.iter().map(|&i| cells[i].as_slice()).collect()),
-            |chunk, rows| {
-                for (k, &i) in chunk.iter().enumerate() {
-                    out[i * h..(i + 1) * h].copy_from_slice(&rows[k * h..(k + 1) * h]);
-                }
-                progress(chunk.len());
-            },
-            model_err("reading the Geneformer embeddings back"),
-        )?;
+        let batch = |chunk: &[usize]| self.forward_tensor(chunk.iter().map(|&i| cells[i].as_slice()).collect());
+        crate::gpu::readback::embed_in_order(&mut out, h, &order, batch_size, batch, &mut progress, model_err("reading the Geneformer embeddings back"))?;
         Ok(out)
     }
 

@@ -809,14 +809,9 @@ impl Model {
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
         let mut out = vec![0f32; cells.len() * d];
-        for batch in order.chunks(batch_size.max(1)) {
-            let refs: Vec<&Cell> = batch.iter().map(|&i| &cells[i]).collect();
-            let rows = self.embed_batch(&refs)?;
-            for (k, &i) in batch.iter().enumerate() {
-                out[i * d..(i + 1) * d].copy_from_slice(&rows[k * d..(k + 1) * d]);
-            }
-            progress(batch.len());
-        }
+        // each batch's embeddings read back while the next one runs (gpu::readback)
+        let batch = |chunk: &[usize]| self.embed_batch_tensor(&chunk.iter().map(|&i| &cells[i]).collect::<Vec<_>>());
+        crate::gpu::readback::embed_in_order(&mut out, d, &order, batch_size, batch, &mut progress, model_err("reading the scGPT embeddings back"))?;
         Ok(out)
     }
 }
