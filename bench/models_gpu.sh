@@ -37,8 +37,11 @@ for r in "${runs[@]}"; do
   for v in "cpu f32" "cuda f32" "cuda bf16"; do
     read -r dev prec <<<"$v"
     # shellcheck disable=SC2086
-    (cd "$W" && timeout 180 "$B" --weights-dir "$W/weights" embed -m "$name" -d "$data" -o "$name.$dev.$prec.h5ad" --device "$dev" --precision "$prec" $extra) >> "$OUT/models_gpu.log" 2>&1
-    echo "$name $dev $prec rc=$?" | tee -a "$OUT/models_gpu.log"
+    (cd "$W" && timeout 180 "$B" --weights-dir "$W/weights" embed -m "$name" -d "$data" -o "$name.$dev.$prec.h5ad" --device "$dev" --precision "$prec" $extra) > "$W/run.log" 2>&1
+    rc=$?; cat "$W/run.log" >> "$OUT/models_gpu.log"
+    echo "$name $dev $prec rc=$rc" | tee -a "$OUT/models_gpu.log"
+    # a failed run's own last words, here rather than only in the log
+    [[ $rc == 0 ]] || tail -3 "$W/run.log" | sed 's/^/    /'
   done
 done
 ${PYTHON:-python3} - "$W" <<'PY'

@@ -92,6 +92,7 @@ impl<T> Lagged<T> {
     #[cfg(feature = "cuda")]
     fn start_cuda(&mut self, t: Tensor) -> Result<Pending> {
         use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
         use candle_core::Storage;
         let err = |e| candle_core::Error::Msg(format!("reading a batch back: {e:?}"));
         let len = t.elem_count();
@@ -108,7 +109,15 @@ impl<T> Lagged<T> {
             }
             let buf = self.buffers[slot].as_mut().expect("allocated above");
             let src = s.as_cuda_slice::<f32>()?.slice(o0..o1);
-            stream.memcpy_dtoh(&src, buf).map_err(err)?;
+            // the copy fills `len` values of the buffer, not all of it: cudarc's memcpy_dtoh
+            // copies the destination's whole length, which reads past a smaller batch's result
+            // (CUDA_ERROR_INVALID_VALUE on the last, short batch of a run). `as_mut_slice` waits
+            // on the buffer's own event, which is never recorded here (see `read`), so it does
+            // not wait; this buffer's previous copy was read (and waited for) before this push.
+            let dst = &mut buf.as_mut_slice().map_err(err)?[..len];
+            stream.context().bind_to_thread().map_err(err)?;
+            let (src_ptr, _synced) = src.device_ptr(&stream);
+            unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_dtoh_async(dst, src_ptr, stream.cu_stream()) }.map_err(err)?;
             stream.record_event(Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(err)?
         };
         Ok(Pending::Copying { slot, len, copied, _source: t })
