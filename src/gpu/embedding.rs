@@ -48,9 +48,9 @@ pub fn embed_norm(t: &Tables, ids: &[u32], positions: &[u32]) -> Result<Tensor> 
     if let Some(&p) = positions.iter().find(|&&p| p as usize >= max_pos) {
         candle_core::bail!("position {p} is past the model's {max_pos} positions");
     }
-    // ids then positions in one upload
+    // ids then positions in one upload (from page-locked memory: the host does not wait)
     let idx: Vec<u32> = ids.iter().chain(positions).copied().collect();
-    let idx = Tensor::new(idx.as_slice(), t.word.device())?;
+    let idx = crate::gpu::upload::upload_u32(&idx, t.word.device())?;
     #[cfg(feature = "cuda")]
     {
         idx.apply_op1_no_bwd(&cuda::EmbedNorm { t, tokens: ids.len(), d })

@@ -28,6 +28,7 @@ pub mod embedding;
 pub mod fused_encoder;
 pub mod readback;
 pub mod segment_mean;
+pub mod upload;
 pub mod varlen_attention;
 
 use std::path::Path;

@@ -1,0 +1,106 @@
+//! Host-to-device uploads through page-locked memory, so that queueing a batch does not wait for
+//! the GPU. A copy from ordinary (pageable) host memory goes through the driver's own staging
+//! buffers, and the driver may wait for the stream's earlier work before it takes the values
+//! (CUDA's "API synchronization behavior"): the host, uploading batch i + 1's token ids, would
+//! then wait for batch i to finish, and the GPU would sit idle while the host queues the rest of
+//! batch i + 1. Here the values are copied into one of two page-locked buffers (each reused once
+//! the copy made from it two uploads before is done) and from there on the stream.
+//! `SCFOUNDRY_PAGEABLE_UPLOAD=1` takes candle's ordinary upload instead, for comparison
+//! (bench/fused_gpu.sh's `pageable` variant).
+
+use candle_core::{Device, Result, Tensor};
+
+/// `data` as a 1-D u32 tensor on `device` (on a GPU, queued on its stream from page-locked
+/// memory: the host does not wait for the GPU).
+pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        static PAGEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !data.is_empty() && !*PAGEABLE.get_or_init(|| std::env::var("SCFOUNDRY_PAGEABLE_UPLOAD").is_ok_and(|v| v == "1")) {
+            return cuda::upload(data, dev);
+        }
+    }
+    Tensor::new(data, device)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaEvent, DevicePtrMut, PinnedHostSlice};
+    use candle_core::op::BackpropOp;
+    use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
+    use std::cell::RefCell;
+
+    struct Slot {
+        buf: PinnedHostSlice<u32>,
+        // recorded right after the copy from `buf`: `buf` may be overwritten once it completes
+        copied: Option<CudaEvent>,
+    }
+
+    /// Two page-locked buffers used in turn, for one stream (a thread's uploads go to one).
+    #[derive(Default)]
+    struct Ring {
+        stream: usize,
+        slots: [Option<Slot>; 2],
+        next: usize,
+    }
+
+    impl Ring {
+        fn wait(&self, i: usize) -> std::result::Result<(), candle_core::cuda_backend::cudarc::driver::DriverError> {
+            match self.slots[i].as_ref().and_then(|s| s.copied.as_ref()) {
+                Some(e) => e.synchronize(),
+                None => Ok(()),
+            }
+        }
+    }
+
+    thread_local! {
+        static RING: RefCell<Ring> = RefCell::new(Ring::default());
+    }
+
+    pub fn upload(data: &[u32], dev: &CudaDevice) -> Result<Tensor> {
+        let err = |e| candle_core::Error::Msg(format!("uploading a batch to the GPU: {e:?}"));
+        let stream = dev.cuda_stream();
+        let dst = RING.with_borrow_mut(|ring| -> Result<_> {
+            let key = stream.cu_stream() as usize;
+            if ring.stream != key {
+                // another stream (another device): its buffers go once their copies are done
+                ring.wait(0).and(ring.wait(1)).map_err(err)?;
+                *ring = Ring { stream: key, ..Ring::default() };
+            }
+            let i = ring.next;
+            ring.next ^= 1;
+            // the copy made from this buffer two uploads ago must be done before it is reused
+            ring.wait(i).map_err(err)?;
+            if ring.slots[i].as_ref().is_none_or(|s| s.buf.len() < data.len()) {
+                let buf = unsafe { stream.context().alloc_pinned_with_flags::<u32>(data.len(), 0) }.map_err(err)?;
+                ring.slots[i] = Some(Slot { buf, copied: None });
+            }
+            let slot = ring.slots[i].as_mut().expect("allocated above");
+            // (`as_mut_slice` waits on the buffer's own event, which cudarc records only when it
+            // manages several streams: it does not wait here; `wait` above did)
+            let src = &mut slot.buf.as_mut_slice().map_err(err)?[..data.len()];
+            src.copy_from_slice(data);
+            let mut dst = unsafe { stream.alloc::<u32>(data.len()) }.map_err(err)?;
+            {
+                let (ptr, _synced) = dst.device_ptr_mut(&stream);
+                unsafe { result::memcpy_htod_async(ptr, src, stream.cu_stream()) }.map_err(err)?;
+            }
+            slot.copied = Some(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(err)?);
+            Ok(dst)
+        })?;
+        let n = dst.len();
+        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, dev.clone())), n, BackpropOp::none(), false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploads_the_values_on_the_cpu_too() {
+        let t = upload_u32(&[3, 1, 4, 1, 5], &Device::Cpu).unwrap();
+        assert_eq!(t.to_vec1::<u32>().unwrap(), vec![3, 1, 4, 1, 5]);
+        assert_eq!(upload_u32(&[], &Device::Cpu).unwrap().elem_count(), 0);
+    }
+}
