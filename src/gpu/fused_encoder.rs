@@ -83,8 +83,7 @@ mod cuda {
     use std::sync::{Arc, Mutex, OnceLock};
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::cublaslt::{result as ltr, result::CublasError, sys as lts, Activation, CudaBlasLT, Matmul, MatmulConfig, MatmulShared};
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use candle_core::cuda_backend::cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
@@ -141,15 +140,8 @@ mod cuda {
     /// `out = x W^T + b (+ out when accumulate)`, row-major `x` (`tokens x k`), `W` (`n x k`),
     /// `out` (`tokens x n`); with `relu`, ReLU after the bias. Column-major to cuBLASLt:
     /// out^T (n x tokens) = W (transposed, k x n stored) times x^T (k x tokens).
-    /// SCFOUNDRY_GEMM_PLANS=0 takes cudarc's `matmul` (descriptors and heuristic at every call)
-    /// instead of the cached [`Plan`]s, for comparison.
     #[allow(clippy::too_many_arguments)]
     fn linear(lt: &CudaBlasLT, x: &CudaView<bf16>, tokens: usize, k: usize, w: &CudaView<bf16>, b: &CudaView<bf16>, n: usize, out: &mut CudaSlice<bf16>, accumulate: bool, relu: bool) -> Result<()> {
-        static PLANS_OFF: OnceLock<bool> = OnceLock::new();
-        let err = |e: CublasError| candle_core::Error::Msg(format!("cuBLASLt matmul ({tokens} x {k} by {n} x {k}): {e:?}"));
-        if !*PLANS_OFF.get_or_init(|| std::env::var("SCFOUNDRY_GEMM_PLANS").is_ok_and(|v| v == "0")) {
-            return unsafe { planned(lt, x, tokens, k, w, b, n, out, accumulate, relu) }.map_err(err);
-        }
         let cfg = MatmulConfig {
             transa: true,
             transb: false,
@@ -169,112 +161,7 @@ mod cuda {
             batch_size: None,
         };
         let act = relu.then_some(Activation::Relu);
-        unsafe { lt.matmul(cfg, w, x, out, Some(b), act.as_ref()) }.map_err(err)
-    }
-
-    /// cuBLASLt's descriptors for one product (the same as cudarc's `matmul` builds: bf16
-    /// layouts, f32 compute, A transposed, bias and optional ReLU epilogue) and the algorithm its
-    /// heuristic chose, kept for the process. cudarc builds and destroys them and asks the
-    /// heuristic again at every call: host time on every product of every layer and batch.
-    struct Plan {
-        desc: lts::cublasLtMatmulDesc_t,
-        a: lts::cublasLtMatrixLayout_t,
-        b: lts::cublasLtMatrixLayout_t,
-        c: lts::cublasLtMatrixLayout_t,
-        algo: lts::cublasLtMatmulAlgo_t,
-    }
-    // the descriptors are plain host structures, used under the PLANS lock only
-    unsafe impl Send for Plan {}
-
-    /// A plan by (cuBLASLt handle, n, tokens, k, relu): one per product shape of a batch.
-    type PlanKey = (usize, u64, u64, u64, bool);
-
-    unsafe fn make_plan(lt: &CudaBlasLT, m: u64, n: u64, k: u64, relu: bool, bias: u64, workspace: usize) -> std::result::Result<Plan, CublasError> {
-        let ty = lts::cudaDataType_t::CUDA_R_16BF;
-        let a = ltr::create_matrix_layout(ty, k, m, k as i64)?;
-        let b = ltr::create_matrix_layout(ty, k, n, k as i64)?;
-        let c = ltr::create_matrix_layout(ty, m, n, m as i64)?;
-        let desc = ltr::create_matmul_desc(lts::cublasComputeType_t::CUBLAS_COMPUTE_32F, lts::cudaDataType_t::CUDA_R_32F)?;
-        let set = |attr, v: *const std::ffi::c_void, size| ltr::set_matmul_desc_attribute(desc, attr, v, size);
-        let (t, n_op) = (1i32, 0i32); // CUBLAS_OP_T, CUBLAS_OP_N
-        set(lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &t as *const i32 as *const _, 4)?;
-        set(lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &n_op as *const i32 as *const _, 4)?;
-        set(lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSC, &n_op as *const i32 as *const _, 4)?;
-        let epilogue = if relu { lts::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS } else { lts::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS };
-        set(lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue as *const _ as *const _, std::mem::size_of::<lts::cublasLtEpilogue_t>())?;
-        set(lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias as *const u64 as *const _, 8)?;
-        let pref = ltr::create_matmul_pref()?;
-        ltr::set_matmul_pref_attribute(pref, lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace as *const usize as *const _, std::mem::size_of::<usize>())?;
-        // EXPERIMENT: SCFOUNDRY_GEMM_ALGO=i takes the heuristic's i-th answer (0: its first)
-        let want: usize = std::env::var("SCFOUNDRY_GEMM_ALGO").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-        let mut results: [std::mem::MaybeUninit<lts::cublasLtMatmulHeuristicResult_t>; 8] = [std::mem::MaybeUninit::uninit(); 8];
-        let mut count = 0i32;
-        let status = lts::cublasLtMatmulAlgoGetHeuristic(*lt.handle(), desc, a, b, c, c, pref, 8, results.as_mut_ptr() as *mut _, &mut count);
-        ltr::destroy_matmul_pref(pref)?;
-        if status != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS || count == 0 {
-            return Err(CublasError(if count == 0 { lts::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED } else { status }));
-        }
-        let pick = want.min(count as usize - 1);
-        if std::env::var("SCFOUNDRY_GEMM_ALGO").is_ok() {
-            eprintln!("gemm plan m={m} n={n} k={k} relu={relu}: {count} algorithms, took #{pick}");
-        }
-        Ok(Plan { desc, a, b, c, algo: results[pick].assume_init().algo })
-    }
-
-    /// [`linear`] through a cached [`Plan`]: only the bias pointer is set per call.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn planned(lt: &CudaBlasLT, x: &CudaView<bf16>, tokens: usize, k: usize, w: &CudaView<bf16>, b: &CudaView<bf16>, n: usize, out: &mut CudaSlice<bf16>, accumulate: bool, relu: bool) -> std::result::Result<(), CublasError> {
-        static PLANS: OnceLock<Mutex<std::collections::HashMap<PlanKey, Plan>>> = OnceLock::new();
-        let stream = lt.stream();
-        let (ws, ws_len) = workspace(stream).map_err(|_| CublasError(lts::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED))?;
-        let (bias, _b) = b.device_ptr(stream);
-        let (wp, _w) = w.device_ptr(stream);
-        let (xp, _x) = x.device_ptr(stream);
-        let (op, _o) = out.device_ptr_mut(stream);
-        let mut plans = PLANS.get_or_init(Default::default).lock().expect("not poisoned");
-        let key = (*lt.handle() as usize, n as u64, tokens as u64, k as u64, relu);
-        if !plans.contains_key(&key) {
-            let plan = make_plan(lt, n as u64, tokens as u64, k as u64, relu, bias, ws_len)?;
-            plans.insert(key, plan);
-        }
-        let p = &plans[&key];
-        ltr::set_matmul_desc_attribute(p.desc, lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias as *const u64 as *const _, 8)?;
-        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
-        ltr::matmul(
-            *lt.handle(),
-            p.desc,
-            &alpha as *const f32 as *const _,
-            &beta as *const f32 as *const _,
-            wp as *const _,
-            p.a,
-            xp as *const _,
-            p.b,
-            op as *const _,
-            p.c,
-            op as *mut _,
-            p.c,
-            &p.algo,
-            ws as *mut _,
-            ws_len,
-            stream.cu_stream() as *mut _,
-        )
-    }
-
-    /// The workspace [`planned`] products use (cudarc's own is private): 32 MiB on Hopper and
-    /// later, 4 MiB before, as NVIDIA recommends and cudarc allocates; one per stream.
-    fn workspace(stream: &Arc<CudaStream>) -> Result<(u64, usize)> {
-        static SPACES: OnceLock<Mutex<Vec<(usize, CudaSlice<u8>)>>> = OnceLock::new();
-        let key = stream.cu_stream() as usize;
-        let mut list = SPACES.get_or_init(Default::default).lock().expect("not poisoned");
-        if let Some((_, buf)) = list.iter().find(|(k, _)| *k == key) {
-            return Ok((buf.device_ptr(stream).0, buf.len()));
-        }
-        let major = stream.context().attribute(candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()?;
-        let size = if major >= 9 { 32 << 20 } else { 4 << 20 };
-        let buf = unsafe { stream.alloc::<u8>(size) }.w()?;
-        let p = buf.device_ptr(stream).0;
-        list.push((key, buf));
-        Ok((p, size))
+        unsafe { lt.matmul(cfg, w, x, out, Some(b), act.as_ref()) }.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt matmul ({tokens} x {k} by {n} x {k}): {e:?}")))
     }
 
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
