@@ -23,7 +23,7 @@ pub fn mean_spans(hidden: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor> {
     }
     #[cfg(feature = "cuda")]
     {
-        let op = cuda::SegmentMean { starts: spans.iter().map(|s| s.0 as u32).collect(), counts: spans.iter().map(|s| s.1 as u32).collect() };
+        let op = cuda::SegmentMean { starts_counts: spans.iter().map(|s| s.0 as u32).chain(spans.iter().map(|s| s.1 as u32)).collect() };
         hidden.contiguous()?.apply_op1_no_bwd(&op)
     }
     #[cfg(not(feature = "cuda"))]
@@ -38,8 +38,8 @@ mod cuda {
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
 
     pub struct SegmentMean {
-        pub starts: Vec<u32>,
-        pub counts: Vec<u32>,
+        /// the spans' starts, then their counts (one upload)
+        pub starts_counts: Vec<u32>,
     }
 
     impl candle_core::CustomOp1 for SegmentMean {
@@ -57,14 +57,13 @@ mod cuda {
             let Some((o0, o1)) = l.contiguous_offsets() else {
                 candle_core::bail!("segment-mean: the input must be contiguous");
             };
-            let n = self.starts.len();
+            let n = self.starts_counts.len() / 2;
             let mut out = dev.alloc_zeros::<f32>(n * d)?;
-            let longest = self.counts.iter().copied().max().unwrap_or(0) as usize;
+            let longest = self.starts_counts[n..].iter().copied().max().unwrap_or(0) as usize;
             if n == 0 || d == 0 || longest == 0 {
                 return Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, d))));
             }
-            // starts then counts, one upload
-            let both = dev.clone_htod(&[self.starts.as_slice(), self.counts.as_slice()].concat())?;
+            let both = dev.clone_htod(&self.starts_counts)?;
             let (starts, counts) = (both.slice(0..n), both.slice(n..2 * n));
             let threads = d.min(256);
             // a block: 64 rows of one span, `threads` columns (kernels/encoder_ops.cu)
