@@ -166,21 +166,8 @@ mod cuda {
 
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
         const NAMES: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
-        let (instance, mut cfg) = norm_launch(rows, d);
-        let mut name = NAMES[instance];
-        // EXPERIMENT: SCFOUNDRY_LN_ROWS=more|fewer, twice or half the rows a warp at d <= 512
-        let variant = match (instance, std::env::var("SCFOUNDRY_LN_ROWS").as_deref()) {
-            (0, Ok("more")) => Some(("layer_norm_bf16_p1_r8", 8)),
-            (0, Ok("fewer")) => Some(("layer_norm_bf16_p1_r2", 2)),
-            (1, Ok("more")) => Some(("layer_norm_bf16_p2_r4", 4)),
-            (1, Ok("fewer")) => Some(("layer_norm_bf16_p2_r1", 1)),
-            _ => None,
-        };
-        if let Some((n, r)) = variant {
-            name = n;
-            cfg.grid_dim.0 = rows.div_ceil(8 * r) as u32;
-        }
-        let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+        let (instance, cfg) = norm_launch(rows, d);
+        let func = dev.get_or_load_custom_func(NAMES[instance], MODULE, PTX)?;
         let (rows, d) = (rows as i32, d as i32);
         let mut l = func.builder();
         l.arg(x);

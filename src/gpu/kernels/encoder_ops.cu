@@ -41,11 +41,12 @@ __device__ __forceinline__ void add_pack(float *v, const Pack8 &p) {
     }
 }
 
-template <int MAX_PACKS, bool EMBED, int ROWS = rows_a_warp<MAX_PACKS>()>
+template <int MAX_PACKS, bool EMBED>
 __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat16 *x, const unsigned int *__restrict__ idx,
                                           const __nv_bfloat16 *__restrict__ word, const __nv_bfloat16 *__restrict__ position,
                                           const __nv_bfloat16 *__restrict__ token_type, const __nv_bfloat16 *__restrict__ w,
                                           const __nv_bfloat16 *__restrict__ b, const int rows, const int d, const float eps) {
+    constexpr int ROWS = rows_a_warp<MAX_PACKS>();
     const int warps = blockDim.x / 32;
     const int row0 = (blockIdx.x * warps + threadIdx.x / 32) * ROWS;
     const int lane = threadIdx.x % 32;
@@ -158,18 +159,6 @@ LAYER_NORM(5)
 LAYER_NORM(6)
 LAYER_NORM(7)
 LAYER_NORM(8)
-
-// EXPERIMENT (SCFOUNDRY_LN_ROWS=more|fewer): twice or half the rows a warp at d <= 512
-#define LAYER_NORM_ROWS(P, R)                                                                                             \
-    extern "C" __global__ void layer_norm_bf16_p##P##_r##R(__nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,        \
-                                                           const __nv_bfloat16 *__restrict__ b, const int rows,           \
-                                                           const int d, const float eps) {                                \
-        norm_rows<P, false, R>(x, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                            \
-    }
-LAYER_NORM_ROWS(1, 8)
-LAYER_NORM_ROWS(1, 2)
-LAYER_NORM_ROWS(2, 4)
-LAYER_NORM_ROWS(2, 1)
 
 // erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7, far under bf16's rounding):
 // q = erfc(|z|) = t (a1 + t (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + p |z|); libm's erff is
