@@ -32,6 +32,16 @@ shapes=(
   "uce_33l 33 1280 20 5120 1536 16 256 $uce 1536 relu"
 )
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
+# the bf16 matrix ceiling the useful TFLOP/s are held against, ours and PyTorch's, measured in
+# this call before and after the encoders (issue #5's target is half of it)
+ceiling() {
+  local line
+  line=$(timeout 120 "$bin" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths "$real" 2>"$out/ceiling.err") || line="{\"tool\":\"scfoundry\",\"error\":\"$(tail -1 "$out/ceiling.err" | tr -d '"')\"}"
+  echo "{\"shape\":\"ceiling_$1\",\"run\":$line}" | tee -a "$jsonl"
+  line=$(timeout 120 "$py" bench/ceiling_torch.py 2>"$out/ceiling_torch.err") || line="{\"tool\":\"pytorch\",\"error\":\"$(tail -1 "$out/ceiling_torch.err" | tr -d '"')\"}"
+  echo "{\"shape\":\"ceiling_$1\",\"run\":$line}" | tee -a "$jsonl"
+}
+ceiling before
 for s in "${shapes[@]}"; do
   read -r name L d h f maxlen batch cells lengths padto act <<<"$s"
   common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --activation "$act")
@@ -45,3 +55,4 @@ for s in "${shapes[@]}"; do
     echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
   done
 done
+ceiling after

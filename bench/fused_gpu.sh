@@ -24,6 +24,8 @@ shapes=(
   "uce_33l 33 1280 20 5120 1536 16 256 $U relu"
 )
 : > "$OUT/fused.jsonl"
+# the bf16 matrix ceiling in this call (issue #5's target is half of it)
+timeout 120 "$B" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $L 2>&1 | tee "$OUT/ceiling.json" | tail -1
 for s in "${shapes[@]}"; do
   read -r name Ly d h f maxlen batch cells lengths act <<<"$s"
   common=(--layers "$Ly" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --order sorted --activation "$act")

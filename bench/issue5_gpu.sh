@@ -32,5 +32,7 @@ E=$(mktemp -d); STEP_TIMEOUT=150 bash bench/encoder_throughput.sh "$E" "$B" > "$
 python3 -c "
 import json
 for l in open('$OUT/encoder_throughput.jsonl'):
-    r=json.loads(l); x=r['run']; print(r['shape'], x.get('tool'), x.get('encoder','')[:22], x.get('order'), round(x.get('cells_per_s',0),1), round(x.get('useful_tflops',0),1), x.get('check_attention_vs_reference'), x.get('error'))
+    r=json.loads(l); x=r['run']
+    if 'ceiling_tflops' in x: print(r['shape'], x.get('tool'), 'bf16 matrix ceiling', round(x['ceiling_tflops'],1), 'TFLOP/s, half', round(x['half_ceiling_tflops'],1), {k: round(v,1) for k, v in x['tflops_by_size'].items()}); continue
+    print(r['shape'], x.get('tool'), x.get('encoder','')[:22], x.get('order'), round(x.get('cells_per_s',0),1), round(x.get('useful_tflops',0),1), x.get('check_attention_vs_reference'), x.get('error'))
 "

@@ -165,6 +165,8 @@ pub struct BenchEncoderArgs {
     /// --hidden, --heads may override); every cell has --max-len genes (default 4,000).
     /// `cellfm`: CellFM's retention encoder at the released 800M shape (40 x 1536, 48 heads;
     /// --layers, --hidden, --heads may override; genes per cell capped at 2,048).
+    /// `gemm`: no encoder; square matrix products at n = 4,096, 8,192 and 16,384 (--hidden for
+    /// one size), the card's ceiling the encoders' useful TFLOP/s are held against.
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for

@@ -455,11 +455,51 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "scfoundation" => run_scfoundation(a),
         "scprint" => run_scprint(a),
         "novae" => run_novae(a),
+        "gemm" => run_gemm(a),
         other => match Arch::parse(other) {
             Some(arch) => run_arch(a, arch),
             None => run_c2s(a),
         },
     }
+}
+
+/// `--arch gemm`: the matrix-product ceiling that the encoders' useful TFLOP/s are held against
+/// (issue #5's target is half the card's measured bf16 ceiling; ANCHORS.md's ~790 TFLOP/s was
+/// measured on another day, so the benchmark scripts measure it again in the same call). Square
+/// products through cuBLAS (candle's matmul) at n = 4,096, 8,192 and 16,384 (`--hidden n` for one
+/// size), `reps` products a timing, the best of `--repeat` timings; the ceiling is the fastest size.
+fn run_gemm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    let dtype = dtype_of(&a.dtype)?;
+    let device = device_of(&a.device)?;
+    let sizes = a.hidden.map_or(vec![4096, 8192, 16384], |n| vec![n]);
+    let (mut by_size, mut ceiling) = (serde_json::Map::new(), 0f64);
+    for &n in &sizes {
+        let x = Tensor::randn(0f32, 1f32, (n, n), &device)?.to_dtype(dtype)?;
+        let y = Tensor::randn(0f32, 1f32, (n, n), &device)?.to_dtype(dtype)?;
+        let flops = 2.0 * (n as f64).powi(3);
+        // a quarter of a second of products a timing at ~790 TFLOP/s (at most 200 products)
+        let reps = ((2e14 / flops) as usize).clamp(1, 200);
+        x.matmul(&y)?;
+        device.synchronize()?;
+        let mut best = f64::INFINITY;
+        for _ in 0..a.repeat.max(1) {
+            let t = Instant::now();
+            for _ in 0..reps {
+                x.matmul(&y)?;
+            }
+            device.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+        }
+        let tflops = flops / best / 1e12;
+        by_size.insert(n.to_string(), json!(tflops));
+        ceiling = ceiling.max(tflops);
+    }
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "gemm", "encoder": "square matrix products (cuBLAS through candle)",
+        "dtype": a.dtype, "device": a.device, "tflops_by_size": by_size, "ceiling_tflops": ceiling, "half_ceiling_tflops": ceiling / 2.0,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
 }
 
 /// The synthetic token ids of bench cell `i` (positions 0..n).

@@ -206,3 +206,21 @@ fn bench_encoder_packed_matches_padded_bert_for_both_activations() {
     bad.user_error();
     assert!(bad.stderr.contains("gelu") && bad.stderr.contains("relu"), "{}", bad.stderr);
 }
+
+/// `__bench-encoder --arch gemm` (the matrix ceiling the benchmark scripts measure in the same
+/// call as the encoders) times the size it is given and reports it as the ceiling.
+#[test]
+fn bench_encoder_gemm_reports_the_ceiling_it_measured() {
+    let t = TestContext::new();
+    let lengths = t.path("lengths.txt");
+    std::fs::write(&lengths, "1\n").unwrap();
+    let run = t.run(&["__bench-encoder", "--arch", "gemm", "--device", "cpu", "--dtype", "f32", "--hidden", "96", "--repeat", "2", "--lengths", lengths.to_str().unwrap()]);
+    run.success();
+    let v: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    let sizes = v["tflops_by_size"].as_object().unwrap();
+    assert_eq!(sizes.keys().collect::<Vec<_>>(), vec!["96"]);
+    let ceiling = v["ceiling_tflops"].as_f64().unwrap();
+    assert!(ceiling > 0.0 && ceiling.is_finite(), "{ceiling}");
+    assert_eq!(ceiling, sizes["96"].as_f64().unwrap());
+    assert_eq!(v["half_ceiling_tflops"].as_f64().unwrap(), ceiling / 2.0);
+}
