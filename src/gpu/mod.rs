@@ -9,6 +9,7 @@
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
+//! - `upload.rs`: a batch's token ids sent up from page-locked memory (the host never waits there).
 //! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
