@@ -207,10 +207,6 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     for (int i = 0; i < 32; i++) o[i] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const uint32_t qa = qs + wg * 64 * 128;
-    // a warpgroup whose 64 rows all lie past the cell (in a cell's last query block, when fewer
-    // than 65 of its rows are left) still copies its share of each tile but computes nothing:
-    // the tensor cores and exponentials go to the SM's other warpgroups
-    const bool idle = q0 + wg * 64 >= len;
 
     for (int t = 0; t < tiles; t++) {
         // tile t is in shared memory (STAGES - 2 later groups may still be in flight) and every
@@ -220,7 +216,6 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
         __syncthreads();
         if (t + STAGES - 1 < tiles) load_kv(t + STAGES - 1);
         copy_commit();
-        if (idle) continue;  // uniform across the warpgroup, as its matrix instructions need
         const uint32_t ka = ks(t), va = vs(t);
 
         // S = Q K^T (64 rows x KT keys this warpgroup)
@@ -260,7 +255,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
             for (int i = 0; i < 4; i++) pin(p[kk][i]);
     }
 
-    if (!idle) store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
+    store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
 }
 
 }  // namespace sm90
