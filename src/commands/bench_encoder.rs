@@ -81,7 +81,7 @@ fn lengths(a: &BenchEncoderArgs, max_len: usize) -> anyhow::Result<(Vec<usize>, 
 }
 
 /// Best wall time of `repeat` passes over `batches` (after one untimed warm-up batch).
-fn time_batches(device: &Device, batches: &[Vec<usize>], repeat: usize, mut run_batch: impl FnMut(&[usize]) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn time_batches<B>(device: &Device, batches: &[B], repeat: usize, mut run_batch: impl FnMut(&B) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     run_batch(&batches[0])?;
     device.synchronize()?;
     let mut best = f64::INFINITY;
@@ -157,21 +157,10 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     }
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
-    let run_batch = |b: &[usize]| -> anyhow::Result<()> {
+    let best = time_batches(&device, &batches, a.repeat, |b| {
         let _ = model.forward_batch(b.iter().map(|&i| cells[i].as_slice()).collect())?;
         Ok(())
-    };
-    run_batch(&batches[0])?;
-    device.synchronize()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..a.repeat.max(1) {
-        let t = Instant::now();
-        for b in &batches {
-            run_batch(b)?;
-        }
-        device.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+    })?;
     let (l, d, f) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size);
     let real: usize = lens.iter().sum();
     let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
@@ -368,17 +357,10 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
             (b, zb)
         })
         .collect();
-    model.encode(&gm, &batches[0].1, &batches[0].0)?;
-    device.synchronize()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..a.repeat.max(1) {
-        let t = Instant::now();
-        for (b, zb) in &batches {
-            model.encode(&gm, zb, b)?;
-        }
-        device.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+    let best = time_batches(&device, &batches, a.repeat, |(b, zb)| {
+        model.encode(&gm, zb, b)?;
+        Ok(())
+    })?;
     let nodes: usize = batches.iter().map(|b| b.0.nodes.len()).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "novae",
