@@ -10,6 +10,7 @@
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
 //! - `upload.rs`: a batch's token ids sent up from page-locked memory (the host never waits there).
+//! - `pinned.rs` (feature `cuda`): the pair of page-locked buffers those two copy through.
 //! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
@@ -26,6 +27,8 @@ pub mod backoff;
 pub mod cuda;
 pub mod options;
 pub mod embedding;
+#[cfg(feature = "cuda")]
+pub mod pinned;
 pub mod fused_encoder;
 pub mod readback;
 pub mod segment_mean;

@@ -4,8 +4,8 @@
 //! against the wall time, BENCHMARKS.md: 14% of Geneformer V1's pass and 5% of scGPT's were such
 //! gaps). With [`Lagged`], batch i's result is copied into page-locked host memory behind batch
 //! i's work, batch i + 1 is queued, and only then does the host wait, for batch i's copy, while
-//! the GPU runs batch i + 1. Two page-locked buffers alternate; on the CPU the values are read at
-//! once.
+//! the GPU runs batch i + 1. Two page-locked buffers alternate (`pinned.rs`); on the CPU the values
+//! are read at once.
 
 use candle_core::{DType, Result, Tensor};
 
@@ -14,9 +14,7 @@ use candle_core::{DType, Result, Tensor};
 pub struct Lagged<T = ()> {
     pending: Option<(T, Pending)>,
     #[cfg(feature = "cuda")]
-    buffers: [Option<candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>>; 2],
-    #[cfg(feature = "cuda")]
-    next: usize,
+    buffers: super::pinned::PinnedPair<f32>,
 }
 
 enum Pending {
@@ -25,8 +23,6 @@ enum Pending {
     Copying {
         slot: usize,
         len: usize,
-        // recorded on the stream right after the copy: waiting on it waits for the copy only
-        copied: candle_core::cuda_backend::cudarc::driver::CudaEvent,
         // the source stays alive until its copy is read
         _source: Tensor,
     },
@@ -37,9 +33,7 @@ impl<T> Default for Lagged<T> {
         Lagged {
             pending: None,
             #[cfg(feature = "cuda")]
-            buffers: [None, None],
-            #[cfg(feature = "cuda")]
-            next: 0,
+            buffers: Default::default(),
         }
     }
 }
@@ -77,14 +71,10 @@ impl<T> Lagged<T> {
         match p {
             Pending::Ready(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Pending::Copying { slot, len, copied, .. } => {
+            Pending::Copying { slot, len, .. } => {
                 let err = |e| candle_core::Error::Msg(format!("reading a batch back: {e:?}"));
-                // waits for this copy, not for the work queued after it. (The buffer's own event,
-                // which `as_slice` waits on, is recorded by cudarc only when it manages several
-                // streams; candle runs one, so that wait alone would not cover the copy.)
-                copied.synchronize().map_err(err)?;
-                let buf = self.buffers[slot].as_ref().expect("a buffer for a pending copy");
-                Ok(buf.as_slice().map_err(err)?[..len].to_vec())
+                // waits for this copy, not for the work queued after it
+                Ok(self.buffers.read(slot, len).map_err(err)?.to_vec())
             }
         }
     }
@@ -96,31 +86,21 @@ impl<T> Lagged<T> {
         use candle_core::Storage;
         let err = |e| candle_core::Error::Msg(format!("reading a batch back: {e:?}"));
         let len = t.elem_count();
-        let slot = self.next;
-        self.next ^= 1;
-        let copied = {
+        let slot = {
             let (storage, layout) = t.storage_and_layout();
             let Storage::Cuda(s) = &*storage else { candle_core::bail!("read-back: not a GPU tensor") };
             let Some((o0, o1)) = layout.contiguous_offsets() else { candle_core::bail!("read-back: not contiguous") };
             let stream = s.device().cuda_stream();
-            if self.buffers[slot].as_ref().is_none_or(|b| b.len() < len) {
-                // page-locked, not write-combined (the host reads it); grown to the largest batch
-                self.buffers[slot] = Some(unsafe { stream.context().alloc_pinned_with_flags::<f32>(len, 0) }.map_err(err)?);
-            }
-            let buf = self.buffers[slot].as_mut().expect("allocated above");
+            // this buffer's previous copy was read (and waited for) before this push
+            let (slot, dst) = self.buffers.take(&stream, len).map_err(err)?;
             let src = s.as_cuda_slice::<f32>()?.slice(o0..o1);
-            // the copy fills `len` values of the buffer, not all of it: cudarc's memcpy_dtoh
-            // copies the destination's whole length, which reads past a smaller batch's result
-            // (CUDA_ERROR_INVALID_VALUE on the last, short batch of a run). `as_mut_slice` waits
-            // on the buffer's own event, which is never recorded here (see `read`), so it does
-            // not wait; this buffer's previous copy was read (and waited for) before this push.
-            let dst = &mut buf.as_mut_slice().map_err(err)?[..len];
             stream.context().bind_to_thread().map_err(err)?;
             let (src_ptr, _synced) = src.device_ptr(&stream);
             unsafe { candle_core::cuda_backend::cudarc::driver::result::memcpy_dtoh_async(dst, src_ptr, stream.cu_stream()) }.map_err(err)?;
-            stream.record_event(Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(err)?
+            self.buffers.copied(slot, &stream).map_err(err)?;
+            slot
         };
-        Ok(Pending::Copying { slot, len, copied, _source: t })
+        Ok(Pending::Copying { slot, len, _source: t })
     }
 }
 

@@ -3,8 +3,8 @@
 //! buffers, and the driver may wait for the stream's earlier work before it takes the values
 //! (CUDA's "API synchronization behavior"): the host, uploading batch i + 1's token ids, would
 //! then wait for batch i to finish, and the GPU would sit idle while the host queues the rest of
-//! batch i + 1. Here the values are copied into one of two page-locked buffers (each reused once
-//! the copy made from it two uploads before is done) and from there on the stream.
+//! batch i + 1. Here the values are copied into one of two page-locked buffers (`pinned.rs`, each
+//! reused once the copy made from it two uploads before is done) and from there on the stream.
 //! `SCFOUNDRY_PAGEABLE_UPLOAD=1` takes candle's ordinary upload instead, for comparison
 //! (bench/fused_gpu.sh's `pageable` variant).
 
@@ -25,32 +25,17 @@ pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaEvent, DevicePtrMut, PinnedHostSlice};
+    use super::super::pinned::PinnedPair;
+    use candle_core::cuda_backend::cudarc::driver::{result, DevicePtrMut};
     use candle_core::op::BackpropOp;
     use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
     use std::cell::RefCell;
 
-    struct Slot {
-        buf: PinnedHostSlice<u32>,
-        // recorded right after the copy from `buf`: `buf` may be overwritten once it completes
-        copied: Option<CudaEvent>,
-    }
-
-    /// Two page-locked buffers used in turn, for one stream (a thread's uploads go to one).
+    /// The pair of page-locked buffers for one stream (a thread's uploads go to one).
     #[derive(Default)]
     struct Ring {
         stream: usize,
-        slots: [Option<Slot>; 2],
-        next: usize,
-    }
-
-    impl Ring {
-        fn wait(&self, i: usize) -> std::result::Result<(), candle_core::cuda_backend::cudarc::driver::DriverError> {
-            match self.slots[i].as_ref().and_then(|s| s.copied.as_ref()) {
-                Some(e) => e.synchronize(),
-                None => Ok(()),
-            }
-        }
+        pair: PinnedPair<u32>,
     }
 
     thread_local! {
@@ -64,28 +49,18 @@ mod cuda {
             let key = stream.cu_stream() as usize;
             if ring.stream != key {
                 // another stream (another device): its buffers go once their copies are done
-                ring.wait(0).and(ring.wait(1)).map_err(err)?;
+                ring.pair.wait_all().map_err(err)?;
                 *ring = Ring { stream: key, ..Ring::default() };
             }
-            let i = ring.next;
-            ring.next ^= 1;
-            // the copy made from this buffer two uploads ago must be done before it is reused
-            ring.wait(i).map_err(err)?;
-            if ring.slots[i].as_ref().is_none_or(|s| s.buf.len() < data.len()) {
-                let buf = unsafe { stream.context().alloc_pinned_with_flags::<u32>(data.len(), 0) }.map_err(err)?;
-                ring.slots[i] = Some(Slot { buf, copied: None });
-            }
-            let slot = ring.slots[i].as_mut().expect("allocated above");
-            // (`as_mut_slice` waits on the buffer's own event, which cudarc records only when it
-            // manages several streams: it does not wait here; `wait` above did)
-            let src = &mut slot.buf.as_mut_slice().map_err(err)?[..data.len()];
+            // the copy made from this buffer two uploads ago is done before it is handed out
+            let (slot, src) = ring.pair.take(&stream, data.len()).map_err(err)?;
             src.copy_from_slice(data);
             let mut dst = unsafe { stream.alloc::<u32>(data.len()) }.map_err(err)?;
             {
                 let (ptr, _synced) = dst.device_ptr_mut(&stream);
-                unsafe { result::memcpy_htod_async(ptr, src, stream.cu_stream()) }.map_err(err)?;
+                unsafe { result::memcpy_htod_async(ptr, &*src, stream.cu_stream()) }.map_err(err)?;
             }
-            slot.copied = Some(stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(err)?);
+            ring.pair.copied(slot, &stream).map_err(err)?;
             Ok(dst)
         })?;
         let n = dst.len();
