@@ -46,7 +46,7 @@ for s in "${shapes[@]}"; do
   read -r name L d h f maxlen batch cells lengths padto act <<<"$s"
   common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --activation "$act")
   for variant in packed padded; do
-    extra=(--check); [[ $variant == padded ]] && extra=(--padded)
+    extra=(--check); [[ $variant == padded ]] && extra=(--padded --batching cells)
     line=$(timeout "${STEP_TIMEOUT:-240}" "$bin" __bench-encoder "${common[@]}" --order sorted "${extra[@]}" 2>"$out/$name.scfoundry.$variant.err") || line="{\"tool\":\"scfoundry\",\"variant\":\"$variant\",\"error\":\"$(tail -1 "$out/$name.scfoundry.$variant.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"run\":$line}" | tee -a "$jsonl"
   done

@@ -196,6 +196,15 @@ pub struct BenchEncoderArgs {
     /// Cells per batch.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// --arch bert: `tokens` batches by tokens, as `embed` does (`--batch` cells of the longest
+    /// length make the budget; shorter cells fill it, up to `--batch-growth` x `--batch` cells,
+    /// see gpu/backoff.rs TokenBudget); `cells`: `--batch` cells a batch (before).
+    #[arg(long, default_value = "tokens", value_parser = ["cells", "tokens"])]
+    pub batching: String,
+    /// With `--batching tokens`: most cells a batch, as a multiple of `--batch` (`embed` uses
+    /// gpu/backoff.rs BATCH_GROWTH, 8).
+    #[arg(long, default_value_t = crate::gpu::backoff::BATCH_GROWTH)]
+    pub batch_growth: usize,
     /// bf16, f16 or f32.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
@@ -479,7 +488,10 @@ pub struct TraceArgs {
 /// Batch options. Each method declares which it honours; others are accepted with a warning.
 #[derive(Debug, Args, Default)]
 pub struct BatchArgs {
-    /// Cells per batch for embedding (default: the method's, see `scfoundry methods`).
+    /// Cells per batch for embedding (default: the method's, see `scfoundry methods`). The
+    /// transformers that run cells longest first (geneformer, scgpt, sccello, langcell) batch by
+    /// tokens: N of the longest cells make a batch, and a batch of shorter cells holds as many
+    /// tokens, up to 8 x N cells.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_size: Option<u64>,
 }

@@ -518,7 +518,12 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let vb = VarBuilder::from_tensors(weights, dtype, &device);
     let mut packed_model = PackedBert::load(vb, &cfg)?;
     packed_model.encoder.fused = !a.unfused;
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let batches: Vec<Vec<usize>> = if a.batching == "tokens" {
+        let budget = crate::gpu::backoff::TokenBudget::new(a.batch, a.batch_growth, lens[order[0]]);
+        budget.plan(order.len(), |k| lens[order[k]]).into_iter().map(|r| order[r].to_vec()).collect()
+    } else {
+        order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect()
+    };
     let cells: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| bert_cell(i, n)).collect();
     let padded_run = |b: &[usize]| -> candle_core::Result<Tensor> {
         let len = b.iter().map(|&i| lens[i]).max().unwrap_or(1);
@@ -641,6 +646,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
         "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
+        "batching": a.batching, "batches": batches.len(), "largest_batch": batches.iter().map(Vec::len).max().unwrap_or(0),
     });
     out.as_object_mut().expect("an object").extend(check);
     println!("{out}");

@@ -288,11 +288,13 @@ pub struct Batches {
     size: usize,
     backoff: Option<crate::gpu::backoff::BackoffReport>,
     task_dir: PathBuf,
+    // whether a run batched by tokens (for the parameters)
+    by_tokens: bool,
 }
 
 impl Batches {
     pub fn new(dev: TaskDevice, size: usize, task_dir: &Path) -> Batches {
-        Batches { dev, size: size.max(1), backoff: None, task_dir: task_dir.to_path_buf() }
+        Batches { dev, size: size.max(1), backoff: None, task_dir: task_dir.to_path_buf(), by_tokens: false }
     }
 
     /// The batch size in effect (smaller than asked after a back-off).
@@ -313,7 +315,7 @@ impl Batches {
     /// `fill`. `progress` hears of each finished batch. On an error the cost report is written.
     pub fn run(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let mut rows = vec![fill; n * dim];
-        self.run_with(order, forward, |r, v: Vec<f32>| {
+        self.run_with(order, None, forward, |r, v: Vec<f32>| {
             place_rows(&mut rows, dim, &order[r.clone()], &v);
             progress(r.len());
             Ok(())
@@ -324,8 +326,11 @@ impl Batches {
     /// As [`Self::run`], with `forward` returning the batch's rows on the model's device
     /// (`batch x dim`, any float type) without reading them: each batch is read back while the
     /// next one runs (`gpu::readback`), so the GPU does not sit idle while the host prepares
-    /// the next batch.
-    pub fn run_lagged(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<candle_core::Tensor>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+    /// the next batch. With `tokens` (each cell's token count, by cell; `order` longest first)
+    /// the batches go by tokens (`gpu::backoff::TokenBudget`): the batch size's worth of the
+    /// longest cells, and up to `BATCH_GROWTH` times as many shorter ones, so that short cells
+    /// do not run in batches too small to keep the GPU busy.
+    pub fn run_lagged(&mut self, n: usize, dim: usize, order: &[usize], tokens: Option<&[usize]>, fill: f32, forward: impl FnMut(&[usize]) -> Result<candle_core::Tensor>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let mut rows = vec![fill; n * dim];
         let mut lagged = crate::gpu::readback::Lagged::new();
         let read_err = |e: candle_core::Error| Error::Model { context: "reading a batch's embeddings back from the device".into(), detail: e.to_string() };
@@ -333,7 +338,7 @@ impl Batches {
             place_rows(&mut rows, dim, &order[r.clone()], &v);
             progress(r.len());
         };
-        self.run_with(order, forward, |r, t: candle_core::Tensor| {
+        self.run_with(order, tokens, forward, |r, t: candle_core::Tensor| {
             if let Some((done, v)) = lagged.push(r, &t).map_err(read_err)? {
                 place(done, v);
             }
@@ -345,13 +350,21 @@ impl Batches {
         Ok(rows)
     }
 
-    /// The batches of `order` through `forward`, each result to `done` in order (an error from
-    /// `done` stops the run), halving the batch on out-of-memory; the back-off and, on an
-    /// error, the cost report recorded.
-    fn run_with<T>(&mut self, order: &[usize], mut forward: impl FnMut(&[usize]) -> Result<T>, done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
-        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport};
+    /// The batches of `order` through `forward` (by cells, or by `tokens` when given), each
+    /// result to `done` in order (an error from `done` stops the run), halving the batch on
+    /// out-of-memory; the back-off and, on an error, the cost report recorded.
+    fn run_with<T>(&mut self, order: &[usize], tokens: Option<&[usize]>, mut forward: impl FnMut(&[usize]) -> Result<T>, done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
+        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport, TokenBudget, BATCH_GROWTH};
         let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
-        let outcome = run_batched(order.len(), self.size, is_oom, |r| forward(&order[r]), done);
+        let cost = |k: usize| tokens.map_or(1, |t| t[order[k]]);
+        let budget = match (tokens, order.first()) {
+            (Some(t), Some(&first)) => {
+                self.by_tokens = true;
+                TokenBudget::new(self.size, BATCH_GROWTH, t[first])
+            }
+            _ => TokenBudget::per_cell(self.size),
+        };
+        let outcome = run_batched(order.len(), budget, cost, is_oom, |r| forward(&order[r]), done);
         let allocator = self.dev.allocator();
         let err = match outcome {
             Ok(None) => return Ok(()),
@@ -379,6 +392,10 @@ impl Batches {
     /// parameters (`uns['scfoundry']['parameters']`).
     pub fn record(&self, spec: &TaskSpec, params: &mut serde_json::Map<String, Value>) {
         params.insert("batch_size".into(), json!(self.size));
+        if self.by_tokens {
+            let growth = crate::gpu::backoff::BATCH_GROWTH;
+            params.insert("batching".into(), json!(format!("by tokens: batch_size cells of the longest length, up to {growth} x batch_size shorter ones")));
+        }
         params.insert("device".into(), json!(spec.device.kind.to_string()));
     }
 
@@ -593,10 +610,11 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
                 .collect();
             empty += cells.iter().filter(|c| c.is_empty()).count();
             n_tokens += cells.iter().map(Vec::len).sum::<usize>();
-            // longest first, halving the batch on CUDA out-of-memory; rows back in input order
+            // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
             let order = geneformer::length_order(&cells);
             p.inc((cells.len() - order.len()) as u64);
-            let rows = batches.run_lagged(cells.len(), dim, &order, f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
+            let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+            let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
             write_rows(&ds, start, &rows, dim)?;
         }
     }
@@ -711,10 +729,11 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             .collect();
         sampled += cells.iter().filter(|c| c.sampled).count();
         empty.extend(cells.iter().enumerate().filter(|(_, c)| c.genes.len() == 1).map(|(i, _)| s + i));
-        // longest first, halving the batch on CUDA out-of-memory; rows back in input order
+        // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let rows = batches.run_lagged(cells.len(), dim, &order, 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let lens: Vec<usize> = cells.iter().map(|c| c.genes.len()).collect();
+        let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();

@@ -1,6 +1,8 @@
-//! Out-of-memory back-off for batched GPU work: when a batch fails with CUDA out-of-memory,
-//! halve the batch and retry the same cells, down to one cell; keep the smaller size for the
-//! rest of the run, and tell the user which `--batch-size` to pass next time.
+//! Batches for GPU work and their out-of-memory back-off: when a batch fails with CUDA
+//! out-of-memory, halve the batch and retry the same cells, down to one cell; keep the smaller
+//! size for the rest of the run, and tell the user which `--batch-size` to pass next time.
+//! Cells that run longest first can be batched by tokens ([`TokenBudget`]): `--batch-size` cells
+//! of the longest length, and more of the shorter ones.
 
 use std::ops::Range;
 
@@ -46,6 +48,53 @@ pub fn extra_hint(allocator: AllocatorKind) -> String {
     }
 }
 
+/// Most cells a batch by tokens holds, as a multiple of `--batch-size` (measured on the H200:
+/// BENCHMARKS.md, "Batches by tokens").
+pub const BATCH_GROWTH: usize = 8;
+
+/// Batches by tokens: `batch` cells of the longest cell's length (`cost(0)`; the cells run
+/// longest first) make a batch's token budget, and the batch that starts at cell `start` takes as
+/// many cells as fit it at that cell's length, at least one and at most `growth` x `batch`. Every
+/// batch then holds about as many tokens as the first, so short cells do not run in small
+/// batches whose kernels are too short to fill the GPU, and memory stays at the first batch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBudget {
+    /// Tokens a batch may hold.
+    pub tokens: usize,
+    /// Most cells a batch may hold.
+    pub max_cells: usize,
+}
+
+impl TokenBudget {
+    pub fn new(batch: usize, growth: usize, longest: usize) -> TokenBudget {
+        let batch = batch.max(1);
+        TokenBudget { tokens: batch * longest.max(1), max_cells: batch * growth.max(1) }
+    }
+
+    /// `batch` cells a batch whatever their lengths (give each cell a cost of 1).
+    pub fn per_cell(batch: usize) -> TokenBudget {
+        TokenBudget::new(batch, 1, 1)
+    }
+
+    /// Cells in the batch that starts with a cell of `cost` tokens.
+    pub fn batch_at(&self, cost: usize) -> usize {
+        (self.tokens / cost.max(1)).clamp(1, self.max_cells)
+    }
+
+    /// The batches of `n` cells (in run order, `cost(i)` tokens each) when nothing runs out of
+    /// memory.
+    pub fn plan(&self, n: usize, cost: impl Fn(usize) -> usize) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < n {
+            let end = (start + self.batch_at(cost(start))).min(n);
+            out.push(start..end);
+            start = end;
+        }
+        out
+    }
+}
+
 /// A batch failed for a reason other than memory, or with one cell.
 #[derive(Debug)]
 pub enum BackoffError<E> {
@@ -54,23 +103,28 @@ pub enum BackoffError<E> {
     Other(E),
 }
 
-/// Run `f` over `0..n` in batches of `batch`, in order. `f` gets a row range and returns its
-/// result or an error; `is_oom` says whether an error is out-of-memory. Each successful batch's
-/// result goes to `done` in order (an error from `done` stops the run as `Other`). Returns the
-/// back-off report when any batch was retried.
+/// Run `f` over `0..n` in batches of `budget` (with `TokenBudget::per_cell(b)` and a cost of 1
+/// a cell, batches of `b`; else cell `i` costs `cost(i)` tokens), in order. `f` gets a row range
+/// and returns its result or an error; `is_oom` says whether an error is out-of-memory: the
+/// budget is then halved (to half the cells that failed, at their length) and the same cells
+/// retried. Each successful batch's result goes to `done` in order (an error from `done` stops
+/// the run as `Other`). Returns the back-off report when any batch was retried; its batch sizes
+/// count cells of the first cell's length.
 pub fn run_batched<T, E>(
     n: usize,
-    batch: usize,
+    budget: TokenBudget,
+    cost: impl Fn(usize) -> usize,
     is_oom: impl Fn(&E) -> bool,
     mut f: impl FnMut(Range<usize>) -> Result<T, E>,
     mut done: impl FnMut(Range<usize>, T) -> Result<(), E>,
 ) -> Result<Option<BackoffReport>, BackoffError<E>> {
-    let requested = batch.max(1);
-    let mut size = requested;
+    let in_cells = |b: &TokenBudget| if n == 0 { b.tokens } else { (b.tokens / cost(0).max(1)).max(1) };
+    let requested = in_cells(&budget);
+    let mut budget = budget;
     let mut retries = 0u32;
     let mut start = 0;
     while start < n {
-        let end = (start + size).min(n);
+        let end = (start + budget.batch_at(cost(start))).min(n);
         match f(start..end) {
             Ok(t) => {
                 done(start..end, t).map_err(BackoffError::Other)?;
@@ -81,13 +135,13 @@ pub fn run_batched<T, E>(
                     return Err(BackoffError::OutOfMemoryAtOne(e));
                 }
                 // halve what was actually tried (the last batch may have been short)
-                size = ((end - start) / 2).max(1);
+                budget.tokens = ((end - start) / 2).max(1) * cost(start).max(1);
                 retries += 1;
             }
             Err(e) => return Err(BackoffError::Other(e)),
         }
     }
-    Ok((retries > 0).then_some(BackoffReport { requested, final_batch: size, retries }))
+    Ok((retries > 0).then_some(BackoffReport { requested, final_batch: in_cells(&budget), retries }))
 }
 
 #[cfg(test)]
@@ -107,7 +161,7 @@ mod tests {
     fn halves_until_it_fits_and_keeps_order() {
         let mut seen = Vec::new();
         let mut sizes = Vec::new();
-        let rep = run_batched(100, 64, oom, device(20), |r, v| {
+        let rep = run_batched(100, TokenBudget::per_cell(64), |_| 1, oom, device(20), |r, v| {
             sizes.push(r.len());
             seen.extend(v);
             Ok(())
@@ -126,7 +180,7 @@ mod tests {
     #[test]
     fn no_report_when_everything_fits() {
         let mut n = 0;
-        assert_eq!(run_batched(10, 4, oom, device(4), |r, _| {
+        assert_eq!(run_batched(10, TokenBudget::per_cell(4), |_| 1, oom, device(4), |r, _| {
             n += r.len();
             Ok(())
         }).unwrap(), None);
@@ -137,7 +191,7 @@ mod tests {
     fn a_short_last_batch_is_halved_from_its_own_size() {
         // 70 cells at 64: the first batch fails (64 > 40), then 32-cell batches fit.
         let mut sizes = Vec::new();
-        let rep = run_batched(70, 64, oom, device(40), |r, _| {
+        let rep = run_batched(70, TokenBudget::per_cell(64), |_| 1, oom, device(40), |r, _| {
             sizes.push(r.len());
             Ok(())
         }).unwrap().unwrap();
@@ -146,9 +200,49 @@ mod tests {
     }
 
     #[test]
+    fn by_tokens_the_back_off_halves_the_budget_at_the_failing_cells_length() {
+        // longest first; the fake device holds 100 tokens
+        let costs: Vec<usize> = [100, 100, 50, 50, 50, 50].into_iter().chain([10; 20]).collect();
+        let fits = |r: Range<usize>| -> Result<usize, String> {
+            let t: usize = costs[r].iter().sum();
+            if t > 100 { Err(format!("CUDA_ERROR_OUT_OF_MEMORY at {t} tokens")) } else { Ok(t) }
+        };
+        let mut batches = Vec::new();
+        let rep = run_batched(costs.len(), TokenBudget::new(2, 8, costs[0]), |i| costs[i], oom, fits, |r, t| {
+            batches.push((r, t));
+            Ok(())
+        })
+        .unwrap()
+        .unwrap();
+        let ranges: Vec<_> = batches.iter().map(|b| b.0.clone()).collect();
+        assert_eq!(ranges, [0..1, 1..2, 2..4, 4..6, 6..16, 16..26], "{batches:?}");
+        assert!(batches.iter().all(|b| b.1 == 100));
+        // in cells of the longest length: 2 asked, 1 in the end
+        assert_eq!(rep, BackoffReport { requested: 2, final_batch: 1, retries: 1 });
+    }
+
+    #[test]
     fn out_of_memory_at_one_cell_is_an_error() {
-        let r = run_batched(5, 8, oom, device(0), |_, _| Ok(()));
+        let r = run_batched(5, TokenBudget::per_cell(8), |_| 1, oom, device(0), |_, _| Ok(()));
         assert!(matches!(r, Err(BackoffError::OutOfMemoryAtOne(_))));
+    }
+
+    #[test]
+    fn token_budget_grows_batches_of_short_cells_up_to_the_cap() {
+        // longest first: 2,000, 1,000, 500 and 100 tokens
+        let costs = [2000, 2000, 1000, 1000, 1000, 1000, 500, 500, 500, 500, 500, 500, 500, 500, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100];
+        let b = TokenBudget::new(2, 4, costs[0]);
+        assert_eq!(b.tokens, 4000);
+        let plan = b.plan(costs.len(), |i| costs[i]);
+        assert_eq!(plan, [0..2, 2..6, 6..14, 14..22, 22..24], "{plan:?}");
+        for r in &plan {
+            let tokens: usize = costs[r.clone()].iter().sum();
+            assert!(tokens <= 4000, "{r:?} holds {tokens} tokens");
+        }
+        // a cell longer than the budget still runs, alone
+        assert_eq!(TokenBudget::new(1, 4, 10).batch_at(50), 1);
+        // equal lengths: batches of `batch` cells, as before
+        assert_eq!(TokenBudget::new(3, 8, 7).plan(8, |_| 7), [0..3, 3..6, 6..8]);
     }
 
     #[test]
@@ -156,7 +250,8 @@ mod tests {
         let mut calls = 0;
         let r = run_batched(
             100,
-            10,
+            TokenBudget::per_cell(10),
+            |_| 1,
             oom,
             |_| {
                 calls += 1;
@@ -171,7 +266,7 @@ mod tests {
     #[test]
     fn an_error_from_done_stops_the_run() {
         let mut calls = 0;
-        let r = run_batched(100, 10, oom, device(100), |r, _| {
+        let r = run_batched(100, TokenBudget::per_cell(10), |_| 1, oom, device(100), |r, _| {
             calls += 1;
             if r.start == 10 { Err("could not read the batch back".to_string()) } else { Ok(()) }
         });

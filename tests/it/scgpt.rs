@@ -247,6 +247,9 @@ fn scgpt_embed_command_matches_upstream() {
     assert!(rel <= MAX_REL_ERR, "max relative error {rel}");
     assert_eq!(read_i64(&out, "uns/scfoundry/parameters/genes_matched"), 680);
     assert_eq!(read_i64(&out, "uns/scfoundry/parameters/batch_size"), 16);
+    // the demo cells differ in length: batched by tokens (16 of the longest, more of the shorter)
+    let batching: hdf5::types::VarLenUnicode = hdf5::File::open(&out).unwrap().dataset("uns/scfoundry/parameters/batching").unwrap().read_scalar().unwrap();
+    assert!(batching.as_str().starts_with("by tokens"), "{batching}");
     assert_eq!(read_i64(&out, "uns/scfoundry/parameters/max_len"), 1200);
     // --max-len samples long cells, seeded: the second case's cells come out as upstream's
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "-o", "short.h5ad", "--max-len", "60"]);

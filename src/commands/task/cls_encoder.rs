@@ -117,7 +117,8 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
             only_cls += cells.iter().filter(|c| c.len() == 1).count();
             n_tokens += cells.iter().map(Vec::len).sum::<usize>();
             let order = length_order(&cells);
-            let rows = batches.run_lagged(cells.len(), dim, &order, f32::NAN, |idx| model.forward_tensor(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+            let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+            let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
             write_rows(&ds, start, &rows, dim)?;
         }
     }

@@ -111,7 +111,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
             }
         }
         let order: Vec<usize> = (0..sentences.len()).collect();
-        let rows = batches.run_lagged(sentences.len(), dim, &order, 0.0, |idx| model.embed_tensor(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        let rows = batches.run_lagged(sentences.len(), dim, &order, None, 0.0, |idx| model.embed_tensor(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
