@@ -495,8 +495,7 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }
 
 /// The Ensembl ids of the var entries: a var column, or the index for `index`.
@@ -644,8 +643,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }
 
 /// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
@@ -759,8 +757,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("cells_without_vocab_genes".into(), json!(empty.len()));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }
 
 /// The first five of `cells`' names, ", ..." after them when there are more: for notes that name
@@ -771,13 +768,15 @@ pub(crate) fn some_cells(obs_names: &[String], cells: &[usize]) -> String {
 }
 
 /// The last step of an embedding task: `uns['scfoundry']` (the [`provenance`], the parameters
-/// the run used and the weights files it read, with their sha256) written into the pending output,
-/// which is then renamed into place; the destination is untouched until this succeeds.
+/// the run used and the weights files it read, `weights`, with their sha256, `sha256`: a file's,
+/// or an object of them by name) written into the pending output, which is then renamed into
+/// place; the destination is untouched until this succeeds.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn commit_embedding(spec: &TaskSpec, out: PendingOutput, key: &str, matrix: &str, params: serde_json::Map<String, Value>, weights: serde_json::Map<String, Value>, n_obs: usize, dim: usize, notes: Vec<String>) -> Result<TaskResult> {
+pub(crate) fn commit_embedding(spec: &TaskSpec, out: PendingOutput, key: &str, matrix: &str, params: serde_json::Map<String, Value>, mut weights: serde_json::Map<String, Value>, sha256: Value, n_obs: usize, dim: usize, notes: Vec<String>) -> Result<TaskResult> {
     let uns = require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, matrix);
     prov.insert("parameters".into(), Value::Object(params));
+    weights.insert("sha256".into(), sha256);
     prov.insert("weights".into(), Value::Object(weights));
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);

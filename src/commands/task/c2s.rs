@@ -126,6 +126,5 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     w.insert("config".into(), json!(config_path.display().to_string()));
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

@@ -122,6 +122,5 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     w.insert("gene_info".into(), json!(info_path.display().to_string()));
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

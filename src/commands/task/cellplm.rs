@@ -214,6 +214,5 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

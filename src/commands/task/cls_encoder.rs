@@ -153,6 +153,5 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     }
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, &key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, &key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

@@ -78,6 +78,5 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

@@ -230,6 +230,5 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("config".into(), json!(config_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, n, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), n, dim, notes)
 }

@@ -102,6 +102,5 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

@@ -137,6 +137,5 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     params.insert("cell_embedding".into(), json!("encoder output, L2-normalised (Encoder.forward)"));
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(model_dir.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

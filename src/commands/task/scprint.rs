@@ -114,6 +114,5 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("genes_present".into(), json!(align.present));
     let mut w = serde_json::Map::new();
     w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }

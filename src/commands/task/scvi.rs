@@ -231,6 +231,5 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     );
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(saved.path.display().to_string()));
-    w.insert("sha256".into(), json!(crate::weights::sha256_file(&saved.path, |_| {})?));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, json!(crate::weights::sha256_file(&saved.path, |_| {})?), ad.n_obs, dim, notes)
 }

@@ -141,6 +141,5 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
-    w.insert("sha256".into(), Value::Object(shas));
-    commit_embedding(spec, out, key, &x.field, params, w, ad.n_obs, dim, notes)
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
 }
