@@ -167,6 +167,8 @@ pub struct BenchEncoderArgs {
     /// --layers, --hidden, --heads may override; genes per cell capped at 2,048).
     /// `gemm`: no encoder; square matrix products at n = 4,096, 8,192 and 16,384 (--hidden for
     /// one size), the card's ceiling the encoders' useful TFLOP/s are held against.
+    /// `scgpt`: scGPT's own model as `embed` runs it (float32 input encoders, packed layers in
+    /// --dtype) at the whole-human shape (--layers, --hidden, --heads, --ffn may override).
     #[arg(long, default_value = "bert")]
     pub arch: String,
     /// novae: write the synthetic slide's graph (CSR indptr, indices, dist) as JSON here, for

@@ -80,6 +80,17 @@ fn lengths(a: &BenchEncoderArgs, max_len: usize) -> anyhow::Result<(Vec<usize>, 
     Ok((lens, order))
 }
 
+/// The batches of `order` (cells of `lens[i]` tokens, longest first when sorted) as `--batching`
+/// says: by tokens (`gpu::backoff::TokenBudget`, as `embed`) or `--batch` cells each.
+fn plan_batches(a: &BenchEncoderArgs, order: &[usize], lens: &[usize]) -> Vec<Vec<usize>> {
+    if a.batching == "tokens" && !order.is_empty() {
+        let budget = crate::gpu::backoff::TokenBudget::new(a.batch, a.batch_growth, lens[order[0]]);
+        budget.plan(order.len(), |k| lens[order[k]]).into_iter().map(|r| order[r].to_vec()).collect()
+    } else {
+        order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect()
+    }
+}
+
 /// Best wall time of `repeat` passes over `batches` (after one untimed warm-up batch).
 fn time_batches<B>(device: &Device, batches: &[B], repeat: usize, mut run_batch: impl FnMut(&B) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     run_batch(&batches[0])?;
@@ -438,11 +449,71 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "scprint" => run_scprint(a),
         "novae" => run_novae(a),
         "gemm" => run_gemm(a),
+        "scgpt" => run_scgpt(a),
         other => match Arch::parse(other) {
             Some(arch) => run_arch(a, arch),
             None => run_c2s(a),
         },
     }
+}
+
+/// `--arch scgpt`: scGPT's own model (methods/scgpt.rs, as `embed` runs it: the gene embedding
+/// and the continuous value encoder in float32, the encoder layers packed in `--dtype`, the
+/// `<cls>` row read out) at the whole-human shape with random weights (12 x 512, 8 heads, d_hid
+/// 512, 60,694 genes; --layers, --hidden, --heads, --ffn may override), cells of the lengths
+/// file's lengths plus `<cls>`, capped at --max-len (default 1,200), with random genes and bins.
+/// Batches as `embed` (by tokens), each read back one batch behind. FLOPs are counted as for
+/// `--arch bert` (the encoder layers only), so the two compare directly.
+fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
+    use crate::methods::scgpt::{Args, Cell, Model, DEFAULT_N_BINS};
+    let (layers, d, heads, ffn) = (a.layers.unwrap_or(12), a.hidden.unwrap_or(512), a.heads.unwrap_or(8), a.ffn.unwrap_or(512));
+    let max_len = a.max_len.unwrap_or(1200);
+    let genes = 60_694;
+    let dtype = dtype_of(&a.dtype)?;
+    let device = device_of(&a.device)?;
+    let args = Args { embsize: d, nheads: heads, d_hid: ffn, nlayers: layers, pad_token: "<pad>".into(), pad_value: -2.0, n_bins: DEFAULT_N_BINS, input_emb_style: "continuous".into() };
+    let mut model = Model::random(args, genes, max_len, device.clone())?;
+    model.set_precision(dtype)?;
+    let pool = length_pool(a)?;
+    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if a.order == "sorted" {
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    }
+    let cls = model.tokenizer.cls_id;
+    let cells: Vec<Cell> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Cell {
+            genes: std::iter::once(cls).chain((1..n).map(|p| ((i * 7919 + p * 104729) % genes) as u32)).collect(),
+            values: std::iter::once(-2.0).chain((1..n).map(|p| ((i + p * 31) % DEFAULT_N_BINS) as f32)).collect(),
+            sampled: false,
+        })
+        .collect();
+    let batches = plan_batches(a, &order, &lens);
+    let mut lagged = crate::gpu::readback::Lagged::new();
+    let last = batches.last().map(|b| b.as_ptr());
+    let best = time_batches(&device, &batches, a.repeat, |b| {
+        let e = model.embed_batch_tensor(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
+        let _ = lagged.push((), &e)?;
+        if Some(b.as_ptr()) == last {
+            let _ = lagged.finish()?;
+        }
+        Ok(())
+    })?;
+    let real: usize = lens.iter().sum();
+    let flops: f64 = lens.iter().map(|&s| cell_flops(layers, d, ffn, s)).sum();
+    let out = json!({
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scgpt",
+        "encoder": "scfoundry scGPT (methods/scgpt.rs: f32 input encoders, packed layers)",
+        "layers": layers, "hidden": d, "heads": heads, "ffn": ffn, "max_len": max_len, "genes": genes,
+        "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batching": a.batching, "batches": batches.len(),
+        "seconds": best, "cells_per_s": a.cells as f64 / best,
+        "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+    });
+    println!("{out}");
+    Ok(ExitStatus::Success)
 }
 
 /// `--arch gemm`: the matrix-product ceiling that the encoders' useful TFLOP/s are held against
@@ -518,12 +589,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let vb = VarBuilder::from_tensors(weights, dtype, &device);
     let mut packed_model = PackedBert::load(vb, &cfg)?;
     packed_model.encoder.fused = !a.unfused;
-    let batches: Vec<Vec<usize>> = if a.batching == "tokens" {
-        let budget = crate::gpu::backoff::TokenBudget::new(a.batch, a.batch_growth, lens[order[0]]);
-        budget.plan(order.len(), |k| lens[order[k]]).into_iter().map(|r| order[r].to_vec()).collect()
-    } else {
-        order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect()
-    };
+    let batches = plan_batches(a, &order, &lens);
     let cells: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| bert_cell(i, n)).collect();
     let padded_run = |b: &[usize]| -> candle_core::Result<Tensor> {
         let len = b.iter().map(|&i| lens[i]).max().unwrap_or(1);

@@ -48,16 +48,56 @@ pub fn embed_norm(t: &Tables, ids: &[u32], positions: &[u32]) -> Result<Tensor> 
     if let Some(&p) = positions.iter().find(|&&p| p as usize >= max_pos) {
         candle_core::bail!("position {p} is past the model's {max_pos} positions");
     }
-    // ids then positions in one upload (from page-locked memory: the host does not wait)
-    let idx: Vec<u32> = ids.iter().chain(positions).copied().collect();
-    let idx = crate::gpu::upload::upload_u32(&idx, t.word.device())?;
+    gathered(Kernel::Bert, &[t.word, t.position, t.token_type], t.norm_weight, t.norm_bias, t.eps, ids, positions, d)
+}
+
+/// scGPT's transformer input in one kernel: row t is `LayerNorm(genes[ids[t]]) + values[which[t]]`
+/// (the gene embedding through `encoder.enc_norm`, plus the value encoder's row for the token's
+/// value), `tokens x d` bf16, the norm in f32. `genes` and `values` are bf16 tables on a GPU
+/// (`applies`); every id and every `which` must be below their tables' rows (checked here).
+pub fn norm_add(genes: &Tensor, norm_weight: &Tensor, norm_bias: &Tensor, eps: f64, values: &Tensor, ids: &[u32], which: &[u32]) -> Result<Tensor> {
+    if !applies(genes) || values.dtype() != DType::BF16 {
+        candle_core::bail!("norm-add kernel: takes bf16 tables on a GPU, rows a multiple of 8 wide");
+    }
+    let (rows, d) = genes.dims2()?;
+    let (distinct, dv) = values.dims2()?;
+    if dv != d || norm_weight.elem_count() != d || norm_bias.elem_count() != d {
+        candle_core::bail!("norm-add kernel: the value table and the norm must be {d} wide like the gene table (got {dv}, {}, {})", norm_weight.elem_count(), norm_bias.elem_count());
+    }
+    if ids.len() != which.len() {
+        candle_core::bail!("norm-add kernel: {} ids but {} values", ids.len(), which.len());
+    }
+    if let Some(&id) = ids.iter().find(|&&i| i as usize >= rows) {
+        candle_core::bail!("gene id {id} is past the {rows}-row gene embedding");
+    }
+    if let Some(&w) = which.iter().find(|&&w| w as usize >= distinct) {
+        candle_core::bail!("value row {w} is past the {distinct}-row value table");
+    }
+    gathered(Kernel::NormAdd, &[genes, values], norm_weight, norm_bias, eps, ids, which, d)
+}
+
+/// Which kernel of `kernels/encoder_ops.cu` a gathered layer norm takes.
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// embed_layer_norm_bf16: LayerNorm(word[i] + position[j] + token_type)
+    Bert,
+    /// norm_add_bf16: LayerNorm(a[i]) + b[j]
+    NormAdd,
+}
+
+/// The two index lists in one upload (from page-locked memory: the host does not wait), then the
+/// kernel over `tables` (its gathered operands in argument order).
+#[allow(clippy::too_many_arguments)]
+fn gathered(kernel: Kernel, tables: &[&Tensor], norm_weight: &Tensor, norm_bias: &Tensor, eps: f64, first: &[u32], second: &[u32], d: usize) -> Result<Tensor> {
+    let idx: Vec<u32> = first.iter().chain(second).copied().collect();
+    let idx = crate::gpu::upload::upload_u32(&idx, tables[0].device())?;
     #[cfg(feature = "cuda")]
     {
-        idx.apply_op1_no_bwd(&cuda::EmbedNorm { t, tokens: ids.len(), d })
+        idx.apply_op1_no_bwd(&cuda::GatherNorm { kernel, tables, norm_weight, norm_bias, eps, tokens: first.len(), d })
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (idx, d);
+        let _ = (idx, kernel, norm_weight, norm_bias, eps, d);
         unreachable!("applies() is false without the cuda feature")
     }
 }
@@ -72,41 +112,51 @@ mod cuda {
 
     use crate::gpu::fused_encoder::{norm_launch, Held, MODULE, PTX};
 
-    pub struct EmbedNorm<'a, 'b> {
-        pub t: &'a super::Tables<'b>,
+    pub struct GatherNorm<'a> {
+        pub kernel: super::Kernel,
+        pub tables: &'a [&'a candle_core::Tensor],
+        pub norm_weight: &'a candle_core::Tensor,
+        pub norm_bias: &'a candle_core::Tensor,
+        pub eps: f64,
         pub tokens: usize,
         pub d: usize,
     }
 
-    impl candle_core::CustomOp1 for EmbedNorm<'_, '_> {
+    impl candle_core::CustomOp1 for GatherNorm<'_> {
         fn name(&self) -> &'static str {
-            "embed-layer-norm"
+            "gather-layer-norm"
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            candle_core::bail!("embed-layer-norm is for CUDA; the CPU runs PackedBert's candle ops")
+            candle_core::bail!("gather-layer-norm is for CUDA; the CPU runs candle's ops")
         }
 
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            const NAMES: [&str; 8] = ["embed_layer_norm_bf16_p1", "embed_layer_norm_bf16_p2", "embed_layer_norm_bf16_p3", "embed_layer_norm_bf16_p4", "embed_layer_norm_bf16_p5", "embed_layer_norm_bf16_p6", "embed_layer_norm_bf16_p7", "embed_layer_norm_bf16_p8"];
+            const BERT: [&str; 8] = ["embed_layer_norm_bf16_p1", "embed_layer_norm_bf16_p2", "embed_layer_norm_bf16_p3", "embed_layer_norm_bf16_p4", "embed_layer_norm_bf16_p5", "embed_layer_norm_bf16_p6", "embed_layer_norm_bf16_p7", "embed_layer_norm_bf16_p8"];
+            const NORM_ADD: [&str; 8] = ["norm_add_bf16_p1", "norm_add_bf16_p2", "norm_add_bf16_p3", "norm_add_bf16_p4", "norm_add_bf16_p5", "norm_add_bf16_p6", "norm_add_bf16_p7", "norm_add_bf16_p8"];
             let dev = s.device().clone();
             let (rows, d) = (self.tokens, self.d);
-            let Some((i0, i1)) = l.contiguous_offsets() else { candle_core::bail!("embed-layer-norm: the indices must be contiguous") };
+            let Some((i0, i1)) = l.contiguous_offsets() else { candle_core::bail!("gather-layer-norm: the indices must be contiguous") };
             let mut out = unsafe { dev.alloc::<bf16>(rows * d)? };
             if rows > 0 {
                 let idx = s.as_cuda_slice::<u32>()?.slice(i0..i1);
-                let (word, position, token_type) = (Held::new(self.t.word)?, Held::new(self.t.position)?, Held::new(self.t.token_type)?);
-                let (w, b) = (Held::new(self.t.norm_weight)?, Held::new(self.t.norm_bias)?);
+                let held = self.tables.iter().map(|t| Held::new(t)).collect::<Result<Vec<_>>>()?;
+                let (w, b) = (Held::new(self.norm_weight)?, Held::new(self.norm_bias)?);
                 let (instance, cfg) = norm_launch(rows, d);
-                let func = dev.get_or_load_custom_func(NAMES[instance], MODULE, PTX)?;
-                let (rows32, d32, eps) = (rows as i32, d as i32, self.t.eps as f32);
-                let (word, position, token_type, w, b) = (word.view()?, position.view()?, token_type.view()?, w.view()?, b.view()?);
+                let names = match self.kernel {
+                    super::Kernel::Bert => &BERT,
+                    super::Kernel::NormAdd => &NORM_ADD,
+                };
+                let func = dev.get_or_load_custom_func(names[instance], MODULE, PTX)?;
+                let (rows32, d32, eps) = (rows as i32, d as i32, self.eps as f32);
+                let views = held.iter().map(|h| h.view()).collect::<Result<Vec<_>>>()?;
+                let (w, b) = (w.view()?, b.view()?);
                 let mut l = func.builder();
                 l.arg(&mut out);
                 l.arg(&idx);
-                l.arg(&word);
-                l.arg(&position);
-                l.arg(&token_type);
+                for v in &views {
+                    l.arg(v);
+                }
                 l.arg(&w);
                 l.arg(&b);
                 l.arg(&rows32);

@@ -412,6 +412,22 @@ impl Tokenizer {
     }
 }
 
+/// The distinct values of `vals` (in order of first appearance) and, for each value, its index
+/// among them (values compared bit for bit).
+pub fn distinct_values(vals: impl Iterator<Item = f32>) -> (Vec<f32>, Vec<u32>) {
+    let mut seen: HashMap<u32, u32> = HashMap::new();
+    let mut distinct = Vec::new();
+    let which = vals
+        .map(|v| {
+            *seen.entry(v.to_bits()).or_insert_with(|| {
+                distinct.push(v);
+                distinct.len() as u32 - 1
+            })
+        })
+        .collect();
+    (distinct, which)
+}
+
 // ------------------------------------------------------------------------------ checkpoint
 
 /// The upstream key of a checkpoint key: flash-attn names renamed to nn.MultiheadAttention's,
@@ -540,6 +556,15 @@ pub struct Model {
     /// The layers as packed inference runs them (`methods::post_norm`), in `set_precision`'s
     /// dtype (float32 unless asked).
     packed: PostNormStack,
+    /// In bf16 on a GPU: the gene table and enc_norm in bf16 for `gpu::embedding::norm_add`.
+    bf16_input: Option<Bf16Input>,
+}
+
+/// The gene embedding and its norm in bf16 (see `Model::encode_packed`).
+struct Bf16Input {
+    genes: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
 }
 
 /// The checkpoint files of a scGPT folder.
@@ -571,6 +596,57 @@ impl Model {
         let vocab = Vocab::load(&vocab_path)?;
         let tensors = read_checkpoint(&pt)?;
         Model::from_parts(args, vocab, tensors, max_len, &pt, &vocab_path, &args_path, device, hook)
+    }
+
+    /// A model of the given shape with random weights (normal, sd 0.02; layer norms 1 and 0), on
+    /// `device`, for benchmarks: scGPT's continuous value encoder, a vocabulary of `genes` genes
+    /// plus the three special tokens. What `embed` runs, less the checkpoint.
+    pub fn random(args: Args, genes: usize, max_len: usize, device: Device) -> Result<Model> {
+        let here = Path::new("(random weights)");
+        let names: serde_json::Map<String, Value> = (0..genes).map(|i| (format!("G{i}"), Value::from(i))).collect();
+        let vocab = Vocab::parse(&Value::Object(names).to_string(), here)?;
+        let (d, h) = (args.embsize, args.d_hid);
+        let mut shapes: Vec<(String, Vec<usize>)> = vec![
+            ("encoder.embedding.weight".into(), vec![vocab.len, d]),
+            ("encoder.enc_norm.weight".into(), vec![d]),
+            ("encoder.enc_norm.bias".into(), vec![d]),
+            ("value_encoder.linear1.weight".into(), vec![d, 1]),
+            ("value_encoder.linear1.bias".into(), vec![d]),
+            ("value_encoder.linear2.weight".into(), vec![d, d]),
+            ("value_encoder.linear2.bias".into(), vec![d]),
+            ("value_encoder.norm.weight".into(), vec![d]),
+            ("value_encoder.norm.bias".into(), vec![d]),
+        ];
+        for i in 0..args.nlayers {
+            let l = |p: &str| format!("transformer_encoder.layers.{i}.{p}");
+            shapes.extend([
+                (l("self_attn.in_proj_weight"), vec![3 * d, d]),
+                (l("self_attn.in_proj_bias"), vec![3 * d]),
+                (l("self_attn.out_proj.weight"), vec![d, d]),
+                (l("self_attn.out_proj.bias"), vec![d]),
+                (l("linear1.weight"), vec![h, d]),
+                (l("linear1.bias"), vec![h]),
+                (l("linear2.weight"), vec![d, h]),
+                (l("linear2.bias"), vec![d]),
+                (l("norm1.weight"), vec![d]),
+                (l("norm1.bias"), vec![d]),
+                (l("norm2.weight"), vec![d]),
+                (l("norm2.bias"), vec![d]),
+            ]);
+        }
+        let ctx = model_err("drawing random weights");
+        let mut tensors = HashMap::new();
+        for (name, shape) in shapes {
+            let t = if name.contains("norm") && name.ends_with("weight") {
+                Tensor::ones(shape, DType::F32, &device)
+            } else if name.contains("norm") {
+                Tensor::zeros(shape, DType::F32, &device)
+            } else {
+                Tensor::randn(0f32, 0.02, shape, &device)
+            };
+            tensors.insert(name, t.map_err(&ctx)?);
+        }
+        Model::from_parts(args, vocab, tensors, max_len, here, here, here, device, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -653,13 +729,28 @@ impl Model {
         let tokenizer = Tokenizer { cls_id, pad_id, pad_value: args.pad_value, n_bins: args.n_bins, max_len: max_len.max(1) };
         let first_trained = hook.filter(|h| h.unfreeze > 0).map(|h| args.nlayers - h.unfreeze).unwrap_or(usize::MAX);
         let packed = packed_stack(&layers, args.nheads);
-        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained, packed })
+        Ok(Model { args, vocab, embedding, enc_norm, values, layers, device, tokenizer, unused_keys, first_trained, packed, bf16_input: None })
     }
 
     /// Run the packed encoder layers in `dtype` (bf16 on a GPU takes `gpu::fused_encoder`); the
-    /// input encoding and the `<cls>` read-out stay float32. Upstream embeds under fp16 autocast.
+    /// value encoder and the `<cls>` read-out stay float32, and in bf16 on a GPU the gene
+    /// embedding, its norm and the sum with the value encoding are one kernel
+    /// (`gpu::embedding::norm_add`, from a bf16 copy of the gene table). Upstream embeds under
+    /// fp16 autocast.
     pub fn set_precision(&mut self, dtype: DType) -> Result<()> {
-        self.packed = packed_stack(&self.layers, self.args.nheads).to_dtype(dtype).map_err(model_err("converting the encoder layers"))?;
+        let ctx = model_err("converting the encoder layers");
+        self.packed = packed_stack(&self.layers, self.args.nheads).to_dtype(dtype).map_err(&ctx)?;
+        self.bf16_input = None;
+        if dtype == DType::BF16 && matches!(self.values, ValueEncoder::Continuous { .. }) {
+            let genes = self.embedding.embeddings().to_dtype(DType::BF16).map_err(&ctx)?;
+            if crate::gpu::embedding::applies(&genes) {
+                if let Some(bias) = self.enc_norm.bias() {
+                    let norm_weight = self.enc_norm.weight().to_dtype(DType::BF16).map_err(&ctx)?;
+                    let norm_bias = bias.to_dtype(DType::BF16).map_err(&ctx)?;
+                    self.bf16_input = Some(Bf16Input { genes, norm_weight, norm_bias });
+                }
+            }
+        }
         Ok(())
     }
 
@@ -702,7 +793,6 @@ impl Model {
             mask.push(if g == self.tokenizer.pad_id { f32::NEG_INFINITY } else { 0.0 });
         }
         let ids = Tensor::from_vec(ids, (n, l), &self.device).map_err(&ctx)?;
-        let vals = Tensor::from_vec(vals, (n, l), &self.device).map_err(&ctx)?;
         let mask = Tensor::from_vec(mask, (n, 1, 1, l), &self.device).map_err(&ctx)?;
         let x = self.encode_input(&ids, &vals)?;
         // in chunks of cells, to bound the attention scores' memory
@@ -726,27 +816,52 @@ impl Model {
         cls.broadcast_div(&norm).map_err(&ctx)
     }
 
-    /// The transformer's input for token ids and values of the same shape: the gene embedding
-    /// (encoder + enc_norm) combined with the value encoder's output.
-    fn encode_input(&self, ids: &Tensor, vals: &Tensor) -> Result<Tensor> {
+    /// The transformer's input for token ids (a 2-D tensor) and their values (on the host, the
+    /// ids' elements in row-major order): the gene embedding (encoder + enc_norm) combined with
+    /// the value encoder's output.
+    ///
+    /// The continuous value encoder (Linear(1, d), ReLU, Linear(d, d), LayerNorm) is a function of
+    /// the value alone, and the values are bins (0 .. n_bins - 1) and pad_value: it runs once for
+    /// each distinct value of the batch and its rows are gathered for the tokens, the same
+    /// arithmetic row by row as running it on every token (which cost a d x d product a token:
+    /// 28% of scGPT's GPU time at the whole-human shape in bf16, BENCHMARKS.md).
+    /// The continuous value encoder's output (`distinct x d`, f32) for the distinct values of
+    /// `vals` (capped at MAX_VALUE as upstream), and each value's row in it.
+    fn value_table(&self, vals: &[f32]) -> Result<(Tensor, Vec<u32>)> {
+        let ctx = model_err("running the scGPT value encoder");
+        let ValueEncoder::Continuous { linear1, linear2, norm } = &self.values else { unreachable!("value_table is for the continuous value encoder") };
+        let (distinct, which) = distinct_values(vals.iter().map(|v| v.min(MAX_VALUE)));
+        let u = distinct.len();
+        let v = Tensor::from_vec(distinct, (u, 1), &self.device).map_err(&ctx)?;
+        let table = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+        Ok((table, which))
+    }
+
+    fn encode_input(&self, ids: &Tensor, vals: &[f32]) -> Result<Tensor> {
         let ctx = model_err("running the scGPT transformer");
+        let shape = ids.dims().to_vec();
         let src = self.enc_norm.forward(&self.embedding.forward(&ids).map_err(&ctx)?).map_err(&ctx)?;
         let x = match &self.values {
-            ValueEncoder::Continuous { linear1, linear2, norm } => {
-                let v = vals.unsqueeze(2).and_then(|v| v.minimum(MAX_VALUE)).map_err(&ctx)?;
-                let h = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
+            ValueEncoder::Continuous { .. } => {
+                let (table, which) = self.value_table(vals)?;
+                let which = Tensor::from_vec(which, vals.len(), &self.device).map_err(&ctx)?;
+                let mut out_shape = shape.clone();
+                out_shape.push(self.args.embsize);
+                let h = table.index_select(&which, 0).and_then(|h| h.reshape(out_shape)).map_err(&ctx)?;
                 (src + h).map_err(&ctx)?
             }
             ValueEncoder::Category { embedding, norm, n: nc } => {
-                let flat = vals.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(&ctx)?;
-                if let Some(bad) = flat.iter().find(|&&v| v < 0.0 || v as usize >= *nc) {
+                if let Some(bad) = vals.iter().find(|&&v| v < 0.0 || v as usize >= *nc) {
                     return Err(Error::Model { context: "encoding values".into(), detail: format!("value {bad} is outside the {nc} categories of value_encoder.embedding (is pad_value negative?)") });
                 }
-                let cat = vals.to_dtype(DType::U32).map_err(&ctx)?;
+                let cat = Tensor::from_vec(vals.iter().map(|&v| v as u32).collect::<Vec<u32>>(), shape, &self.device).map_err(&ctx)?;
                 let h = embedding.forward(&cat).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
                 (src + h).map_err(&ctx)?
             }
-            ValueEncoder::Scaling => src.broadcast_mul(&vals.unsqueeze(2).map_err(&ctx)?).map_err(&ctx)?,
+            ValueEncoder::Scaling => {
+                let v = Tensor::from_vec(vals.to_vec(), shape, &self.device).and_then(|v| v.unsqueeze(D::Minus1)).map_err(&ctx)?;
+                src.broadcast_mul(&v).map_err(&ctx)?
+            }
         };
         Ok(x)
     }
@@ -772,9 +887,19 @@ impl Model {
         let p = crate::methods::packed_bert::Packed::new(&refs);
         let t = p.tokens();
         let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
-        let ids = Tensor::new(p.ids.as_slice(), &self.device).and_then(|t| t.unsqueeze(0)).map_err(&ctx)?;
-        let vals = Tensor::from_vec(vals, (1, t), &self.device).map_err(&ctx)?;
-        let x = self.encode_input(&ids, &vals)?.squeeze(0).and_then(|x| x.to_dtype(self.precision())).map_err(&ctx)?;
+        debug_assert_eq!(vals.len(), t);
+        let x = match (&self.bf16_input, &self.values) {
+            (Some(b), ValueEncoder::Continuous { .. }) => {
+                // the value encoder's rows for the batch's distinct values (f32), then one kernel
+                let (table, which) = self.value_table(&vals)?;
+                let table = table.to_dtype(DType::BF16).map_err(&ctx)?;
+                crate::gpu::embedding::norm_add(&b.genes, &b.norm_weight, &b.norm_bias, self.enc_norm.eps(), &table, &p.ids, &which).map_err(&ctx)?
+            }
+            _ => {
+                let ids = Tensor::new(p.ids.as_slice(), &self.device).and_then(|t| t.unsqueeze(0)).map_err(&ctx)?;
+                self.encode_input(&ids, &vals)?.squeeze(0).and_then(|x| x.to_dtype(self.precision())).map_err(&ctx)?
+            }
+        };
         let h = self.packed.forward(&x, &p.cu).map_err(&ctx)?;
         let cls = p.first_rows(&h).and_then(|c| c.to_dtype(DType::F32)).map_err(&ctx)?;
         let norm = cls.sqr().and_then(|t| t.sum_keepdim(D::Minus1)).and_then(|t| t.sqrt()).map_err(&ctx)?;
@@ -842,6 +967,48 @@ pub fn model_dir(weights_dir: &Path, manifest: &crate::weights::Manifest) -> Pat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn distinct_values_index_every_value_once() {
+        let (d, w) = distinct_values([-2.0f32, 3.0, 0.0, 3.0, 50.0, -2.0, 0.0].into_iter());
+        assert_eq!(d, vec![-2.0, 3.0, 0.0, 50.0]);
+        assert_eq!(w, vec![0, 1, 2, 1, 3, 0, 2]);
+        assert!(w.iter().zip([-2.0f32, 3.0, 0.0, 3.0, 50.0, -2.0, 0.0]).all(|(&i, v)| d[i as usize] == v));
+        assert_eq!(distinct_values(std::iter::empty()), (vec![], vec![]));
+    }
+
+    /// The value encoder run once a distinct value and gathered gives what running it on every
+    /// token gives (the parity tests against upstream's fixtures check the whole model).
+    #[test]
+    fn value_encoder_table_matches_per_token() {
+        let dev = Device::Cpu;
+        let d = 8;
+        let vb = VarBuilder::from_tensors(
+            [
+                ("l1.weight", Tensor::randn(0f32, 1.0, (d, 1), &dev).unwrap()),
+                ("l1.bias", Tensor::randn(0f32, 1.0, d, &dev).unwrap()),
+                ("l2.weight", Tensor::randn(0f32, 1.0, (d, d), &dev).unwrap()),
+                ("l2.bias", Tensor::randn(0f32, 1.0, d, &dev).unwrap()),
+                ("n.weight", Tensor::ones(d, DType::F32, &dev).unwrap()),
+                ("n.bias", Tensor::zeros(d, DType::F32, &dev).unwrap()),
+            ]
+            .into_iter()
+            .map(|(k, t)| (k.to_string(), t))
+            .collect(),
+            DType::F32,
+            &dev,
+        );
+        let (l1, l2, n) = (candle_nn::linear(1, d, vb.pp("l1")).unwrap(), candle_nn::linear(d, d, vb.pp("l2")).unwrap(), candle_nn::layer_norm(d, 1e-5, vb.pp("n")).unwrap());
+        let mlp = |v: &Tensor| l1.forward(v).and_then(|h| h.relu()).and_then(|h| l2.forward(&h)).and_then(|h| n.forward(&h)).unwrap();
+        let vals = [-2.0f32, 7.0, 0.0, 7.0, 50.0, 1.0, -2.0];
+        let per_token = mlp(&Tensor::new(&vals, &dev).unwrap().unsqueeze(1).unwrap());
+        let (distinct, which) = distinct_values(vals.into_iter());
+        let table = mlp(&Tensor::from_vec(distinct.clone(), (distinct.len(), 1), &dev).unwrap());
+        let gathered = table.index_select(&Tensor::new(which.as_slice(), &dev).unwrap(), 0).unwrap();
+        let diff = (per_token - gathered).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{diff}");
+        assert_eq!(table.dims(), &[5, d]);
+    }
 
     #[test]
     fn mt19937_matches_numpy() {

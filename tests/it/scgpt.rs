@@ -341,3 +341,27 @@ fn scgpt_real_vocabularies_from_the_wheel() {
     .unwrap();
     assert_eq!((args.embsize, args.nlayers, args.pad_value), (512, 12, -2.0));
 }
+
+/// `__bench-encoder --arch scgpt` (scGPT's own model as `embed` runs it, random weights) on the
+/// CPU at a small shape: batches by tokens, every cell counted, FLOPs from the lengths file.
+#[test]
+fn bench_encoder_scgpt_runs_the_model_in_token_batches() {
+    let t = TestContext::new();
+    let lengths = t.path("lengths.txt");
+    // 8 cells: 3 long (29 genes + <cls> = 30 tokens), 5 short (5 + 1)
+    std::fs::write(&lengths, "29\n29\n29\n5\n5\n5\n5\n5\n").unwrap();
+    let args = ["__bench-encoder", "--arch", "scgpt", "--device", "cpu", "--dtype", "f32", "--layers", "1", "--hidden", "32", "--heads", "4", "--ffn", "32", "--cells", "8", "--batch", "2", "--repeat", "1", "--lengths", lengths.to_str().unwrap()];
+    let run = t.run(&args);
+    run.success();
+    let v: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(v["arch"], "scgpt");
+    assert!(v["cells_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["mean_tokens"].as_f64().unwrap(), (3.0 * 30.0 + 5.0 * 6.0) / 8.0);
+    // a budget of 2 x 30 tokens, a batch sized at its first cell: [30, 30], [30, 6], then the
+    // other four 6-token cells together (up to 10 fit, at most 8 x 2 cells)
+    assert_eq!(v["batches"].as_u64().unwrap(), 3, "{v}");
+    let by_cells = t.run(&[&args[..], &["--batching", "cells"]].concat());
+    by_cells.success();
+    let c: Value = serde_json::from_str(by_cells.stdout.trim()).unwrap();
+    assert_eq!(c["batches"].as_u64().unwrap(), 4, "{c}");
+}

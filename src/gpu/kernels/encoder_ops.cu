@@ -4,6 +4,7 @@
 //   layer_norm_bf16   x <- (x - mean) / sqrt(var + eps) * w + b over each row of d values
 //                     (biased variance, as torch.nn.LayerNorm), f32 arithmetic;
 //   embed_layer_norm_bf16  the same over BERT's summed embeddings (gpu/embedding.rs);
+//   norm_add_bf16     out <- LayerNorm(a[idx]) + b[idx2] (scGPT's gene and value encodings);
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
 //   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
@@ -25,10 +26,16 @@ struct __align__(16) Pack8 {
 // by the row's first value (so a mean far from zero loses no precision): one chain of shuffles
 // a row, the ROWS chains interleaved.
 //
-// With EMBED the rows are BERT's embeddings, summed as they are loaded: row r is
+// With kEmbed the rows are BERT's embeddings, summed as they are loaded: row r is
 // word[idx[r]] + position[idx[rows + r]] + token_type, then normalised into `out` (one kernel for
-// what candle's ops do in five: two gathers, two adds and a layer norm). Without it the rows are
-// read from and written back to `x` (`out` is `x`: no __restrict__ on either).
+// what candle's ops do in five: two gathers, two adds and a layer norm). With kNormAdd row r is
+// word[idx[r]] normalised, plus position[idx[rows + r]] after the norm. With kInPlace the rows
+// are read from and written back to `x` (`out` is `x`: no __restrict__ on either).
+// What norm_rows normalises: x in place (layer_norm_bf16); BERT's summed embeddings
+// (embed_layer_norm_bf16); or one gathered row, with a second gathered row added after the norm
+// (norm_add_bf16: scGPT's LayerNorm(gene embedding) + value encoding, gpu/embedding.rs).
+constexpr int kInPlace = 0, kEmbed = 1, kNormAdd = 2;
+
 template <int MAX_PACKS>
 __host__ __device__ constexpr int rows_a_warp() { return MAX_PACKS == 1 ? 4 : MAX_PACKS == 2 ? 2 : 1; }
 
@@ -41,7 +48,7 @@ __device__ __forceinline__ void add_pack(float *v, const Pack8 &p) {
     }
 }
 
-template <int MAX_PACKS, bool EMBED>
+template <int MAX_PACKS, int MODE>
 __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat16 *x, const unsigned int *__restrict__ idx,
                                           const __nv_bfloat16 *__restrict__ word, const __nv_bfloat16 *__restrict__ position,
                                           const __nv_bfloat16 *__restrict__ token_type, const __nv_bfloat16 *__restrict__ w,
@@ -58,7 +65,7 @@ __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat1
         const int row = row0 + r;
         const Pack8 *a = nullptr, *p = nullptr;
         if (row < rows) {
-            if (EMBED) {
+            if (MODE != kInPlace) {
                 a = reinterpret_cast<const Pack8 *>(word + (size_t)idx[row] * d);
                 p = reinterpret_cast<const Pack8 *>(position + (size_t)idx[rows + row] * d);
             } else {
@@ -72,7 +79,7 @@ __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat1
             const int q = lane + 32 * j;
             if (row < rows && q < packs) {
                 add_pack(v[r][j], a[q]);
-                if (EMBED) {
+                if (MODE == kEmbed) {
                     add_pack(v[r][j], p[q]);
                     add_pack(v[r][j], reinterpret_cast<const Pack8 *>(token_type)[q]);
                 }
@@ -122,13 +129,15 @@ __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat1
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 if (row0 + r < rows) {
-                    Pack8 o;
+                    Pack8 o, add = {};
+                    if (MODE == kNormAdd) add = reinterpret_cast<const Pack8 *>(position + (size_t)idx[rows + row0 + r] * d)[q];
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
                         const float2 fw = __bfloat1622float2(ww.h[k]);
                         const float2 fb = __bfloat1622float2(bb.h[k]);
-                        o.h[k] = __floats2bfloat162_rn((v[r][j][2 * k] - mean[r]) * inv[r] * fw.x + fb.x,
-                                                       (v[r][j][2 * k + 1] - mean[r]) * inv[r] * fw.y + fb.y);
+                        const float2 fa = MODE == kNormAdd ? __bfloat1622float2(add.h[k]) : make_float2(0.f, 0.f);
+                        o.h[k] = __floats2bfloat162_rn((v[r][j][2 * k] - mean[r]) * inv[r] * fw.x + fb.x + fa.x,
+                                                       (v[r][j][2 * k + 1] - mean[r]) * inv[r] * fw.y + fb.y + fa.y);
                     }
                     reinterpret_cast<Pack8 *>(out + (size_t)(row0 + r) * d)[q] = o;
                 }
@@ -142,14 +151,20 @@ __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat1
     extern "C" __global__ void layer_norm_bf16_p##P(__nv_bfloat16 *x, const __nv_bfloat16 *__restrict__ w,               \
                                                     const __nv_bfloat16 *__restrict__ b, const int rows, const int d,    \
                                                     const float eps) {                                                   \
-        norm_rows<P, false>(x, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                               \
+        norm_rows<P, kInPlace>(x, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                            \
     }                                                                                                                    \
     extern "C" __global__ void embed_layer_norm_bf16_p##P(                                                               \
         __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ idx, const __nv_bfloat16 *__restrict__ word,   \
         const __nv_bfloat16 *__restrict__ position, const __nv_bfloat16 *__restrict__ token_type,                        \
         const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *__restrict__ b, const int rows, const int d,           \
         const float eps) {                                                                                               \
-        norm_rows<P, true>(out, nullptr, idx, word, position, token_type, w, b, rows, d, eps);                           \
+        norm_rows<P, kEmbed>(out, nullptr, idx, word, position, token_type, w, b, rows, d, eps);                         \
+    }                                                                                                                    \
+    extern "C" __global__ void norm_add_bf16_p##P(                                                                       \
+        __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ idx, const __nv_bfloat16 *__restrict__ rows_a, \
+        const __nv_bfloat16 *__restrict__ rows_b, const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *__restrict__ b, \
+        const int rows, const int d, const float eps) {                                                                  \
+        norm_rows<P, kNormAdd>(out, nullptr, idx, rows_a, rows_b, nullptr, w, b, rows, d, eps);                          \
     }
 LAYER_NORM(1)
 LAYER_NORM(2)
