@@ -823,8 +823,9 @@ impl Model {
     /// The continuous value encoder (Linear(1, d), ReLU, Linear(d, d), LayerNorm) is a function of
     /// the value alone, and the values are bins (0 .. n_bins - 1) and pad_value: it runs once for
     /// each distinct value of the batch and its rows are gathered for the tokens, the same
-    /// arithmetic row by row as running it on every token (which cost a d x d product a token:
-    /// 28% of scGPT's GPU time at the whole-human shape in bf16, BENCHMARKS.md).
+    /// arithmetic row by row as running it on every token (a d x d float32 product a token: with
+    /// the rest of the input encoding, 22% of scGPT's GPU time at the whole-human shape in bf16,
+    /// BENCHMARKS.md).
     /// The continuous value encoder's output (`distinct x d`, f32) for the distinct values of
     /// `vals` (capped at MAX_VALUE as upstream), and each value's row in it.
     fn value_table(&self, vals: &[f32]) -> Result<(Tensor, Vec<u32>)> {
