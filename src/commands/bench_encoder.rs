@@ -107,6 +107,27 @@ fn time_batches<B>(device: &Device, batches: &[B], repeat: usize, mut run_batch:
     Ok(best)
 }
 
+/// [`time_batches`] over batches whose `run` returns the embeddings on the device, each read
+/// back as `embed` reads it: one batch behind (`gpu/readback.rs`), the last batch's read inside
+/// the timed pass; with `sync`, each batch read before the next is queued.
+fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: bool, mut run: impl FnMut(&[usize]) -> anyhow::Result<Tensor>) -> anyhow::Result<f64> {
+    let mut lagged = crate::gpu::readback::Lagged::new();
+    let last = batches.last().map(|b| b.as_ptr());
+    time_batches(device, batches, repeat, |b| {
+        let e = run(b)?;
+        if sync {
+            let _ = e.to_vec2::<f32>()?;
+        } else {
+            // the warm-up batch's read waits in `lagged` until the first pass's first batch
+            let _ = lagged.push((), &e)?;
+            if Some(b.as_ptr()) == last {
+                let _ = lagged.finish()?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Cell2Sentence's model (methods/c2s.rs, our GPT-NeoX) at Pythia's full size with random
 /// weights: each batch right-padded to its longest prompt, embeddings averaged over each cell's
 /// own tokens, as the c2s task runs it.
@@ -491,21 +512,12 @@ fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         })
         .collect();
     let batches = plan_batches(a, &order, &lens);
-    let mut lagged = crate::gpu::readback::Lagged::new();
-    let last = batches.last().map(|b| b.as_ptr());
-    let best = time_batches(&device, &batches, a.repeat, |b| {
-        let e = model.embed_batch_tensor(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
-        let _ = lagged.push((), &e)?;
-        if Some(b.as_ptr()) == last {
-            let _ = lagged.finish()?;
-        }
-        Ok(())
-    })?;
+    let best = time_read_back(&device, &batches, a.repeat, false, |b| Ok(model.embed_batch_tensor(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?))?;
     let real: usize = lens.iter().sum();
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, d, ffn, s)).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scgpt",
-        "encoder": "scfoundry scGPT (methods/scgpt.rs: f32 input encoders, packed layers)",
+        "encoder": "scfoundry scGPT (methods/scgpt.rs, as embed runs it)",
         "layers": layers, "hidden": d, "heads": heads, "ffn": ffn, "max_len": max_len, "genes": genes,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "batching": a.batching, "batches": batches.len(),
@@ -684,22 +696,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("profile_layer_tflops".into(), json!(layer_flops / total / 1e12));
     }
     // the embeddings read back one batch behind (gpu/readback.rs), as `embed` does, unless
-    // --sync-batches; the last batch's read-back is inside the timed pass
-    let mut lagged = crate::gpu::readback::Lagged::new();
-    let last = batches.last().map(|b| b.as_ptr());
-    let best = time_batches(&device, &batches, a.repeat, |b| {
-        let e = if a.padded { padded_run(b)? } else { packed_run(b)? };
-        if a.sync_batches {
-            let _ = e.to_vec2::<f32>()?;
-        } else {
-            // the warm-up batch's read waits in `lagged` until the first pass's first batch
-            let _ = lagged.push((), &e)?;
-            if Some(b.as_ptr()) == last {
-                let _ = lagged.finish()?;
-            }
-        }
-        Ok(())
-    })?;
+    // --sync-batches
+    let best = time_read_back(&device, &batches, a.repeat, a.sync_batches, |b| Ok(if a.padded { padded_run(b)? } else { packed_run(b)? }))?;
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
