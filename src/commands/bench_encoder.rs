@@ -91,6 +91,18 @@ fn plan_batches(a: &BenchEncoderArgs, order: &[usize], lens: &[usize]) -> Vec<Ve
     }
 }
 
+/// Token counts of `a.cells` cells with a `<cls>` token each (the lengths file's length + 1,
+/// capped at `max_len`) and their run order.
+fn cls_lengths(a: &BenchEncoderArgs, max_len: usize) -> anyhow::Result<(Vec<usize>, Vec<usize>)> {
+    let pool = length_pool(a)?;
+    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    if a.order == "sorted" {
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    }
+    Ok((lens, order))
+}
+
 /// Best wall time of `repeat` passes over `batches` (after one untimed warm-up batch).
 fn time_batches<B>(device: &Device, batches: &[B], repeat: usize, mut run_batch: impl FnMut(&B) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     run_batch(&batches[0])?;
@@ -177,16 +189,11 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 /// input size. FLOPs count the encoder only (the <cls> read-out and projection are negligible).
 fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     let dtype = dtype_of(&a.dtype)?;
-    let pool = length_pool(a)?;
     let device = device_of(&a.device)?;
     let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
     let model = ClsEncoder::with_weights(arch, vb, device.clone())?;
     let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
-    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
-    let mut order: Vec<usize> = (0..lens.len()).collect();
-    if a.order == "sorted" {
-        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-    }
+    let (lens, order) = cls_lengths(a, max_len)?;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
     let best = time_batches(&device, &batches, a.repeat, |b| {
@@ -478,9 +485,8 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
 }
 
-/// `--arch scgpt`: scGPT's own model (methods/scgpt.rs, as `embed` runs it: the gene embedding
-/// and the continuous value encoder in float32, the encoder layers packed in `--dtype`, the
-/// `<cls>` row read out) at the whole-human shape with random weights (12 x 512, 8 heads, d_hid
+/// `--arch scgpt`: scGPT's own model (methods/scgpt.rs, as `embed` runs it: the input encoding,
+/// the encoder layers packed in `--dtype`, the `<cls>` row read out) at the whole-human shape with random weights (12 x 512, 8 heads, d_hid
 /// 512, 60,694 genes; --layers, --hidden, --heads, --ffn may override), cells of the lengths
 /// file's lengths plus `<cls>`, capped at --max-len (default 1,200), with random genes and bins.
 /// Batches as `embed` (by tokens), each read back one batch behind. FLOPs are counted as for
@@ -495,12 +501,7 @@ fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let args = Args { embsize: d, nheads: heads, d_hid: ffn, nlayers: layers, pad_token: "<pad>".into(), pad_value: -2.0, n_bins: DEFAULT_N_BINS, input_emb_style: "continuous".into() };
     let mut model = Model::random(args, genes, max_len, device.clone())?;
     model.set_precision(dtype)?;
-    let pool = length_pool(a)?;
-    let lens: Vec<usize> = (0..a.cells).map(|i| (pool[i % pool.len()] + 1).min(max_len)).collect();
-    let mut order: Vec<usize> = (0..lens.len()).collect();
-    if a.order == "sorted" {
-        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
-    }
+    let (lens, order) = cls_lengths(a, max_len)?;
     let cls = model.tokenizer.cls_id;
     let cells: Vec<Cell> = lens
         .iter()

@@ -560,7 +560,7 @@ pub struct Model {
     bf16_input: Option<Bf16Input>,
 }
 
-/// The gene embedding and its norm in bf16 (see `Model::encode_packed`).
+/// The gene embedding and its norm in bf16 (see `Model::embed_packed_tensor`).
 struct Bf16Input {
     genes: Tensor,
     norm_weight: Tensor,
@@ -816,9 +816,8 @@ impl Model {
         cls.broadcast_div(&norm).map_err(&ctx)
     }
 
-    /// The transformer's input for token ids (a 2-D tensor) and their values (on the host, the
-    /// ids' elements in row-major order): the gene embedding (encoder + enc_norm) combined with
-    /// the value encoder's output.
+    /// The continuous value encoder's output (`distinct x d`, f32) for the distinct values of
+    /// `vals` (capped at MAX_VALUE as upstream), and each value's row in it.
     ///
     /// The continuous value encoder (Linear(1, d), ReLU, Linear(d, d), LayerNorm) is a function of
     /// the value alone, and the values are bins (0 .. n_bins - 1) and pad_value: it runs once for
@@ -826,8 +825,6 @@ impl Model {
     /// arithmetic row by row as running it on every token (a d x d float32 product a token: with
     /// the rest of the input encoding, 22% of scGPT's GPU time at the whole-human shape in bf16,
     /// BENCHMARKS.md).
-    /// The continuous value encoder's output (`distinct x d`, f32) for the distinct values of
-    /// `vals` (capped at MAX_VALUE as upstream), and each value's row in it.
     fn value_table(&self, vals: &[f32]) -> Result<(Tensor, Vec<u32>)> {
         let ctx = model_err("running the scGPT value encoder");
         let ValueEncoder::Continuous { linear1, linear2, norm } = &self.values else { unreachable!("value_table is for the continuous value encoder") };
@@ -838,6 +835,9 @@ impl Model {
         Ok((table, which))
     }
 
+    /// The transformer's input for token ids (a 2-D tensor) and their values (on the host, the
+    /// ids' elements in row-major order): the gene embedding (encoder + enc_norm) combined with
+    /// the value encoder's output (for the continuous encoder, gathered from `value_table`).
     fn encode_input(&self, ids: &Tensor, vals: &[f32]) -> Result<Tensor> {
         let ctx = model_err("running the scGPT transformer");
         let shape = ids.dims().to_vec();
@@ -889,14 +889,15 @@ impl Model {
         let t = p.tokens();
         let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
         debug_assert_eq!(vals.len(), t);
-        let x = match (&self.bf16_input, &self.values) {
-            (Some(b), ValueEncoder::Continuous { .. }) => {
+        // (set_precision keeps bf16_input only for the continuous value encoder)
+        let x = match &self.bf16_input {
+            Some(b) => {
                 // the value encoder's rows for the batch's distinct values (f32), then one kernel
                 let (table, which) = self.value_table(&vals)?;
                 let table = table.to_dtype(DType::BF16).map_err(&ctx)?;
                 crate::gpu::embedding::norm_add(&b.genes, &b.norm_weight, &b.norm_bias, self.enc_norm.eps(), &table, &p.ids, &which).map_err(&ctx)?
             }
-            _ => {
+            None => {
                 let ids = Tensor::new(p.ids.as_slice(), &self.device).and_then(|t| t.unsqueeze(0)).map_err(&ctx)?;
                 self.encode_input(&ids, &vals)?.squeeze(0).and_then(|x| x.to_dtype(self.precision())).map_err(&ctx)?
             }
