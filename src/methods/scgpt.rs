@@ -565,6 +565,28 @@ struct Bf16Input {
     genes: Tensor,
     norm_weight: Tensor,
     norm_bias: Tensor,
+    /// The value encoder's rows (bf16) for the values binned cells hold: bins 0 .. n_bins - 1,
+    /// then pad_value (`bin_rows` indexes them), made once instead of for every batch.
+    bins: Tensor,
+}
+
+/// Each value's row in `Bf16Input::bins` when every value (capped at MAX_VALUE, as the value
+/// encoder sees it) is pad_value or a bin (a whole number below `n_bins`), as binned cells'
+/// values are; None when any is not (the batch then makes its own table).
+fn bin_rows(vals: &[f32], n_bins: usize, pad_value: f32) -> Option<Vec<u32>> {
+    let pad = pad_value.min(MAX_VALUE);
+    vals.iter()
+        .map(|&v| {
+            let v = v.min(MAX_VALUE);
+            if v == pad {
+                Some(n_bins as u32)
+            } else if v >= 0.0 && v < n_bins as f32 && v.fract() == 0.0 {
+                Some(v as u32)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// The checkpoint files of a scGPT folder.
@@ -747,7 +769,9 @@ impl Model {
                 if let Some(bias) = self.enc_norm.bias() {
                     let norm_weight = self.enc_norm.weight().to_dtype(DType::BF16).map_err(&ctx)?;
                     let norm_bias = bias.to_dtype(DType::BF16).map_err(&ctx)?;
-                    self.bf16_input = Some(Bf16Input { genes, norm_weight, norm_bias });
+                    let values = (0..self.args.n_bins).map(|b| b as f32).chain([self.args.pad_value.min(MAX_VALUE)]).collect();
+                    let bins = self.value_rows(values)?.to_dtype(DType::BF16).map_err(&ctx)?;
+                    self.bf16_input = Some(Bf16Input { genes, norm_weight, norm_bias, bins });
                 }
             }
         }
@@ -826,13 +850,17 @@ impl Model {
     /// the rest of the input encoding, 22% of scGPT's GPU time at the whole-human shape in bf16,
     /// BENCHMARKS.md).
     fn value_table(&self, vals: &[f32]) -> Result<(Tensor, Vec<u32>)> {
-        let ctx = model_err("running the scGPT value encoder");
-        let ValueEncoder::Continuous { linear1, linear2, norm } = &self.values else { unreachable!("value_table is for the continuous value encoder") };
         let (distinct, which) = distinct_values(vals.iter().map(|v| v.min(MAX_VALUE)));
-        let u = distinct.len();
-        let v = Tensor::from_vec(distinct, (u, 1), &self.device).map_err(&ctx)?;
-        let table = linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)?;
-        Ok((table, which))
+        Ok((self.value_rows(distinct)?, which))
+    }
+
+    /// The continuous value encoder's output (float32, a row each) for `values` (already capped).
+    fn value_rows(&self, values: Vec<f32>) -> Result<Tensor> {
+        let ctx = model_err("running the scGPT value encoder");
+        let ValueEncoder::Continuous { linear1, linear2, norm } = &self.values else { unreachable!("value_rows is for the continuous value encoder") };
+        let u = values.len();
+        let v = Tensor::from_vec(values, (u, 1), &self.device).map_err(&ctx)?;
+        linear1.forward(&v).and_then(|h| h.relu()).and_then(|h| linear2.forward(&h)).and_then(|h| norm.forward(&h)).map_err(&ctx)
     }
 
     /// The transformer's input for token ids (a 2-D tensor) and their values (on the host, the
@@ -892,9 +920,15 @@ impl Model {
         // (set_precision keeps bf16_input only for the continuous value encoder)
         let x = match &self.bf16_input {
             Some(b) => {
-                // the value encoder's rows for the batch's distinct values (f32), then one kernel
-                let (table, which) = self.value_table(&vals)?;
-                let table = table.to_dtype(DType::BF16).map_err(&ctx)?;
+                // the value encoder's rows: made once for binned values (nothing to upload or
+                // run a batch), else for the batch's distinct values; then one kernel
+                let (table, which) = match bin_rows(&vals, self.args.n_bins, self.args.pad_value) {
+                    Some(which) => (b.bins.clone(), which),
+                    None => {
+                        let (table, which) = self.value_table(&vals)?;
+                        (table.to_dtype(DType::BF16).map_err(&ctx)?, which)
+                    }
+                };
                 crate::gpu::embedding::norm_add(&b.genes, &b.norm_weight, &b.norm_bias, self.enc_norm.eps(), &table, &p.ids, &which).map_err(&ctx)?
             }
             None => {
@@ -977,6 +1011,18 @@ mod tests {
         assert_eq!(w, vec![0, 1, 2, 1, 3, 0, 2]);
         assert!(w.iter().zip([-2.0f32, 3.0, 0.0, 3.0, 50.0, -2.0, 0.0]).all(|(&i, v)| d[i as usize] == v));
         assert_eq!(distinct_values(std::iter::empty()), (vec![], vec![]));
+    }
+
+    #[test]
+    fn binned_values_index_the_bin_table() {
+        // bins 0 .. 50 are rows 0 .. 50, pad_value row 51; capped as the encoder sees values
+        assert_eq!(bin_rows(&[-2.0, 0.0, 50.0, 7.0, -0.0], 51, -2.0), Some(vec![51, 0, 50, 7, 0]));
+        assert_eq!(bin_rows(&[600.0, 3.0], 51, 900.0), Some(vec![51, 3]));
+        assert_eq!(bin_rows(&[], 51, -2.0), Some(vec![]));
+        // anything else makes the batch's own table
+        for bad in [51.0, 2.5, -1.0, f32::NAN] {
+            assert_eq!(bin_rows(&[1.0, bad], 51, -2.0), None, "{bad}");
+        }
     }
 
     /// The value encoder run once a distinct value and gathered gives what running it on every
