@@ -42,7 +42,7 @@ pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> 
     }
     #[cfg(feature = "cuda")]
     {
-        let offsets = Tensor::new(cu, x.device())?;
+        let offsets = crate::gpu::upload::upload_u32(cu, x.device())?;
         let longest = crate::gpu::varlen_attention::longest(cu);
         x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: None })
     }
@@ -62,7 +62,7 @@ pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> 
     }
     #[cfg(feature = "cuda")]
     {
-        let offsets = Tensor::new(cu, x.device())?;
+        let offsets = crate::gpu::upload::upload_u32(cu, x.device())?;
         let longest = crate::gpu::varlen_attention::longest(cu);
         let times = std::sync::Mutex::new(Vec::new());
         x.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::Fused { stack, longest, profile: Some((repeat.max(1), &times)) })?;

@@ -1,8 +1,11 @@
-//! Two page-locked host buffers used in turn for copies queued on one CUDA stream: what
-//! `upload.rs` (host to device) and `readback.rs` (device to host) both stand on.
+//! Page-locked host buffers used in turn (a ring of N) for copies queued on one CUDA stream:
+//! what `upload.rs` (host to device, N = 8) and `readback.rs` (device to host, N = 2) both stand on.
 //!
 //! A copy between the GPU and page-locked memory is queued on the stream and the host goes on;
-//! with two buffers the host fills (or reads) one while the copy from (or into) the other runs.
+//! with several buffers the host fills (or reads) one while the copies from (or into) the others
+//! run. A buffer is handed out again once the copy last queued with it is done: with N buffers
+//! that is the copy N takes before, so N must cover the copies of a batch and more (a batch
+//! uploads 2-4 times) or the host waits for the batch before it.
 //! Each buffer grows to the largest copy asked of it and a copy uses its first `len` values:
 //! cudarc's own copies take the host slice's whole length, which reads or writes past a smaller
 //! batch (CUDA_ERROR_INVALID_VALUE on a run's last, short batch), so the copies go through
@@ -18,25 +21,27 @@ struct Slot<T> {
     copied: Option<CudaEvent>,
 }
 
-/// The pair (see the module's comment). `take` hands out the next buffer once its last copy is
+/// The ring (see the module's comment). `take` hands out the next buffer once its last copy is
 /// done; `copied` records the copy just queued with it; `read` waits for that copy.
-pub struct PinnedPair<T> {
-    slots: [Option<Slot<T>>; 2],
+pub struct PinnedRing<T, const N: usize> {
+    slots: [Option<Slot<T>>; N],
     next: usize,
 }
 
-impl<T> Default for PinnedPair<T> {
-    fn default() -> PinnedPair<T> {
-        PinnedPair { slots: [None, None], next: 0 }
+/// Two buffers in turn (the read-back's: one batch's results in flight while the other's are read).
+pub type PinnedPair<T> = PinnedRing<T, 2>;
+
+impl<T, const N: usize> Default for PinnedRing<T, N> {
+    fn default() -> PinnedRing<T, N> {
+        PinnedRing { slots: std::array::from_fn(|_| None), next: 0 }
     }
 }
 
-impl<T> PinnedPair<T> {
-    /// Wait for the copies last queued with both buffers (before they are dropped or the pair
+impl<T, const N: usize> PinnedRing<T, N> {
+    /// Wait for the copies last queued with every buffer (before they are dropped or the ring
     /// moves to another stream).
     pub fn wait_all(&self) -> Result<(), DriverError> {
-        self.wait(0)?;
-        self.wait(1)
+        (0..N).try_for_each(|i| self.wait(i))
     }
 
     fn wait(&self, i: usize) -> Result<(), DriverError> {
@@ -47,7 +52,7 @@ impl<T> PinnedPair<T> {
     }
 }
 
-impl<T> Drop for PinnedPair<T> {
+impl<T, const N: usize> Drop for PinnedRing<T, N> {
     /// A buffer is not freed under a copy still queued with it (cudarc's own drop waits on the
     /// buffer's event, which is never recorded here).
     fn drop(&mut self) {
@@ -55,13 +60,13 @@ impl<T> Drop for PinnedPair<T> {
     }
 }
 
-impl<T: DeviceRepr + ValidAsZeroBits> PinnedPair<T> {
+impl<T: DeviceRepr + ValidAsZeroBits, const N: usize> PinnedRing<T, N> {
     /// The next buffer's slot and its first `len` values, to fill before an upload or to copy
     /// into: waits for the copy last queued with it, grows it (page-locked, not write-combined:
     /// the host reads and writes it) when it is shorter than `len`.
     pub fn take(&mut self, stream: &CudaStream, len: usize) -> Result<(usize, &mut [T]), DriverError> {
         let i = self.next;
-        self.next ^= 1;
+        self.next = (i + 1) % N;
         self.wait(i)?;
         if self.slots[i].as_ref().is_none_or(|s| s.buf.len() < len) {
             self.slots[i] = None;

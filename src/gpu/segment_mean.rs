@@ -63,7 +63,8 @@ mod cuda {
             if n == 0 || d == 0 || longest == 0 {
                 return Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((n, d))));
             }
-            let both = dev.clone_htod(&self.starts_counts)?;
+            // from page-locked memory: the host does not wait for the encoder queued before
+            let both = crate::gpu::upload::upload_slice(&self.starts_counts, &dev)?;
             let (starts, counts) = (both.slice(0..n), both.slice(n..2 * n));
             let threads = d.min(256);
             // a block: 64 rows of one span, `threads` columns (kernels/encoder_ops.cu)

@@ -3,8 +3,9 @@
 //! buffers, and the driver may wait for the stream's earlier work before it takes the values
 //! (CUDA's "API synchronization behavior"): the host, uploading batch i + 1's token ids, would
 //! then wait for batch i to finish, and the GPU would sit idle while the host queues the rest of
-//! batch i + 1. Here the values are copied into one of two page-locked buffers (`pinned.rs`, each
-//! reused once the copy made from it two uploads before is done) and from there on the stream.
+//! batch i + 1. Here the values are copied into one of eight page-locked buffers (`pinned.rs`,
+//! each reused once the copy made from it eight uploads before is done; a batch makes 2-4: its
+//! ids, its cells' offsets for the encoder, the rows to read out) and from there on the stream.
 //! `SCFOUNDRY_PAGEABLE_UPLOAD=1` takes candle's ordinary upload instead, for comparison
 //! (bench/fused_gpu.sh's `pageable` variant).
 
@@ -15,8 +16,7 @@ use candle_core::{Device, Result, Tensor};
 pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
-        static PAGEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if !data.is_empty() && !*PAGEABLE.get_or_init(|| std::env::var("SCFOUNDRY_PAGEABLE_UPLOAD").is_ok_and(|v| v == "1")) {
+        if !data.is_empty() && !cuda::pageable() {
             return cuda::upload(data, dev);
         }
     }
@@ -24,47 +24,65 @@ pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::upload_slice;
+
+#[cfg(feature = "cuda")]
 mod cuda {
-    use super::super::pinned::PinnedPair;
-    use candle_core::cuda_backend::cudarc::driver::{result, DevicePtrMut};
+    use super::super::pinned::PinnedRing;
+    use candle_core::cuda_backend::cudarc::driver::{result, CudaSlice, DevicePtrMut};
     use candle_core::op::BackpropOp;
     use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
     use std::cell::RefCell;
 
-    /// The pair of page-locked buffers for one stream (a thread's uploads go to one).
+    /// The page-locked buffers for one stream (a thread's uploads go to one).
     #[derive(Default)]
     struct Ring {
         stream: usize,
-        pair: PinnedPair<u32>,
+        buffers: PinnedRing<u32, 8>,
     }
 
     thread_local! {
         static RING: RefCell<Ring> = RefCell::new(Ring::default());
     }
 
+    /// Whether SCFOUNDRY_PAGEABLE_UPLOAD=1 asks for candle's ordinary uploads.
+    pub fn pageable() -> bool {
+        static PAGEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *PAGEABLE.get_or_init(|| std::env::var("SCFOUNDRY_PAGEABLE_UPLOAD").is_ok_and(|v| v == "1"))
+    }
+
     pub fn upload(data: &[u32], dev: &CudaDevice) -> Result<Tensor> {
+        let dst = upload_slice(data, dev)?;
+        let n = dst.len();
+        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, dev.clone())), n, BackpropOp::none(), false))
+    }
+
+    /// `data` on the device's stream as a raw slice (for kernels that take their indices
+    /// inside a custom op), through page-locked memory unless SCFOUNDRY_PAGEABLE_UPLOAD=1.
+    pub fn upload_slice(data: &[u32], dev: &CudaDevice) -> Result<CudaSlice<u32>> {
+        if data.is_empty() || pageable() {
+            return dev.clone_htod(data);
+        }
         let err = |e| candle_core::Error::Msg(format!("uploading a batch to the GPU: {e:?}"));
         let stream = dev.cuda_stream();
-        let dst = RING.with_borrow_mut(|ring| -> Result<_> {
+        RING.with_borrow_mut(|ring| -> Result<_> {
             let key = stream.cu_stream() as usize;
             if ring.stream != key {
                 // another stream (another device): its buffers go once their copies are done
-                ring.pair.wait_all().map_err(err)?;
+                ring.buffers.wait_all().map_err(err)?;
                 *ring = Ring { stream: key, ..Ring::default() };
             }
-            // the copy made from this buffer two uploads ago is done before it is handed out
-            let (slot, src) = ring.pair.take(&stream, data.len()).map_err(err)?;
+            // the copy made from this buffer eight uploads ago is done before it is handed out
+            let (slot, src) = ring.buffers.take(&stream, data.len()).map_err(err)?;
             src.copy_from_slice(data);
             let mut dst = unsafe { stream.alloc::<u32>(data.len()) }.map_err(err)?;
             {
                 let (ptr, _synced) = dst.device_ptr_mut(&stream);
                 unsafe { result::memcpy_htod_async(ptr, &*src, stream.cu_stream()) }.map_err(err)?;
             }
-            ring.pair.copied(slot, &stream).map_err(err)?;
+            ring.buffers.copied(slot, &stream).map_err(err)?;
             Ok(dst)
-        })?;
-        let n = dst.len();
-        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, dev.clone())), n, BackpropOp::none(), false))
+        })
     }
 }
 

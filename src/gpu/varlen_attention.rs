@@ -23,7 +23,7 @@ pub fn varlen_attention(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor
     if fused_kernel_applies(qkv, width / 3 / heads) {
         #[cfg(feature = "cuda")]
         {
-            let offsets = Tensor::new(cu, qkv.device())?;
+            let offsets = crate::gpu::upload::upload_u32(cu, qkv.device())?;
             return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu) });
         }
     }

@@ -59,7 +59,8 @@ impl Packed {
             candle_core::bail!("a cell without tokens (every cell starts with <cls>)");
         }
         let cells = self.cu.len() - 1;
-        hidden.index_select(&Tensor::new(&self.cu[..cells], hidden.device())?, 0)
+        // (from page-locked memory on a GPU: the host does not wait for the encoder queued before)
+        hidden.index_select(&crate::gpu::upload::upload_u32(&self.cu[..cells], hidden.device())?, 0)
     }
 }
 

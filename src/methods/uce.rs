@@ -605,8 +605,8 @@ impl Uce {
             return Err(Error::Model { context: "running the UCE transformer".into(), detail: format!("a sentence of {longest} tokens is longer than the positional table") });
         }
         (|| -> candle_core::Result<Tensor> {
-            let ids = Tensor::new(p.ids.as_slice(), &self.device)?;
-            let pos = Tensor::new(p.positions.as_slice(), &self.device)?;
+            let ids = crate::gpu::upload::upload_u32(&p.ids, &self.device)?;
+            let pos = crate::gpu::upload::upload_u32(&p.positions, &self.device)?;
             // run_eval: lookup, then nn.functional.normalize(dim=2) (eps 1e-12)
             let t = self.table.forward(&ids)?;
             let norm = t.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
