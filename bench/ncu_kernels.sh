@@ -21,8 +21,8 @@ rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]; rows = rows[1:]
 ki, vi = head.index("Kernel Name"), head.index("Metric Value")
 seq = [(re.sub(r"\(.*", "", r[ki])[:60], float(r[vi].replace(",", "")) / 1e3) for r in rows]
-# a batch starts at its embedding: the embedding kernel, or candle's first gather
-first = lambda n: n.startswith("embed_layer_norm") or n == "is_u32_bf16"
+# a batch starts at its embedding: the embedding kernel (scGPT's own: norm_add), or candle's first gather
+first = lambda n: n.startswith("embed_layer_norm") or n.startswith("norm_add_bf16") or n == "is_u32_bf16"
 starts = [i for i, (n, _) in enumerate(seq) if first(n) and not (i > 0 and first(seq[i - 1][0]))]
 if len(starts) < 2:
     sys.exit("no batches found")
