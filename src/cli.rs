@@ -245,6 +245,12 @@ pub struct BenchEncoderArgs {
     /// batch loop did before `gpu/readback.rs`) instead of one batch behind, for comparison.
     #[arg(long)]
     pub sync_batches: bool,
+    /// The random models' layer-norm weights: `ones` (weight 1, bias 0, as PyTorch initialises
+    /// them and about where trained checkpoints keep them, so activations have a real model's
+    /// scale) or `random` (drawn N(0, 0.02) like every other weight, as the tables before
+    /// session 14 of 2026-12-02 were measured).
+    #[arg(long, default_value = "ones", value_parser = ["ones", "random"])]
+    pub norm_weights: String,
 }
 
 #[derive(Debug, Args)]

@@ -22,11 +22,24 @@ use crate::error::Error;
 use crate::methods::cls_encoder::{Arch, ClsEncoder};
 
 /// Random weights of any requested shape (normal, sd 0.02), made on the device.
-struct RandomWeights;
+struct RandomWeights {
+    /// Layer norms (the weights candle asks for with a constant initialiser) as 1 and 0
+    /// (`--norm-weights ones`) instead of drawn like the rest.
+    norms_constant: bool,
+}
+
+impl RandomWeights {
+    fn new(a: &BenchEncoderArgs) -> Box<RandomWeights> {
+        Box::new(RandomWeights { norms_constant: a.norm_weights == "ones" })
+    }
+}
 
 impl SimpleBackend for RandomWeights {
-    fn get(&self, s: Shape, _name: &str, _h: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        Tensor::randn(0f32, 0.02f32, s, dev)?.to_dtype(dtype)
+    fn get(&self, s: Shape, _name: &str, h: candle_nn::Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        match h {
+            candle_nn::Init::Const(c) if self.norms_constant => Tensor::full(c as f32, s, dev)?.to_dtype(dtype),
+            _ => Tensor::randn(0f32, 0.02f32, s, dev)?.to_dtype(dtype),
+        }
     }
     fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle_core::Result<Tensor> {
         candle_core::bail!("random weights have no shape for {name}")
@@ -158,7 +171,7 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let max_len = a.max_len.unwrap_or(2048);
     let (lens, order) = lengths(a, max_len)?;
     let device = device_of(&a.device)?;
-    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let vb = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
     let model = GptNeoX::build(cfg.clone(), vb, dtype, device.clone())?;
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
     let vocab = cfg.vocab_size;
@@ -190,7 +203,7 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     let dtype = dtype_of(&a.dtype)?;
     let device = device_of(&a.device)?;
-    let vb = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let vb = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
     let model = ClsEncoder::with_weights(arch, vb, device.clone())?;
     let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
     let (lens, order) = cls_lengths(a, max_len)?;
@@ -234,7 +247,7 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{:?} with --arch scbert", a.dtype), hint: Some("f32 (scfoundry runs scBERT in float32)".into()) }.into());
     }
     let device = device_of(&a.device)?;
-    let vb = VarBuilder::from_backend(Box::new(RandomWeights), DType::F32, device.clone());
+    let vb = VarBuilder::from_backend(RandomWeights::new(a), DType::F32, device.clone());
     let model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
     let n = dims.seq_len;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
@@ -593,7 +606,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }))?;
     // the weights are drawn once and shared by both encoders (so --check compares like with like)
     let mut weights = std::collections::HashMap::new();
-    let rand = VarBuilder::from_backend(Box::new(RandomWeights), dtype, device.clone());
+    let rand = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
     let recorder = RecordingBackend { inner: rand, seen: std::sync::Mutex::new(&mut weights) };
     let vb = VarBuilder::from_backend(Box::new(recorder), dtype, device.clone());
     let padded_model = BertModel::load(vb, &cfg)?;
@@ -711,6 +724,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
         "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
+        "norm_weights": a.norm_weights,
         "batching": a.batching, "batches": batches.len(), "largest_batch": batches.iter().map(Vec::len).max().unwrap_or(0),
     });
     out.as_object_mut().expect("an object").extend(check);
