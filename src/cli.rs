@@ -198,9 +198,10 @@ pub struct BenchEncoderArgs {
     /// Cells per batch.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// --arch bert: `tokens` batches by tokens, as `embed` does (`--batch` cells of the longest
-    /// length make the budget; shorter cells fill it, up to `--batch-growth` x `--batch` cells,
-    /// see gpu/backoff.rs TokenBudget); `cells`: `--batch` cells a batch (before).
+    /// `tokens` batches by tokens, as `embed` does (`--batch` cells of the longest length make
+    /// the budget; shorter cells fill it, up to `--batch-growth` x `--batch` cells, see
+    /// gpu/backoff.rs TokenBudget); `cells`: `--batch` cells a batch (before). Every arch but
+    /// scprint (whose cells all have the same length) and gemm.
     #[arg(long, default_value = "tokens", value_parser = ["cells", "tokens"])]
     pub batching: String,
     /// With `--batching tokens`: most cells a batch, as a multiple of `--batch` (`embed` uses

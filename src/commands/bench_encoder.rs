@@ -173,7 +173,7 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let device = device_of(&a.device)?;
     let vb = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
     let model = GptNeoX::build(cfg.clone(), vb, dtype, device.clone())?;
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let batches = plan_batches(a, &order, &lens);
     let vocab = cfg.vocab_size;
     let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| (0..n).map(|p| 2 + ((i * 7919 + p * 104729) % (vocab - 2)) as u32).collect()).collect();
     let best = time_batches(&device, &batches, a.repeat, |cells| {
@@ -189,6 +189,7 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "ffn": cfg.intermediate_size,
         "rotary_dims": cfg.rotary_dims(), "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
@@ -208,7 +209,7 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
     let (lens, order) = cls_lengths(a, max_len)?;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let batches = plan_batches(a, &order, &lens);
     let best = time_batches(&device, &batches, a.repeat, |b| {
         let _ = model.forward_batch(b.iter().map(|&i| cells[i].as_slice()).collect())?;
         Ok(())
@@ -223,6 +224,7 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
         "layers": l, "hidden": d, "heads": cfg.num_attention_heads, "ffn": f, "max_len": max_len,
         "embedding_dim": model.dim(),
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
@@ -295,7 +297,7 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let (genes, order) = lengths(a, a.max_len.unwrap_or(n_genes).min(n_genes))?;
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| scfoundation_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.values.len()).collect();
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let batches = plan_batches(a, &order, &lens);
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
@@ -309,6 +311,7 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "encoder": "scfoundry ScFoundation (methods/scfoundation.rs): value + gene embedding, post-norm transformer, S/T/max/mean pooling",
         "layers": l, "hidden": d, "heads": cfg.heads, "ffn": 4 * d, "embedding_dim": model.dim(),
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
@@ -347,6 +350,7 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let model = ScPrint::from_tensors(cfg.clone(), tensors, std::path::Path::new("random weights"), dtype, device.clone())?;
     let (expressed, order) = lengths(a, max_len)?;
     let cells: Vec<CellTokens> = expressed.iter().enumerate().map(|(i, &s)| scprint_cell(i, s, cfg.genes.len(), max_len)).collect();
+    // every cell has the same tokens (no padding): batches by cells are batches by tokens
     let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
@@ -360,6 +364,7 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "encoder": "scfoundry ScPrint (methods/scprint.rs): gene + value + position embeddings, depth and class tokens, pre-norm transformer, mean of 4 class tokens",
         "layers": l, "hidden": d, "heads": cfg.nhead, "ffn": 4 * d, "embedding_dim": model.dim(), "max_len": max_len, "tokens": s,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_expressed": expressed.iter().sum::<usize>() as f64 / a.cells as f64,
         "padding_share": 0.0,
@@ -460,7 +465,7 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let (genes, order) = lengths(a, a.max_len.unwrap_or(cellfm::NONZ_LEN).min(cellfm::NONZ_LEN))?;
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| cellfm_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.genes.len() + model.n_prefix()).collect();
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let batches = plan_batches(a, &order, &lens);
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
@@ -473,6 +478,7 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "encoder": "scfoundry CellFm (methods/cellfm.rs): gene + value embedding, post-norm RetentionLayers (linear retention, GLU), cls read-out",
         "layers": dims.depth, "hidden": dims.dim, "heads": dims.heads, "embedding_dim": model.dim(),
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
+        "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,

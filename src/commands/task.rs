@@ -302,12 +302,21 @@ impl Batches {
         self.size
     }
 
-    /// `run` over all of `cells`, longest first (by `len`), so that the cells of a batch have
-    /// similar lengths and pad little; `forward` gets the batch's cells.
-    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+    /// All of `cells` through `forward` (which gets a batch's cells), longest first (by `len`, a
+    /// cell's tokens), so that the cells of a batch have similar lengths and pad little, batched
+    /// by tokens (`gpu::backoff::TokenBudget`: the batch size's worth of the longest cells, and
+    /// as many shorter cells as fit the same padded tokens, up to `BATCH_GROWTH` times as many).
+    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let tokens: Vec<usize> = cells.iter().map(&len).collect();
         let mut order: Vec<usize> = (0..cells.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(len(&cells[i])));
-        self.run(cells.len(), dim, &order, 0.0, |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), progress)
+        order.sort_by_key(|&i| std::cmp::Reverse(tokens[i]));
+        let mut rows = vec![0.0; cells.len() * dim];
+        self.run_with(&order, Some(&tokens), |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |r, v: Vec<f32>| {
+            place_rows(&mut rows, dim, &order[r.clone()], &v);
+            progress(r.len());
+            Ok(())
+        })?;
+        Ok(rows)
     }
 
     /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that

@@ -198,6 +198,9 @@ fn cellfm_embed_command_matches_the_port() {
     assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
     let p = |k: &str| -> i64 { h.dataset(&format!("uns/scfoundry/parameters/{k}")).unwrap().read_scalar().unwrap() };
     assert_eq!((p("layers"), p("heads"), p("genes_read"), p("batch_size")), (4, 4, 140, 3));
+    // longest first, batched by tokens (Batches::run_longest_first), as the parameters say
+    let batching: hdf5::types::VarLenUnicode = h.dataset("uns/scfoundry/parameters/batching").unwrap().read_scalar().unwrap();
+    assert!(batching.as_str().starts_with("by tokens"), "{batching}");
     // a gene table that does not fit the checkpoint's gene_emb
     let (_, info) = cellfm::files(&w, &scfoundry::weights::Manifest::builtin());
     let text = std::fs::read_to_string(dir().join("gene_info.csv")).unwrap();
