@@ -627,35 +627,7 @@ impl Model {
         let here = Path::new("(random weights)");
         let names: serde_json::Map<String, Value> = (0..genes).map(|i| (format!("G{i}"), Value::from(i))).collect();
         let vocab = Vocab::parse(&Value::Object(names).to_string(), here)?;
-        let (d, h) = (args.embsize, args.d_hid);
-        let mut shapes: Vec<(String, Vec<usize>)> = vec![
-            ("encoder.embedding.weight".into(), vec![vocab.len, d]),
-            ("encoder.enc_norm.weight".into(), vec![d]),
-            ("encoder.enc_norm.bias".into(), vec![d]),
-            ("value_encoder.linear1.weight".into(), vec![d, 1]),
-            ("value_encoder.linear1.bias".into(), vec![d]),
-            ("value_encoder.linear2.weight".into(), vec![d, d]),
-            ("value_encoder.linear2.bias".into(), vec![d]),
-            ("value_encoder.norm.weight".into(), vec![d]),
-            ("value_encoder.norm.bias".into(), vec![d]),
-        ];
-        for i in 0..args.nlayers {
-            let l = |p: &str| format!("transformer_encoder.layers.{i}.{p}");
-            shapes.extend([
-                (l("self_attn.in_proj_weight"), vec![3 * d, d]),
-                (l("self_attn.in_proj_bias"), vec![3 * d]),
-                (l("self_attn.out_proj.weight"), vec![d, d]),
-                (l("self_attn.out_proj.bias"), vec![d]),
-                (l("linear1.weight"), vec![h, d]),
-                (l("linear1.bias"), vec![h]),
-                (l("linear2.weight"), vec![d, h]),
-                (l("linear2.bias"), vec![d]),
-                (l("norm1.weight"), vec![d]),
-                (l("norm1.bias"), vec![d]),
-                (l("norm2.weight"), vec![d]),
-                (l("norm2.bias"), vec![d]),
-            ]);
-        }
+        let shapes = tensor_shapes(&args, vocab.len, 0);
         let ctx = model_err("drawing random weights");
         let mut tensors = HashMap::new();
         for (name, shape) in shapes {
@@ -694,22 +666,7 @@ impl Model {
                 args.embsize
             )));
         }
-        let mut needed: Vec<String> = vec!["encoder.embedding.weight".into(), "encoder.enc_norm.weight".into(), "encoder.enc_norm.bias".into()];
-        match args.input_emb_style.as_str() {
-            "continuous" => {
-                for p in ["linear1", "linear2", "norm"] {
-                    needed.push(format!("value_encoder.{p}.weight"));
-                    needed.push(format!("value_encoder.{p}.bias"));
-                }
-            }
-            "category" => needed.extend(["value_encoder.embedding.weight", "value_encoder.enc_norm.weight", "value_encoder.enc_norm.bias"].map(String::from)),
-            _ => {}
-        }
-        for i in 0..args.nlayers {
-            for p in ["self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"] {
-                needed.push(format!("transformer_encoder.layers.{i}.{p}"));
-            }
-        }
+        let needed: Vec<String> = tensor_shapes(&args, vocab.len, 0).into_iter().map(|(k, _)| k).collect();
         for k in &needed {
             if !tensors.contains_key(k) {
                 return Err(bad(missing_key(k, &tensors)));
@@ -975,6 +932,45 @@ impl Model {
         crate::gpu::readback::embed_in_order(&mut out, d, &order, batch_size, batch, &mut progress, model_err("reading the scGPT embeddings back"))?;
         Ok(out)
     }
+}
+
+/// The checkpoint tensors embedding reads, with their shapes for `args`, a vocabulary of `genes`
+/// entries and `n_cat` value categories (input_emb_style "category"; from_parts checks only the
+/// names, Model::random draws the tensors).
+fn tensor_shapes(args: &Args, genes: usize, n_cat: usize) -> Vec<(String, Vec<usize>)> {
+    let (d, h) = (args.embsize, args.d_hid);
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![("encoder.embedding.weight".into(), vec![genes, d]), ("encoder.enc_norm.weight".into(), vec![d]), ("encoder.enc_norm.bias".into(), vec![d])];
+    let ve = |p: &str, s: Vec<usize>| (format!("value_encoder.{p}"), s);
+    match args.input_emb_style.as_str() {
+        "continuous" => shapes.extend([
+            ve("linear1.weight", vec![d, 1]),
+            ve("linear1.bias", vec![d]),
+            ve("linear2.weight", vec![d, d]),
+            ve("linear2.bias", vec![d]),
+            ve("norm.weight", vec![d]),
+            ve("norm.bias", vec![d]),
+        ]),
+        "category" => shapes.extend([ve("embedding.weight", vec![n_cat, d]), ve("enc_norm.weight", vec![d]), ve("enc_norm.bias", vec![d])]),
+        _ => {}
+    }
+    for i in 0..args.nlayers {
+        let l = |p: &str, s: Vec<usize>| (format!("transformer_encoder.layers.{i}.{p}"), s);
+        shapes.extend([
+            l("self_attn.in_proj_weight", vec![3 * d, d]),
+            l("self_attn.in_proj_bias", vec![3 * d]),
+            l("self_attn.out_proj.weight", vec![d, d]),
+            l("self_attn.out_proj.bias", vec![d]),
+            l("linear1.weight", vec![h, d]),
+            l("linear1.bias", vec![h]),
+            l("linear2.weight", vec![d, h]),
+            l("linear2.bias", vec![d]),
+            l("norm1.weight", vec![d]),
+            l("norm1.bias", vec![d]),
+            l("norm2.weight", vec![d]),
+            l("norm2.bias", vec![d]),
+        ]);
+    }
+    shapes
 }
 
 /// The layers as one post-norm stack (the same tensors, float32).
