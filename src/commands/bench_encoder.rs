@@ -204,8 +204,11 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
     let dtype = dtype_of(&a.dtype)?;
     let device = device_of(&a.device)?;
-    let vb = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
-    let model = ClsEncoder::with_weights(arch, vb, device.clone())?;
+    // float32 weights, the encoder then in --dtype, as `embed` loads it (LangCell's projection
+    // stays float32: built in bf16 it met the float32 <cls> rows and failed, 2026-12-02)
+    let vb = VarBuilder::from_backend(RandomWeights::new(a), DType::F32, device.clone());
+    let mut model = ClsEncoder::with_weights(arch, vb, device.clone())?;
+    model.set_precision(dtype)?;
     let (cfg, max_len) = (model.config.clone(), a.max_len.unwrap_or(model.input_size).min(model.input_size));
     let (lens, order) = cls_lengths(a, max_len)?;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| std::iter::once(model.cls).chain((1..lens[i]).map(|p| 5 + ((i * 7919 + p * 104729) % 25000) as u32)).collect()).collect();

@@ -72,3 +72,26 @@ fn langcell_bad_checkpoints_name_the_file() {
     let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--weights-dir", ctx.path("w").to_str().unwrap()]);
     r.user_error().stderr_has("langcell-cell-bert-model").stderr_has("langcell-cell-proj");
 }
+
+/// `__bench-encoder --arch langcell` (LangCell's encoder and projection at the released shape,
+/// random weights) on the CPU in bf16, as `embed --precision bf16` loads it: the encoder in bf16,
+/// the projection in float32 (built in bf16, it met the float32 `<cls>` rows and failed), and the
+/// cells batched by tokens.
+#[test]
+fn bench_encoder_langcell_runs_in_bf16_in_token_batches() {
+    let t = TestContext::new();
+    let lengths = t.path("lengths.txt");
+    // 6 cells: 2 of 11 tokens (10 genes + <cls>), 4 of 3
+    std::fs::write(&lengths, "10\n10\n2\n2\n2\n2\n").unwrap();
+    let args = ["__bench-encoder", "--arch", "langcell", "--device", "cpu", "--dtype", "bf16", "--cells", "6", "--batch", "1", "--repeat", "1", "--lengths", lengths.to_str().unwrap()];
+    let run = t.run(&args);
+    run.success();
+    let v: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!((v["arch"].as_str(), v["dtype"].as_str(), v["embedding_dim"].as_u64()), (Some("langcell"), Some("bf16"), Some(256)), "{v}");
+    assert!(v["cells_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    // a budget of 1 x 11 tokens: [11], [11], then the four 3-token cells (3 fit a batch, at most 8)
+    assert_eq!(v["batches"].as_u64().unwrap(), 4, "{v}");
+    let by_cells = t.run(&[&args[..], &["--batching", "cells"]].concat());
+    by_cells.success();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(by_cells.stdout.trim()).unwrap()["batches"].as_u64().unwrap(), 6);
+}
