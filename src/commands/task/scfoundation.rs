@@ -79,7 +79,11 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
             tokens.add(c.values.len());
             cells.push(c);
         }
-        let rows = batches.run_longest_first(&cells, dim, |c| c.values.len(), |b| model.embed(b), |k| p.inc(k as u64))?;
+        // longest first, a fixed number of cells a batch: batches by tokens (more of the short
+        // cells a batch) padded more and ran 1.5% slower on the H200 (BENCHMARKS.md, session 14)
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].values.len()));
+        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         write_rows(&ds, s, &rows, dim)?;
     }
     p.finish();
