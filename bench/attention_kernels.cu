@@ -16,14 +16,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_check.cuh"
 
 __global__ void reference(const __nv_bfloat16 *qkv, float *out, const unsigned *cu, const int *cell_of, int tokens, int heads, float scale) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
