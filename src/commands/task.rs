@@ -306,25 +306,25 @@ impl Batches {
     /// cell's tokens), so that the cells of a batch have similar lengths and pad little, batched
     /// by tokens (`gpu::backoff::TokenBudget`: the batch size's worth of the longest cells, and
     /// as many shorter cells as fit the same padded tokens, up to `BATCH_GROWTH` times as many).
-    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let tokens: Vec<usize> = cells.iter().map(&len).collect();
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(tokens[i]));
-        let mut rows = vec![0.0; cells.len() * dim];
-        self.run_with(&order, Some(&tokens), |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |r, v: Vec<f32>| {
-            place_rows(&mut rows, dim, &order[r.clone()], &v);
-            progress(r.len());
-            Ok(())
-        })?;
-        Ok(rows)
+        self.run_rows(cells.len(), dim, &order, Some(&tokens), 0.0, |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), progress)
     }
 
     /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that
     /// order in batches, halving the batch on CUDA out-of-memory; cells not in `order` keep
     /// `fill`. `progress` hears of each finished batch. On an error the cost report is written.
-    pub fn run(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+    pub fn run(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        self.run_rows(n, dim, order, None, fill, forward, progress)
+    }
+
+    /// [`Self::run`], by cells or, with `tokens` (each cell's token count, by cell), by tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn run_rows(&mut self, n: usize, dim: usize, order: &[usize], tokens: Option<&[usize]>, fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
         let mut rows = vec![fill; n * dim];
-        self.run_with(order, None, forward, |r, v: Vec<f32>| {
+        self.run_with(order, tokens, forward, |r, v: Vec<f32>| {
             place_rows(&mut rows, dim, &order[r.clone()], &v);
             progress(r.len());
             Ok(())

@@ -627,7 +627,7 @@ impl Model {
         let here = Path::new("(random weights)");
         let names: serde_json::Map<String, Value> = (0..genes).map(|i| (format!("G{i}"), Value::from(i))).collect();
         let vocab = Vocab::parse(&Value::Object(names).to_string(), here)?;
-        let shapes = tensor_shapes(&args, vocab.len, 0);
+        let shapes = tensor_shapes(&args, vocab.len);
         let ctx = model_err("drawing random weights");
         let mut tensors = HashMap::new();
         for (name, shape) in shapes {
@@ -666,7 +666,7 @@ impl Model {
                 args.embsize
             )));
         }
-        let needed: Vec<String> = tensor_shapes(&args, vocab.len, 0).into_iter().map(|(k, _)| k).collect();
+        let needed: Vec<String> = tensor_shapes(&args, vocab.len).into_iter().map(|(k, _)| k).collect();
         for k in &needed {
             if !tensors.contains_key(k) {
                 return Err(bad(missing_key(k, &tensors)));
@@ -934,10 +934,10 @@ impl Model {
     }
 }
 
-/// The checkpoint tensors embedding reads, with their shapes for `args`, a vocabulary of `genes`
-/// entries and `n_cat` value categories (input_emb_style "category"; from_parts checks only the
-/// names, Model::random draws the tensors).
-fn tensor_shapes(args: &Args, genes: usize, n_cat: usize) -> Vec<(String, Vec<usize>)> {
+/// The checkpoint tensors embedding reads, with their shapes for `args` and a vocabulary of
+/// `genes` entries (from_parts checks the names, Model::random draws the tensors; the category
+/// value table's rows, 0 here, come from the checkpoint: random draws only "continuous").
+fn tensor_shapes(args: &Args, genes: usize) -> Vec<(String, Vec<usize>)> {
     let (d, h) = (args.embsize, args.d_hid);
     let mut shapes: Vec<(String, Vec<usize>)> = vec![("encoder.embedding.weight".into(), vec![genes, d]), ("encoder.enc_norm.weight".into(), vec![d]), ("encoder.enc_norm.bias".into(), vec![d])];
     let ve = |p: &str, s: Vec<usize>| (format!("value_encoder.{p}"), s);
@@ -950,7 +950,7 @@ fn tensor_shapes(args: &Args, genes: usize, n_cat: usize) -> Vec<(String, Vec<us
             ve("norm.weight", vec![d]),
             ve("norm.bias", vec![d]),
         ]),
-        "category" => shapes.extend([ve("embedding.weight", vec![n_cat, d]), ve("enc_norm.weight", vec![d]), ve("enc_norm.bias", vec![d])]),
+        "category" => shapes.extend([ve("embedding.weight", vec![0, d]), ve("enc_norm.weight", vec![d]), ve("enc_norm.bias", vec![d])]),
         _ => {}
     }
     for i in 0..args.nlayers {

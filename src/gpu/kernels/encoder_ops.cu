@@ -30,10 +30,9 @@ struct __align__(16) Pack8 {
 // word[idx[r]] + position[idx[rows + r]] + token_type, then normalised into `out` (one kernel for
 // what candle's ops do in five: two gathers, two adds and a layer norm). With kNormAdd row r is
 // word[idx[r]] normalised, plus position[idx[rows + r]] after the norm. With kInPlace the rows
-// are read from and written back to `x` (`out` is `x`: no __restrict__ on either).
-// What norm_rows normalises: x in place (layer_norm_bf16); BERT's summed embeddings
-// (embed_layer_norm_bf16); or one gathered row, with a second gathered row added after the norm
-// (norm_add_bf16: scGPT's LayerNorm(gene embedding) + value encoding, gpu/embedding.rs).
+// are read from and written back to `x` (`out` is `x`: no __restrict__ on either). The kernels:
+// layer_norm_bf16 (kInPlace), embed_layer_norm_bf16 (kEmbed), norm_add_bf16 (kNormAdd: scGPT's
+// LayerNorm(gene embedding) + value encoding, gpu/embedding.rs).
 constexpr int kInPlace = 0, kEmbed = 1, kNormAdd = 2;
 
 template <int MAX_PACKS>
