@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Two scfoundry binaries against each other on the device, interleaved (A B A B) so that the
+# card's clock, which moves between calls, moves both alike: `__bench-encoder` at issue #5's four
+# full shapes (packed, bf16, random weights with layer norms at 1 and 0, real token lengths) and
+# scGPT's own model, with the bf16 matrix ceiling before and after. Prints one line a run.
+#
+#   bash bench/ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]}; A=${2:?}; B=${3:?}; N=${4:-2}
+mkdir -p "$OUT"; export SCFOUNDRY_NO_PROGRESS=1
+real=bench/token_lengths_wu2020.txt; uce="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$uce"
+# name, arguments (as bench/encoder_throughput.sh runs them)
+shapes=(
+  "geneformer_v1|--arch bert --layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $real --cells 2048 --batch 64"
+  "scgpt|--arch bert --layers 12 --hidden 512 --heads 8 --ffn 512 --max-len 1200 --lengths $real --cells 2048 --batch 64"
+  "scgpt_model|--arch scgpt --lengths $real --cells 2048 --batch 64"
+  "geneformer_v2|--arch bert --layers 12 --hidden 768 --heads 12 --ffn 3072 --max-len 4096 --lengths $real --cells 512 --batch 16"
+  "uce_33l|--arch bert --layers 33 --hidden 1280 --heads 20 --ffn 5120 --max-len 1536 --lengths $uce --cells 256 --batch 16"
+)
+ceiling() { timeout 120 "$1" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $real 2>>"$OUT/err.txt" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('ceiling', round(d['ceiling_tflops'],1), 'half', round(d['half_ceiling_tflops'],1))"; }
+ceiling "$A"
+for s in "${shapes[@]}"; do
+  name=${s%%|*}; args=${s#*|}
+  for i in $(seq "$N"); do
+    for which in A B; do
+      bin=$A; [[ $which == B ]] && bin=$B
+      # shellcheck disable=SC2086
+      line=$(timeout 200 "$bin" __bench-encoder $args --dtype bf16 --order sorted --activation relu --repeat 3 2>>"$OUT/err.txt") || line='{"error":"failed"}'
+      echo "$line" >> "$OUT/$name.$which.jsonl"
+      echo "$line" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('$name', '$which', round(d.get('cells_per_s',0),1), round(d.get('useful_tflops',0),1), d.get('error',''))"
+    done
+  done
+done
+ceiling "$A"
