@@ -80,11 +80,10 @@ pub(crate) use cuda::{norm_launch, Held, MODULE, PTX};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::Mutex;
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
     use half::bf16;
@@ -100,19 +99,6 @@ mod cuda {
         pub longest: usize,
         /// (repeat, where to put the step times): time layer 0's steps instead of running
         pub profile: Option<(usize, &'a Mutex<Vec<(&'static str, f64)>>)>,
-    }
-
-    /// One cuBLASLt handle (and its 32 MiB workspace) per stream, made on first use.
-    fn blas_lt(stream: &Arc<CudaStream>) -> Result<Arc<CudaBlasLT>> {
-        static HANDLES: OnceLock<Mutex<Vec<(usize, Arc<CudaBlasLT>)>>> = OnceLock::new();
-        let key = stream.cu_stream() as usize;
-        let mut list = HANDLES.get_or_init(Default::default).lock().expect("not poisoned");
-        if let Some((_, h)) = list.iter().find(|(k, _)| *k == key) {
-            return Ok(h.clone());
-        }
-        let h = Arc::new(CudaBlasLT::new(stream.clone()).map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: {e:?}")))?);
-        list.push((key, h.clone()));
-        Ok(h)
     }
 
     /// A tensor's bf16 elements on the GPU, with the read guard that keeps them there.
@@ -135,33 +121,6 @@ mod cuda {
                 _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
             }
         }
-    }
-
-    /// `out = x W^T + b (+ out when accumulate)`, row-major `x` (`tokens x k`), `W` (`n x k`),
-    /// `out` (`tokens x n`); with `relu`, ReLU after the bias. Column-major to cuBLASLt:
-    /// out^T (n x tokens) = W (transposed, k x n stored) times x^T (k x tokens).
-    #[allow(clippy::too_many_arguments)]
-    fn linear(lt: &CudaBlasLT, x: &CudaView<bf16>, tokens: usize, k: usize, w: &CudaView<bf16>, b: &CudaView<bf16>, n: usize, out: &mut CudaSlice<bf16>, accumulate: bool, relu: bool) -> Result<()> {
-        let cfg = MatmulConfig {
-            transa: true,
-            transb: false,
-            transc: false,
-            m: n as u64,
-            n: tokens as u64,
-            k: k as u64,
-            alpha: 1.0,
-            lda: k as i64,
-            ldb: k as i64,
-            beta: if accumulate { 1.0 } else { 0.0 },
-            ldc: n as i64,
-            stride_a: None,
-            stride_b: None,
-            stride_c: None,
-            stride_bias: None,
-            batch_size: None,
-        };
-        let act = relu.then_some(Activation::Relu);
-        unsafe { lt.matmul(cfg, w, x, out, Some(b), act.as_ref()) }.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt matmul ({tokens} x {k} by {n} x {k}): {e:?}")))
     }
 
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
@@ -216,7 +175,7 @@ mod cuda {
         fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, cs: &CudaStorage, cl: &Layout) -> Result<(CudaStorage, Shape)> {
             let dev = xs.device().clone();
             let stream = dev.cuda_stream();
-            let lt = blas_lt(&stream)?;
+            let lt = crate::gpu::gemm::Lt::for_stream(&stream)?;
             let (t, d) = xl.shape().dims2()?;
             let (Some((x0, x1)), Some((c0, c1))) = (xl.contiguous_offsets(), cl.contiguous_offsets()) else {
                 candle_core::bail!("fused encoder: inputs must be contiguous");
@@ -241,7 +200,7 @@ mod cuda {
                 let (wq, bq, wo, bo, w1, bb1, w2, bb2) = (Held::new(l.qkv.weight())?, Held::new(&qb)?, Held::new(l.out.weight())?, Held::new(&ob)?, Held::new(l.ff1.weight())?, Held::new(&b1)?, Held::new(l.ff2.weight())?, Held::new(&b2)?);
                 let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(&n1b)?, Held::new(l.norm2.weight())?, Held::new(&n2b)?);
                 let mut steps: Vec<(&'static str, Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + '_>)> = vec![
-                    ("qkv_gemm", Box::new(|h, qkv, _, _| linear(&lt, &h.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false))),
+                    ("qkv_gemm", Box::new(|h, qkv, _, _| lt.linear(&h.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false, None))),
                     (
                         "attention",
                         Box::new(|_, qkv, att, _| {
@@ -251,9 +210,10 @@ mod cuda {
                             Ok(())
                         }),
                     ),
-                    ("out_gemm_residual", Box::new(|h, _, att, _| linear(&lt, &att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false))),
+                    // qkv is free once attention has read it: the residual products time their candidates there
+                    ("out_gemm_residual", Box::new(|h, qkv, att, _| lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv)))),
                     ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n1w.view()?, &n1b.view()?, t, d, eps))),
-                    ("ffn1_gemm", Box::new(|h, _, _, ff| linear(&lt, &h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu))),
+                    ("ffn1_gemm", Box::new(|h, _, _, ff| lt.linear(&h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu, None))),
                     (
                         "activation",
                         Box::new(|_, _, _, ff| match s.act {
@@ -262,7 +222,7 @@ mod cuda {
                             Act::GeluTanh => gelu(&dev, ff, t * f, false),
                         }),
                     ),
-                    ("ffn2_gemm_residual", Box::new(|h, _, _, ff| linear(&lt, &ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false))),
+                    ("ffn2_gemm_residual", Box::new(|h, qkv, _, ff| lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(qkv)))),
                     ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n2w.view()?, &n2b.view()?, t, d, eps))),
                 ];
                 match self.profile {

@@ -30,6 +30,8 @@ pub mod embedding;
 #[cfg(feature = "cuda")]
 pub mod pinned;
 pub mod fused_encoder;
+#[cfg(feature = "cuda")]
+pub(crate) mod gemm;
 pub mod readback;
 pub mod segment_mean;
 pub mod upload;
