@@ -4,14 +4,14 @@
 //! cuBLASLt's heuristic names one algorithm for a shape without running anything; for the
 //! encoders' tall, narrow products (tens of thousands of token rows, 256 to 3,072 columns, a bias
 //! and maybe ReLU or a residual in the epilogue) its first choice is not always the fastest.
-//! [`Lt::linear`] asks for up to [`CANDIDATES`] algorithms the first time it meets a shape (the
-//! token count rounded up to a power of two), times each on the call's own operands, and keeps
-//! the fastest; later calls reuse it (checked with `cublasLtMatmulAlgoCheck` when their token
-//! count differs). Timing writes only to memory the step is about to overwrite anyway: the output
-//! itself, or, for products that add into their output (the residual steps), a work buffer the
-//! caller names as free. `SCFOUNDRY_GEMM_TUNE=0` takes the heuristic's first choice, as before;
-//! `SCFOUNDRY_GEMM_TUNE=N` times N candidates, `log` (or `N,log`) prints each shape's timings to
-//! stderr.
+//! [`Lt::linear`] asks for up to [`GemmTune::DEFAULT_CANDIDATES`] algorithms the first time it
+//! meets a shape (the token count rounded up to a power of two), times each on the call's own
+//! operands, and keeps the fastest; later calls reuse it (checked with `cublasLtMatmulAlgoCheck`
+//! when their token count differs). Timing writes only to memory the step is about to overwrite
+//! anyway: the output itself, or, for products that add into their output (the residual steps),
+//! a work buffer the caller names as free. `SCFOUNDRY_GEMM_TUNE` (gpu/options.rs): `0` takes the
+//! heuristic's first choice untimed, `N` times N candidates, `log` (or `N,log`) prints each
+//! shape's timings to stderr.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -23,9 +23,8 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView,
 use candle_core::Result;
 use half::bf16;
 
-/// How many of the heuristic's algorithms are timed for a new shape (`SCFOUNDRY_GEMM_TUNE=N`
-/// for another number).
-pub(crate) const CANDIDATES: usize = 8;
+use crate::gpu::options::GemmTune;
+
 /// cuBLASLt's workspace, as NVIDIA recommends for Hopper.
 const WORKSPACE: usize = 32 << 20;
 
@@ -48,18 +47,16 @@ struct Choice {
     tokens: usize,
 }
 
-/// SCFOUNDRY_GEMM_TUNE: how many candidates to time (0 or `off`: the heuristic's first choice
-/// untimed; `log`: the default number, with each shape's timings on stderr).
-fn tune_mode() -> (usize, bool) {
-    static MODE: OnceLock<(usize, bool)> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("SCFOUNDRY_GEMM_TUNE").as_deref() {
-        Ok("off") => (0, false),
-        Ok("log") => (CANDIDATES, true),
-        Ok(v) => match v.strip_suffix(",log").unwrap_or(v).parse::<usize>() {
-            Ok(n) => (n.min(64), v.ends_with(",log")),
-            Err(_) => (CANDIDATES, false),
-        },
-        Err(_) => (CANDIDATES, false),
+/// SCFOUNDRY_GEMM_TUNE, read once (gpu/options.rs); a value it does not understand is reported
+/// once and the default kept.
+fn tune_mode() -> GemmTune {
+    static MODE: OnceLock<GemmTune> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        let value = std::env::var("SCFOUNDRY_GEMM_TUNE").ok();
+        GemmTune::parse(value.as_deref()).unwrap_or_else(|e| {
+            eprintln!("warning: {e}; timing {} candidates", GemmTune::DEFAULT_CANDIDATES);
+            GemmTune { candidates: GemmTune::DEFAULT_CANDIDATES, log: false }
+        })
     })
 }
 
@@ -245,7 +242,7 @@ impl Lt {
     /// and keeps the fastest for the shape.
     #[allow(clippy::too_many_arguments)]
     fn choose_timed(&self, d: &Descs, key: Key, tokens: usize, w: u64, x: u64, target: u64, beta: f32, flops: f64) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let (count, log) = tune_mode();
+        let GemmTune { candidates: count, log } = tune_mode();
         let candidates = self.heuristics(d, count.max(1))?;
         let mut best = (f32::INFINITY, candidates[0].algo, 0usize);
         if candidates.len() > 1 {
