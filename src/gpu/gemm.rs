@@ -106,8 +106,8 @@ impl Lt {
         if let Some((_, h)) = list.iter().find(|(k, _)| *k == key) {
             return Ok(h.clone());
         }
-        let handle = result::create_handle().map_err(|e| err("handle", e))?;
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE) }.map_err(|e| err("workspace", e))?;
+        let handle = result::create_handle().map_err(|e| err("handle", e))?;
         let h = Arc::new(Lt { handle, workspace, stream: stream.clone(), chosen: Mutex::new(HashMap::new()) });
         list.push((key, h.clone()));
         Ok(h)
