@@ -83,7 +83,7 @@ mod cuda {
     use std::sync::Mutex;
 
     use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
     use half::bf16;
