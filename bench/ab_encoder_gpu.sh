@@ -2,13 +2,14 @@
 # Two scfoundry binaries against each other on the device, interleaved (A B A B) so that the
 # card's clock, which moves between calls, moves both alike: `__bench-encoder` at issue #5's four
 # full shapes (packed, bf16, random weights with layer norms at 1 and 0, real token lengths) and
-# scGPT's own model, with the bf16 matrix ceiling before and after. Prints one line a run.
+# scGPT's own model, with the bf16 matrix ceiling before and after. Prints one line a run, then
+# each shape's mean useful TFLOP/s per binary and B/A.
 #
 #   bash bench/ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]}; A=${2:?}; B=${3:?}; N=${4:-2}
-mkdir -p "$OUT"; export SCFOUNDRY_NO_PROGRESS=1
+mkdir -p "$OUT"; rm -f "$OUT"/*.A.jsonl "$OUT"/*.B.jsonl; export SCFOUNDRY_NO_PROGRESS=1
 real=bench/token_lengths_wu2020.txt; uce="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$uce"
 # name, arguments (as bench/encoder_throughput.sh runs them)
 shapes=(
@@ -33,3 +34,19 @@ for s in "${shapes[@]}"; do
   done
 done
 ceiling "$A"
+# per shape: each binary's mean useful TFLOP/s over its runs, and B against A
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+for a in sorted(glob.glob(os.path.join(out, "*.A.jsonl"))):
+    name = os.path.basename(a)[: -len(".A.jsonl")]
+    mean = {}
+    for side in "AB":
+        runs = [json.loads(l) for l in open(os.path.join(out, f"{name}.{side}.jsonl")) if l.strip()]
+        tf = [r["useful_tflops"] for r in runs if "useful_tflops" in r]
+        mean[side] = sum(tf) / len(tf) if tf else None
+    if mean["A"] and mean["B"]:
+        print(f"{name}: A {mean['A']:.1f}, B {mean['B']:.1f} useful TFLOP/s, B/A {mean['B'] / mean['A']:.3f}")
+    else:
+        print(f"{name}: a side has no successful run (see {out}/err.txt)")
+PY
