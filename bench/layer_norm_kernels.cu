@@ -84,23 +84,7 @@ __global__ void __launch_bounds__(256, MINB) ln_packed(__nv_bfloat16 *x, const _
 
 // the memory bound: every 16-byte pack read and written back in place (four in flight a thread)
 __global__ void copy_in_place(Pack8 *x, const size_t packs, const unsigned flip) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < packs; i += 4 * stride) {
-        Pack8 t[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) t[u] = x[i + u * stride];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            reinterpret_cast<unsigned *>(&t[u])[0] ^= flip;
-            x[i + u * stride] = t[u];
-        }
-    }
-    for (; i < packs; i += stride) {
-        Pack8 t = x[i];
-        reinterpret_cast<unsigned *>(&t)[0] ^= flip;
-        x[i] = t;
-    }
+    map_packs_in_place(x, packs, [flip](Pack8 &t) { reinterpret_cast<unsigned *>(&t)[0] ^= flip; });
 }
 
 typedef void (*Ln)(__nv_bfloat16 *, const __nv_bfloat16 *, const __nv_bfloat16 *, int, int, float);

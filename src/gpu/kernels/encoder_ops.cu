@@ -197,9 +197,10 @@ __device__ __forceinline__ void gelu_pack(Pack8 &t) {
     }
 }
 
-// grid-stride over the packs, four loads in flight a thread before any is used
-template <bool ERF>
-__device__ __forceinline__ void gelu_packs(Pack8 *x, const size_t packs) {
+// `op` on every pack in place, grid-stride, four loads in flight a thread before any is used
+// (bench/layer_norm_kernels.cu times its copy bound with the same loop)
+template <class Op>
+__device__ __forceinline__ void map_packs_in_place(Pack8 *x, const size_t packs, Op op) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     for (; i + 3 * stride < packs; i += 4 * stride) {
@@ -208,15 +209,20 @@ __device__ __forceinline__ void gelu_packs(Pack8 *x, const size_t packs) {
         for (int u = 0; u < 4; u++) t[u] = x[i + u * stride];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            gelu_pack<ERF>(t[u]);
+            op(t[u]);
             x[i + u * stride] = t[u];
         }
     }
     for (; i < packs; i += stride) {
         Pack8 t = x[i];
-        gelu_pack<ERF>(t);
+        op(t);
         x[i] = t;
     }
+}
+
+template <bool ERF>
+__device__ __forceinline__ void gelu_packs(Pack8 *x, const size_t packs) {
+    map_packs_in_place(x, packs, [](Pack8 &t) { gelu_pack<ERF>(t); });
 }
 
 // n / 8 packs of 8 values (n a multiple of 8; the buffer 16-byte aligned)
