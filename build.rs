@@ -1,7 +1,7 @@
 //! Compile every `methods/*.toml` into the binary so the registry works from any folder, and,
 //! with the `cuda` feature, our CUDA kernels (src/gpu/kernels/*.cu) to PTX with nvcc (on PATH, as
-//! scripts/build-cuda.sh sets it up) for CUDA_COMPUTE_CAP (default 90; the Hopper attention kernel
-//! is built for 90 only).
+//! scripts/build-cuda.sh sets it up) for CUDA_COMPUTE_CAP (default 90; the Hopper kernels, *_sm90.cu,
+//! are built for 90 only).
 use std::fmt::Write;
 
 fn main() {
@@ -32,13 +32,19 @@ fn cuda_kernels() {
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    // (kernel file, architecture): the Hopper attention kernel uses wgmma, which only sm_90a has;
-    // built for other capabilities it is an empty file and the portable kernel runs instead
+    // (kernel file, architecture): the Hopper kernels (_sm90) use wgmma, which only sm_90a has;
+    // built for other capabilities they are empty files and the portable paths run instead
     let hopper = cap == "90";
-    for (name, arch) in [("varlen_attention", format!("sm_{cap}")), ("encoder_ops", format!("sm_{cap}")), ("varlen_attention_sm90", "sm_90a".into())] {
+    for (name, arch) in [
+        ("varlen_attention", format!("sm_{cap}")),
+        ("encoder_ops", format!("sm_{cap}")),
+        ("varlen_attention_sm90", "sm_90a".into()),
+        ("gemm_layer_norm_sm90", "sm_90a".into()),
+    ] {
         let src = format!("src/gpu/kernels/{name}.cu");
         println!("cargo:rerun-if-changed={src}");
         println!("cargo:rerun-if-changed=src/gpu/kernels/attention_common.cuh");
+        println!("cargo:rerun-if-changed=src/gpu/kernels/sm90_common.cuh");
         let ptx = out.join(format!("{name}.ptx"));
         if name.ends_with("_sm90") && !hopper {
             std::fs::write(&ptx, "").unwrap();

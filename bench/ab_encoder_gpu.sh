@@ -6,6 +6,9 @@
 # each shape's mean useful TFLOP/s per binary and B/A.
 #
 #   bash bench/ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]
+#   ONLY=geneformer_v1,scgpt bash bench/ab_encoder_gpu.sh ...      # some shapes only
+# A binary may be a script that sets an environment variable and execs scfoundry, for an A/B of
+# one binary's two paths (SCFOUNDRY_FUSED_NORM=0, SCFOUNDRY_GEMM_TUNE=0).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]}; A=${2:?}; B=${3:?}; N=${4:-2}
@@ -23,6 +26,7 @@ ceiling() { timeout 120 "$1" __bench-encoder --arch gemm --dtype bf16 --repeat 3
 ceiling "$A"
 for s in "${shapes[@]}"; do
   name=${s%%|*}; args=${s#*|}
+  [[ -n ${ONLY:-} && ",$ONLY," != *",$name,"* ]] && continue
   for i in $(seq "$N"); do
     for which in A B; do
       bin=$A; [[ $which == B ]] && bin=$B

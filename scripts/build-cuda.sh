@@ -88,12 +88,15 @@ cp "$CARGO_TARGET_DIR/release/scfoundry" dist/cuda/scfoundry.tmp
 strip dist/cuda/scfoundry.tmp
 mv dist/cuda/scfoundry.tmp dist/cuda/scfoundry
 echo "build-cuda: dist/cuda/scfoundry ($(du -h dist/cuda/scfoundry | cut -f1)); needs: $(ldd dist/cuda/scfoundry | awk '{print $1}' | tr '\n' ' ')"
-# The attention kernels and the layer norm alone (bench/attention_kernels.cu,
-# bench/layer_norm_kernels.cu: checked and timed on a GPU machine); built here so that they keep
-# compiling. Hopper only: the wgmma kernel needs sm_90a.
+# The attention kernels, the layer norm and the fused product + layer norm alone
+# (bench/attention_kernels.cu, bench/layer_norm_kernels.cu, bench/gemm_layer_norm_kernels.cu:
+# checked and timed on a GPU machine); built here so that they keep compiling. Hopper only: the
+# wgmma kernels need sm_90a.
 if [[ $CUDA_COMPUTE_CAP == 90 ]]; then
   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/attention_kernels bench/attention_kernels.cu
   echo "build-cuda: dist/cuda/attention_kernels"
   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/layer_norm_kernels bench/layer_norm_kernels.cu
   echo "build-cuda: dist/cuda/layer_norm_kernels"
+  nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/gemm_layer_norm_kernels bench/gemm_layer_norm_kernels.cu
+  echo "build-cuda: dist/cuda/gemm_layer_norm_kernels"
 fi

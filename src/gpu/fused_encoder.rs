@@ -10,6 +10,9 @@
 //! | `h = act(x W1^T + b)` | cuBLASLt with the bias (and ReLU) epilogue; GELU in place | 1-2 |
 //! | `x = norm2(x + h W2^T + b)` | as the output projection and norm1 | 2 |
 //!
+//! At d = 256 on Hopper each residual product and the norm after it are one kernel
+//! (`gpu/gemm_layer_norm.rs`): 5 kernels a layer.
+//!
 //! candle's ops on the same stack take 14 kernels a layer and allocate a new tensor for each; here
 //! three work buffers (QKV, attention output, feed-forward) are allocated once per call and reused
 //! by every layer. Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
@@ -88,6 +91,7 @@ mod cuda {
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
     use half::bf16;
 
+    use crate::gpu::gemm_layer_norm;
     use crate::methods::post_norm::{Act, PostNormStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
@@ -192,6 +196,8 @@ mod cuda {
             let mut att = dev.alloc_zeros::<bf16>(t * d)?;
             let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
             let mut times: Vec<(&'static str, f64)> = Vec::new();
+            // 256-wide layers on Hopper: each residual product and the norm after it in one kernel
+            let norm_fused = (gemm_layer_norm::applies(&dev, d, d)?, gemm_layer_norm::applies(&dev, d, f)?);
             for l in &s.layers {
                 let bias = |lin: &candle_nn::Linear| lin.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a linear layer without bias".into()));
                 let (qb, ob, b1, b2) = (bias(&l.qkv)?, bias(&l.out)?, bias(&l.ff1)?, bias(&l.ff2)?);
@@ -199,32 +205,65 @@ mod cuda {
                 let n2b = l.norm2.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))?;
                 let (wq, bq, wo, bo, w1, bb1, w2, bb2) = (Held::new(l.qkv.weight())?, Held::new(&qb)?, Held::new(l.out.weight())?, Held::new(&ob)?, Held::new(l.ff1.weight())?, Held::new(&b1)?, Held::new(l.ff2.weight())?, Held::new(&b2)?);
                 let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(&n1b)?, Held::new(l.norm2.weight())?, Held::new(&n2b)?);
-                let mut steps: Vec<(&'static str, Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + '_>)> = vec![
+                // references, so that the steps' closures can take copies of them
+                let (dev, wo, bo, n1w, n1b, w2, bb2, n2w, n2b) = (&dev, &wo, &bo, &n1w, &n1b, &w2, &bb2, &n2w, &n2b);
+                type Step<'s> = Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + 's>;
+                let mut steps: Vec<(&'static str, Step)> = vec![
                     ("qkv_gemm", Box::new(|h, qkv, _, _| lt.linear(&h.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false, None))),
                     (
                         "attention",
                         Box::new(|_, qkv, att, _| {
                             if cells > 0 && self.longest > 0 {
-                                crate::gpu::varlen_attention::launch_fused(&dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells)?;
+                                crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells)?;
                             }
                             Ok(())
                         }),
                     ),
-                    // qkv is free once attention has read it: the residual products time their candidates there
-                    ("out_gemm_residual", Box::new(|h, qkv, att, _| lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv)))),
-                    ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n1w.view()?, &n1b.view()?, t, d, eps))),
-                    ("ffn1_gemm", Box::new(|h, _, _, ff| lt.linear(&h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu, None))),
-                    (
-                        "activation",
-                        Box::new(|_, _, _, ff| match s.act {
-                            Act::Relu => Ok(()),
-                            Act::GeluErf => gelu(&dev, ff, t * f, true),
-                            Act::GeluTanh => gelu(&dev, ff, t * f, false),
-                        }),
-                    ),
-                    ("ffn2_gemm_residual", Box::new(|h, qkv, _, ff| lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(qkv)))),
-                    ("layer_norm", Box::new(|h, _, _, _| layer_norm(&dev, h, &n2w.view()?, &n2b.view()?, t, d, eps))),
                 ];
+                // qkv is free once attention has read it: the residual products time their candidates there
+                let out_proj = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, att: &CudaSlice<bf16>| lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv));
+                let norm1 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &n1w.view()?, &n1b.view()?, t, d, eps);
+                if norm_fused.0 {
+                    steps.push((
+                        "out_gemm_residual_norm",
+                        Box::new(move |h, qkv, att, _| {
+                            if !gemm_layer_norm::launch(dev, &att.as_view(), &wo.view()?, &bo.view()?, &n1w.view()?, &n1b.view()?, h, t, d, eps)? {
+                                out_proj(h, qkv, att)?;
+                                norm1(h)?;
+                            }
+                            Ok(())
+                        }),
+                    ));
+                } else {
+                    steps.push(("out_gemm_residual", Box::new(move |h, qkv, att, _| out_proj(h, qkv, att))));
+                    steps.push(("layer_norm", Box::new(move |h, _, _, _| norm1(h))));
+                }
+                steps.push(("ffn1_gemm", Box::new(|h, _, _, ff| lt.linear(&h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu, None))));
+                steps.push((
+                    "activation",
+                    Box::new(|_, _, _, ff| match s.act {
+                        Act::Relu => Ok(()),
+                        Act::GeluErf => gelu(dev, ff, t * f, true),
+                        Act::GeluTanh => gelu(dev, ff, t * f, false),
+                    }),
+                ));
+                let ffn2 = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, ff: &CudaSlice<bf16>| lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(qkv));
+                let norm2 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &n2w.view()?, &n2b.view()?, t, d, eps);
+                if norm_fused.1 {
+                    steps.push((
+                        "ffn2_gemm_residual_norm",
+                        Box::new(move |h, qkv, _, ff| {
+                            if !gemm_layer_norm::launch(dev, &ff.as_view(), &w2.view()?, &bb2.view()?, &n2w.view()?, &n2b.view()?, h, t, f, eps)? {
+                                ffn2(h, qkv, ff)?;
+                                norm2(h)?;
+                            }
+                            Ok(())
+                        }),
+                    ));
+                } else {
+                    steps.push(("ffn2_gemm_residual", Box::new(move |h, qkv, _, ff| ffn2(h, qkv, ff))));
+                    steps.push(("layer_norm", Box::new(move |h, _, _, _| norm2(h))));
+                }
                 match self.profile {
                     None => {
                         for (_, step) in steps.iter_mut() {

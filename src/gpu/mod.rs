@@ -13,6 +13,8 @@
 //! - `pinned.rs` (feature `cuda`): the pair of page-locked buffers those two copy through.
 //! - `fused_encoder.rs`: a stack of post-norm encoder layers in bf16 on a GPU, cuBLASLt epilogues
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
+//! - `gemm_layer_norm.rs` (feature `cuda`): for 256-wide layers on Hopper, a product with its
+//!   residual and the layer norm after it in one kernel (`kernels/gemm_layer_norm_sm90.cu`).
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -32,6 +34,8 @@ pub mod pinned;
 pub mod fused_encoder;
 #[cfg(feature = "cuda")]
 pub(crate) mod gemm;
+#[cfg(feature = "cuda")]
+pub(crate) mod gemm_layer_norm;
 pub mod readback;
 pub mod segment_mean;
 pub mod upload;

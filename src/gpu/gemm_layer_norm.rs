@@ -1,0 +1,99 @@
+//! `x <- LayerNorm(x + a W^T + b)` in one Hopper kernel (`kernels/gemm_layer_norm_sm90.cu`) for
+//! post-norm layers 256 wide (Geneformer V1): the fused encoder's output projection with its
+//! residual and norm1, and its second feed-forward product with its residual and norm2, each one
+//! pass over memory instead of a cuBLASLt product and a layer-norm kernel that reads the sum back.
+//!
+//! Taken when the layer is 256 wide, the product's depth `k` a multiple of 64, the GPU a Hopper
+//! (compute capability 9.x, the binary built for it), the operands 16-byte aligned, and
+//! `SCFOUNDRY_FUSED_NORM` is not `0` (which keeps the two-kernel path, for an A/B). Decided once
+//! per device. Other widths keep cuBLASLt and the layer-norm kernel: at 512 and wider a block of
+//! whole rows cannot keep its accumulators in registers with enough rows to reuse each weight.
+
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{DeviceId, WrapErr};
+use candle_core::{CudaDevice, Result};
+use half::bf16;
+
+/// Empty unless the binary was built for compute capability 9.0 (build.rs).
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemm_layer_norm_sm90.ptx"));
+const MODULE: &str = "scfoundry_gemm_layer_norm_sm90";
+const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_sm90";
+/// The layer width the kernel is written for.
+pub(crate) const WIDTH: usize = 256;
+/// Rows a block takes.
+const ROWS: usize = 128;
+/// Dynamic shared memory: three stages of a 64-wide chunk of A (128 rows) and of W (256 rows),
+/// the residual/output tile (128 rows of 512 bytes plus 16 of padding), 1024 bytes to align.
+const SHARED: u32 = (3 * (128 + 256) * 128 + 128 * (256 * 2 + 16) + 1024) as u32;
+
+/// Whether this device runs the fused kernel (Hopper, built for it, not switched off); the first
+/// call loads the kernel and raises its shared-memory limit.
+fn enabled(dev: &CudaDevice) -> Result<bool> {
+    static CHOSEN: Mutex<Vec<(DeviceId, bool)>> = Mutex::new(Vec::new());
+    let mut chosen = CHOSEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, on)) = chosen.iter().find(|(id, _)| *id == dev.id()) {
+        return Ok(on);
+    }
+    let hopper = !PTX.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
+    let on = hopper && std::env::var("SCFOUNDRY_FUSED_NORM").map_or(true, |v| v != "0");
+    if on {
+        let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
+        func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SHARED as i32).w()?;
+    }
+    chosen.push((dev.id(), on));
+    Ok(on)
+}
+
+/// Whether [`launch`] is for a layer `d` wide whose product is `k` deep, on `dev`.
+pub(crate) fn applies(dev: &CudaDevice, d: usize, k: usize) -> Result<bool> {
+    Ok(d == WIDTH && k > 0 && k % 64 == 0 && enabled(dev)?)
+}
+
+/// `x (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta`, `a` tokens x k, `w` 256 x k
+/// (PyTorch's Linear layout), bf16, in place on `x`, where [`applies`] said yes. Returns false,
+/// having done nothing, when an operand is not aligned as the kernel reads it (`a`, `w` and `x`
+/// on 16-byte boundaries, the vectors on 4-byte ones): the caller then takes the two-kernel path.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    dev: &CudaDevice,
+    a: &CudaView<bf16>,
+    w: &CudaView<bf16>,
+    bias: &CudaView<bf16>,
+    gamma: &CudaView<bf16>,
+    beta: &CudaView<bf16>,
+    x: &mut CudaSlice<bf16>,
+    tokens: usize,
+    k: usize,
+    eps: f32,
+) -> Result<bool> {
+    let stream = dev.cuda_stream();
+    let at = |p: u64, bytes: u64| p % bytes == 0;
+    let aligned = at(a.device_ptr(&stream).0, 16)
+        && at(w.device_ptr(&stream).0, 16)
+        && at(x.device_ptr(&stream).0, 16)
+        && [bias, gamma, beta].iter().all(|v| at(v.device_ptr(&stream).0, 4));
+    if !aligned {
+        return Ok(false);
+    }
+    if tokens == 0 {
+        return Ok(true);
+    }
+    let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: SHARED };
+    let (tokens, k) = (tokens as i32, k as i32);
+    let mut b = func.builder();
+    b.arg(a);
+    b.arg(w);
+    b.arg(bias);
+    b.arg(gamma);
+    b.arg(beta);
+    b.arg(x);
+    b.arg(&tokens);
+    b.arg(&k);
+    b.arg(&eps);
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(true)
+}
