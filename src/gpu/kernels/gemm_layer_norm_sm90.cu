@@ -16,9 +16,10 @@
 // first chunk, whole 16-byte pieces, into a row-major tile (rows padded by 16 bytes, so the
 // accumulator layout reads it without bank conflicts), and are the accumulators' starting values
 // with the bias; the normalised rows go back through the same tile, so global memory sees only
-// whole 16-byte pieces. (Read and written straight from the accumulator layout, 4 bytes a lane
-// and 8 rows a warp instruction, the same kernel was 1.6x slower on the H200: the load/store
-// unit, not the tensor cores, was its limit.) k is a multiple of 64.
+// whole 16-byte pieces. (An earlier version that read and wrote straight from the accumulator
+// layout, 4 bytes a lane and 8 rows a warp instruction, took 130.5 us instead of 90.2 at V1's
+// output projection on the H200: the load/store unit, not the tensor cores, was its limit;
+// BENCHMARKS.md, session 16.) k is a multiple of 64.
 // Grid: ceil(tokens / 128); 256 threads; dynamic shared memory kGemmLnSmem.
 
 #include "sm90_common.cuh"
@@ -34,10 +35,11 @@ __device__ __forceinline__ void mma_ss_n256(float *d, uint64_t a, uint64_t b, in
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// the same sizes as gpu/gemm_layer_norm.rs (ROWS, SHARED)
 constexpr int kGemmLnRows = 128, kGemmLnN = 256, kGemmLnStages = 3;
 constexpr int kGemmLnStage = (kGemmLnRows + kGemmLnN) * 128;  // a chunk of A and of W
 constexpr int kGemmLnPitch = kGemmLnN * 2 + 16;               // a row of the residual/output tile, bytes
-constexpr int kGemmLnSmem = kGemmLnStages * kGemmLnStage + kGemmLnRows * kGemmLnPitch + 1024;
+[[maybe_unused]] constexpr int kGemmLnSmem = kGemmLnStages * kGemmLnStage + kGemmLnRows * kGemmLnPitch + 1024;
 
 // the sum over the 4 lanes that share a row (a quad of the accumulator layout)
 __device__ __forceinline__ float quad_sum(float v) {
