@@ -34,9 +34,6 @@ __global__ void reference(const __nv_bfloat16 *a, const __nv_bfloat16 *w, const 
     out[(size_t)row * n + col] = (v - mean) * rsqrtf(var + eps) * __bfloat162float(gamma[col]) + __bfloat162float(beta[col]);
 }
 
-typedef void (*Fused)(const __nv_bfloat16 *, const __nv_bfloat16 *, const __nv_bfloat16 *, const __nv_bfloat16 *, const __nv_bfloat16 *,
-                      __nv_bfloat16 *, int, int, float);
-
 static unsigned long long rng = 0x5eed;  // seed of every random value below
 static float uniform() {                 // [-1, 1)
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
