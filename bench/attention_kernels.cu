@@ -43,6 +43,37 @@ __global__ void reference(const __nv_bfloat16 *qkv, float *out, const unsigned *
     for (int d = 0; d < 64; d++) out[(size_t)tok * heads * 64 + h * 64 + d] = o[d] / l;
 }
 
+// the kernel before the running maxima were fixed by each block's first key tile (exact online
+// softmax every tile), beside the kept one (harness only)
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sm90_exact_max(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                   const int heads, const float scale_log2) {
+    sm90::attention<2, 96, 2, false>(qkv, out, cu, heads, scale_log2);
+}
+
+// tile t + 1's softmax overlapping tile t's P V, three key/value buffers (harness only)
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sm90_overlap(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                 const int heads, const float scale_log2) {
+    sm90::attention_overlap<2, 96>(qkv, out, cu, heads, scale_log2);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+    sm90_overlap_1block(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                        const int heads, const float scale_log2) {
+    sm90::attention_overlap<2, 96>(qkv, out, cu, heads, scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sm90_overlap_kt64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                      const int heads, const float scale_log2) {
+    sm90::attention_overlap<2, 64>(qkv, out, cu, heads, scale_log2);
+}
+extern "C" __global__ void __launch_bounds__(384, 1)
+    sm90_overlap_kg3(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                     const int heads, const float scale_log2) {
+    sm90::attention_overlap<3, 96>(qkv, out, cu, heads, scale_log2);
+}
+
 typedef void (*Kernel)(const __nv_bfloat16 *, __nv_bfloat16 *, const unsigned *, int, float);
 
 int main(int argc, char **argv) {
@@ -64,13 +95,26 @@ int main(int argc, char **argv) {
     struct Shape {
         const char *name;
         int heads, max_len, cells, fixed;
-    } shapes[] = {{"geneformer_v1", 4, 2048, 256, 0}, {"scgpt", 8, 1200, 256, 0}, {"geneformer_v2", 12, 4096, 128, 0}, {"uce_33l", 20, 1536, 128, 1072}};
+        float late_keys;  // keys from the third tile of 96 on are scaled by this (1: none)
+    } shapes[] = {{"geneformer_v1", 4, 2048, 256, 0, 1.f},
+                  {"scgpt", 8, 1200, 256, 0, 1.f},
+                  {"geneformer_v2", 12, 4096, 128, 0, 1.f},
+                  {"uce_33l", 20, 1536, 128, 1072, 1.f},
+                  // later keys ~100 binary orders of magnitude above the first tile's scores: the
+                  // fixed-maximum kernel must take its exact path and still agree
+                  {"v1_late_keys_x40", 4, 2048, 64, 0, 40.f}};
     struct K {
         const char *name;
         Kernel fn;
         int rows, threads, smem;
     } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
-                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
+                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()},
+                   {"sm90_exact_max", sm90_exact_max, 128, 256, sm90::smem_bytes<2, 96, 2>()},
+                   {"sm90_overlap", sm90_overlap, 128, 256, sm90::smem_bytes<2, 96, 3>()},
+                   {"sm90_overlap_1block", sm90_overlap_1block, 128, 256, sm90::smem_bytes<2, 96, 3>()},
+                   {"sm90_overlap_kt64", sm90_overlap_kt64, 128, 256, sm90::smem_bytes<2, 64, 3>()},
+                   {"sm90_overlap_kg3", sm90_overlap_kg3, 192, 384, sm90::smem_bytes<3, 96, 3>()},
+                   {"sm90_wgmma_again", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
     for (auto &k : kernels) {
         if (k.smem > 0) CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
         int blocks = 0;
@@ -100,6 +144,13 @@ int main(int argc, char **argv) {
             const float u = ((rng >> 40) & 0xFFFFFF) / 16777216.0f;  // [0, 1)
             x = __float2bfloat16((u - 0.5f) * 5.0f);                 // peaky softmax rows
         }
+        if (sh.late_keys != 1.f)
+            for (int c = 0; c < sh.cells; c++)
+                for (unsigned t = cu[c] + 192; t < cu[c + 1]; t++)
+                    for (int j = 0; j < sh.heads * 64; j++) {
+                        __nv_bfloat16 &x = h[t * width + sh.heads * 64 + j];
+                        x = __float2bfloat16(__bfloat162float(x) * sh.late_keys);
+                    }
         __nv_bfloat16 *dq, *dout;
         float *dref;
         unsigned *dcu;

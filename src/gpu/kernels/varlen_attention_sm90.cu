@@ -38,6 +38,14 @@ __device__ __forceinline__ void mma_ss_n96(float *d, uint64_t a, uint64_t b, int
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
         : "l"(a), "l"(b), "r"(accumulate));
 }
+// d (64 x 64, f32) (+)= A (64 x 16 from shared, K-major) * B (16 x 64 from shared, K-major)
+__device__ __forceinline__ void mma_ss_n64(float *d, uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
 // d (64 x 64, f32) += A (64 x 16 from registers) * B (16 x 64 from shared, MN-major)
 __device__ __forceinline__ void mma_rs_n64(float *d, const uint32_t *a, uint64_t b) {
     asm volatile(
@@ -47,8 +55,22 @@ __device__ __forceinline__ void mma_rs_n64(float *d, const uint32_t *a, uint64_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// four 8 x 8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8)
+__device__ __forceinline__ void ldsm4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// c (16 x 8, f32) += a (16 x 16, bf16, row) * b (16 x 8, bf16, col), one warp
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 template <int KT> __device__ __forceinline__ void mma_qk(float *s, uint64_t a, uint64_t b, int acc);
 template <> __device__ __forceinline__ void mma_qk<96>(float *s, uint64_t a, uint64_t b, int acc) { mma_ss_n96(s, a, b, acc); }
+template <> __device__ __forceinline__ void mma_qk<64>(float *s, uint64_t a, uint64_t b, int acc) { mma_ss_n64(s, a, b, acc); }
 
 // O's rows (this thread's two) times the softmax rescale factors
 __device__ __forceinline__ void rescale(float *o, float a0, float a1) {
@@ -111,6 +133,59 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
     l1 = l1 * a1 + (sm[1][0] + sm[1][1]) + (sm[1][2] + sm[1][3]);
 }
 
+// The softmax of a later tile against the running maxima fixed by the first tile (no maximum,
+// no rescale of O): s becomes 2^(s scale - m), t0 and t1 this thread's sums of its two rows.
+// Softmax is exact for any m (it cancels in O / l); m only has to keep 2^(s scale - m) inside
+// f32 and bf16's range, which is the same. Returns whether a sum left [0, 2^64] (a key more than
+// 64 binary orders of magnitude above the first tile's maximum, or NaN): the caller then redoes
+// the tile with the exact online softmax.
+template <int KT>
+__device__ __forceinline__ bool fixed_softmax(float *s, int k0, int len, int tig, float scale_log2, float m0, float m1, float &t0,
+                                              float &t1) {
+    if (k0 + KT > len) {  // the last tile only
+#pragma unroll
+        for (int j = 0; j < KT / 8; j++) {
+            const int c = k0 + j * 8 + tig * 2;
+            if (c >= len) s[4 * j] = s[4 * j + 2] = -INFINITY;
+            if (c + 1 >= len) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+        }
+    }
+    float sm[2][4] = {};
+#pragma unroll
+    for (int j = 0; j < KT / 8; j++) {
+        s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -m0));
+        s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -m0));
+        s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -m1));
+        s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -m1));
+        sm[0][j % 4] += s[4 * j] + s[4 * j + 1];
+        sm[1][j % 4] += s[4 * j + 2] + s[4 * j + 3];
+    }
+    t0 = (sm[0][0] + sm[0][1]) + (sm[0][2] + sm[0][3]);
+    t1 = (sm[1][0] + sm[1][1]) + (sm[1][2] + sm[1][3]);
+    return !(t0 <= 0x1p64f && t1 <= 0x1p64f);
+}
+
+// S for this warp's 16 rows of a 64 x KT tile again, from the query and key tiles still in
+// shared memory, with the warp-level mma.sync (its m16n8 accumulator is wgmma's layout for a
+// warp's rows: s[4 j .. 4 j + 3] = rows g and g + 8, keys 8 j + 2 tig and + 1): the rare path of
+// fixed_softmax's range check, which one warp may take without the others of its warpgroup.
+template <int KT> __device__ __forceinline__ void scores_again(float *s, uint32_t q, uint32_t k, int warp, int lane) {
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++) s[i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHead / 16; kk++) {
+        uint32_t a[4];
+        ldsm4(a, q + swz(warp * 16 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+        for (int j = 0; j < KT / 8; j += 2) {
+            uint32_t b[4];
+            ldsm4(b, k + swz((j + lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+            mma16816(s + 4 * j, a, b[0], b[1]);
+            mma16816(s + 4 * j + 4, a, b[2], b[3]);
+        }
+    }
+}
+
 // out rows r0 and r0 + 8 of the cell (those below len) = O / l; l is summed over the 4 lanes first
 __device__ __forceinline__ void store(__nv_bfloat16 *out, const float *o, float l0, float l1, int start, int head, int heads, int r0,
                                       int len, int tig) {
@@ -133,7 +208,7 @@ __device__ __forceinline__ void store(__nv_bfloat16 *out, const float *o, float 
 // KG warpgroups of 64 query rows, KT keys a tile
 template <int KG, int KT, int STAGES> constexpr int smem_bytes() { return 64 * KG * 128 + STAGES * 2 * KT * 128 + 1024; }
 
-template <int KG, int KT, int STAGES>
+template <int KG, int KT, int STAGES, bool FIXED_MAX>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     constexpr int ROWS = 64 * KG;
@@ -205,9 +280,23 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 #pragma unroll
         for (int i = 0; i < KT / 2; i++) pin(s[i]);
 
-        float a0, a1;
-        online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
-        rescale(o, a0, a1);
+        if (!FIXED_MAX || t == 0) {
+            float a0, a1;
+            online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+            rescale(o, a0, a1);
+        } else {
+            float t0, t1;
+            const bool out_of_range = fixed_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, t0, t1);
+            if (__any_sync(0xffffffffu, out_of_range)) {
+                scores_again<KT>(s, qa, ka, warp, lane);
+                float a0, a1;
+                online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+                rescale(o, a0, a1);
+            } else {
+                l0 += t0;
+                l1 += t1;
+            }
+        }
         // O += P V: the probabilities of keys 16 kk .. 16 kk + 15 are the A operand of step kk
         uint32_t p[KT / 16][4];
 #pragma unroll
@@ -235,6 +324,142 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
 }
 
+// The same attention with tile t + 1's softmax overlapping tile t's P V (FlashAttention-3's
+// intra-warpgroup pipelining), which the fixed maxima allow without a second set of P registers:
+// O is never rescaled on the common path, so each iteration issues S(t+1) = Q K(t+1)^T and then
+// O += P(t) V(t), waits for S only, runs tile t + 1's softmax while P V runs, and waits for P V
+// before packing P(t+1) into the registers P(t) held. Three key/value buffers (tile t + 2 loads
+// while t and t + 1 are in use).
+template <int KG, int KT>
+__device__ __forceinline__ void attention_overlap(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                                                  const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+    constexpr int STAGES = 3;
+    constexpr int ROWS = 64 * KG;
+    constexpr int THREADS = 128 * KG;
+    const BlockWork work = block_work(cu, ROWS);
+    if (work.q0 >= work.len) return;
+    const int head = work.head, start = work.start, len = work.len, q0 = work.q0;
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t qs = raw + ((1024 - (raw & 1023)) & 1023);
+    auto ks = [&](int tile) { return qs + ROWS * 128 + (tile % STAGES) * 2 * KT * 128; };
+    auto vs = [&](int tile) { return ks(tile) + KT * 128; };
+
+    const int tid = threadIdx.x;
+    const int wg = tid / 128;
+    const int warp = (tid % 128) / 32;
+    const int lane = tid % 32;
+    const int tig = lane % 4;
+    const size_t row_stride = (size_t)3 * heads * kHead;
+    const __nv_bfloat16 *base = qkv + (size_t)start * row_stride + head * kHead;
+
+    for (int i = tid; i < ROWS * 8; i += THREADS) {
+        const int r = i / 8, c = i % 8;
+        const bool ok = q0 + r < len;
+        copy16(qs + swz(r, c), base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
+    }
+    auto load_kv = [&](int tile) {
+        const int k0 = tile * KT;
+        for (int i = tid; i < KT * 8; i += THREADS) {
+            const int r = i / 8, c = i % 8;
+            const bool ok = k0 + r < len;
+            const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
+            copy16(ks(tile) + swz(r, c), row + heads * kHead, ok);
+            copy16(vs(tile) + swz(r, c), row + 2 * heads * kHead, ok);
+        }
+    };
+    const int tiles = (len + KT - 1) / KT;
+    load_kv(0);
+    copy_commit();  // with the query rows
+    if (tiles > 1) load_kv(1);
+    copy_commit();
+    copy_wait<1>();
+    fence_async_shared();
+    __syncthreads();
+
+    const uint32_t qa = qs + wg * 64 * 128;
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float s[KT / 2];
+    uint32_t p[KT / 16][4];
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) {
+            p[kk][0] = pack(s[8 * kk], s[8 * kk + 1]);
+            p[kk][1] = pack(s[8 * kk + 2], s[8 * kk + 3]);
+            p[kk][2] = pack(s[8 * kk + 4], s[8 * kk + 5]);
+            p[kk][3] = pack(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+    // tile 0: S, then the exact online softmax, which fixes the maxima
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHead / 16; kk++) mma_qk<KT>(s, desc(qa + kk * 32, 16, 1024), desc(ks(0) + kk * 32, 16, 1024), kk);
+    wg_commit();
+    wg_wait_all();
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++) pin(s[i]);
+    {
+        float a0, a1;
+        online_softmax<KT>(s, 0, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);  // O is still zero: no rescale
+    }
+    pack_p();
+
+    for (int t = 0; t + 1 < tiles; t++) {
+        // tile t + 1 has landed and every warpgroup is done with tile t - 1, whose buffer t + 2 takes
+        copy_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        if (t + 2 < tiles) load_kv(t + 2);
+        copy_commit();
+        const uint32_t kn = ks(t + 1), va = vs(t);
+#pragma unroll
+        for (int i = 0; i < 32; i++) pin(o[i]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < kHead / 16; kk++) mma_qk<KT>(s, desc(qa + kk * 32, 16, 1024), desc(kn + kk * 32, 16, 1024), kk);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(va + kk * 2048, 1024, 1024));
+        wg_commit();
+        wg_wait<1>();  // S(t + 1) is done; P(t) V(t) may still run
+#pragma unroll
+        for (int i = 0; i < KT / 2; i++) pin(s[i]);
+        float t0, t1;
+        const bool out_of_range = fixed_softmax<KT>(s, (t + 1) * KT, len, tig, scale_log2, m0, m1, t0, t1);
+        wg_wait_all();
+#pragma unroll
+        for (int i = 0; i < 32; i++) pin(o[i]);
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) pin(p[kk][i]);
+        if (__any_sync(0xffffffffu, out_of_range)) {
+            scores_again<KT>(s, qa, kn, warp, lane);
+            float a0, a1;
+            online_softmax<KT>(s, (t + 1) * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+            rescale(o, a0, a1);
+        } else {
+            l0 += t0;
+            l1 += t1;
+        }
+        pack_p();
+    }
+    // the last tile's P V
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(vs(tiles - 1) + kk * 2048, 1024, 1024));
+    wg_commit();
+    wg_wait_all();
+#pragma unroll
+    for (int i = 0; i < 32; i++) pin(o[i]);
+
+    store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + lane / 4, len, tig);
+}
+
 }  // namespace sm90
 
 // 2 warpgroups (128 query rows) a block, 96 keys a tile, two key/value buffers, two blocks an
@@ -244,5 +469,5 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    sm90::attention<2, 96, 2>(qkv, out, cu, heads, scale_log2);
+    sm90::attention<2, 96, 2, true>(qkv, out, cu, heads, scale_log2);
 }
