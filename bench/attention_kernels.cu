@@ -51,29 +51,6 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     sm90::attention<2, 96, 2, false>(qkv, out, cu, heads, scale_log2);
 }
 
-// tile t + 1's softmax overlapping tile t's P V, three key/value buffers (harness only)
-extern "C" __global__ void __launch_bounds__(256, 2)
-    sm90_overlap(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
-                 const int heads, const float scale_log2) {
-    sm90::attention_overlap<2, 96>(qkv, out, cu, heads, scale_log2);
-}
-extern "C" __global__ void __launch_bounds__(256, 1)
-    sm90_overlap_1block(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
-                        const int heads, const float scale_log2) {
-    sm90::attention_overlap<2, 96>(qkv, out, cu, heads, scale_log2);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 2)
-    sm90_overlap_kt64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
-                      const int heads, const float scale_log2) {
-    sm90::attention_overlap<2, 64>(qkv, out, cu, heads, scale_log2);
-}
-extern "C" __global__ void __launch_bounds__(384, 1)
-    sm90_overlap_kg3(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
-                     const int heads, const float scale_log2) {
-    sm90::attention_overlap<3, 96>(qkv, out, cu, heads, scale_log2);
-}
-
 typedef void (*Kernel)(const __nv_bfloat16 *, __nv_bfloat16 *, const unsigned *, int, float);
 
 int main(int argc, char **argv) {
@@ -110,10 +87,6 @@ int main(int argc, char **argv) {
     } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
                    {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()},
                    {"sm90_exact_max", sm90_exact_max, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"sm90_overlap", sm90_overlap, 128, 256, sm90::smem_bytes<2, 96, 3>()},
-                   {"sm90_overlap_1block", sm90_overlap_1block, 128, 256, sm90::smem_bytes<2, 96, 3>()},
-                   {"sm90_overlap_kt64", sm90_overlap_kt64, 128, 256, sm90::smem_bytes<2, 64, 3>()},
-                   {"sm90_overlap_kg3", sm90_overlap_kg3, 192, 384, sm90::smem_bytes<3, 96, 3>()},
                    {"sm90_wgmma_again", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
     for (auto &k : kernels) {
         if (k.smem > 0) CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));

@@ -10,13 +10,23 @@
 //   - the online softmax runs on S in registers (exp2 without subnormals, maxima and sums in
 //     independent partials), and P (bf16) stays in registers as the A operand of O += P V, with
 //     V read from shared memory as an MN-major ("transposed") operand;
+//   - with FIXED_MAX (the kernel below), only a block's first key tile takes the online softmax:
+//     its row maxima then stay fixed, so later tiles need no maximum and O no rescale. Softmax
+//     is exact for any subtracted constant; the maxima only keep 2^(s scale - m) inside f32's
+//     range (and bf16's, the same), so each tile's row sums are checked against [0, 2^64], and a
+//     warp with a sum outside (a key 64 binary orders of magnitude above the first tile's
+//     maximum, or NaN) recomputes its scores with mma.sync and takes the online softmax for
+//     that tile. +3.6-5.1% on the H200 at issue #5's shapes; 0.71x when every later tile takes
+//     the exact path (bench/attention_kernels.cu, v1_late_keys_x40);
 //   - key/value tiles are copied with cp.async, STAGES - 1 tiles ahead. Two blocks an SM
 //     interleave one block's softmax with the other's matrix products.
 // Not here (measured slower at these shapes on the H200, BENCHMARKS.md): the softmax overlapped
 // with P V in the same warpgroup (the compiler then waits for P V before the softmax unless P is
-// double-buffered, which costs the registers of the second block an SM); ping-pong scheduling of
-// the two warpgroups with an mbarrier key/value pipeline; part of the exponentials as
-// polynomials on the FMA units (both in commit 416848e). Not tried: a TMA producer warp.
+// double-buffered, which costs the registers of the second block an SM; with fixed maxima, tile
+// t + 1's softmax during P(t) V(t), commit 397f404: no faster at 2 blocks an SM with 64-key tiles,
+// slower otherwise); ping-pong scheduling of the two warpgroups with an mbarrier key/value
+// pipeline; part of the exponentials as polynomials on the FMA units (both in commit 416848e;
+// with fixed maxima too, 2026-12-02 session 17). Not tried: a TMA producer warp.
 // Grid: (ceil(longest / (64 KG)), heads, cells); dynamic shared memory: smem_bytes<KG, KT, STAGES>().
 //
 // A tile in shared memory is rows of 64 bf16 (128 bytes); 16-byte chunk c of row r is stored at
@@ -36,14 +46,6 @@ __device__ __forceinline__ void mma_ss_n96(float *d, uint64_t a, uint64_t b, int
         "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-// d (64 x 64, f32) (+)= A (64 x 16 from shared, K-major) * B (16 x 64 from shared, K-major)
-__device__ __forceinline__ void mma_ss_n64(float *d, uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(a), "l"(b), "r"(accumulate));
 }
 // d (64 x 64, f32) += A (64 x 16 from registers) * B (16 x 64 from shared, MN-major)
@@ -70,7 +72,6 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
 
 template <int KT> __device__ __forceinline__ void mma_qk(float *s, uint64_t a, uint64_t b, int acc);
 template <> __device__ __forceinline__ void mma_qk<96>(float *s, uint64_t a, uint64_t b, int acc) { mma_ss_n96(s, a, b, acc); }
-template <> __device__ __forceinline__ void mma_qk<64>(float *s, uint64_t a, uint64_t b, int acc) { mma_ss_n64(s, a, b, acc); }
 
 // O's rows (this thread's two) times the softmax rescale factors
 __device__ __forceinline__ void rescale(float *o, float a0, float a1) {
@@ -324,148 +325,13 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
 }
 
-// The same attention with tile t + 1's softmax overlapping tile t's P V (FlashAttention-3's
-// intra-warpgroup pipelining), which the fixed maxima allow without a second set of P registers:
-// O is never rescaled on the common path, so each iteration issues S(t+1) = Q K(t+1)^T and then
-// O += P(t) V(t), waits for S only, runs tile t + 1's softmax while P V runs, and waits for P V
-// before packing P(t+1) into the registers P(t) held. Three key/value buffers (tile t + 2 loads
-// while t and t + 1 are in use).
-template <int KG, int KT>
-__device__ __forceinline__ void attention_overlap(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
-                                                  const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    constexpr int STAGES = 3;
-    constexpr int ROWS = 64 * KG;
-    constexpr int THREADS = 128 * KG;
-    const BlockWork work = block_work(cu, ROWS);
-    if (work.q0 >= work.len) return;
-    const int head = work.head, start = work.start, len = work.len, q0 = work.q0;
-
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const uint32_t raw = smem_addr(smem_raw);
-    const uint32_t qs = raw + ((1024 - (raw & 1023)) & 1023);
-    auto ks = [&](int tile) { return qs + ROWS * 128 + (tile % STAGES) * 2 * KT * 128; };
-    auto vs = [&](int tile) { return ks(tile) + KT * 128; };
-
-    const int tid = threadIdx.x;
-    const int wg = tid / 128;
-    const int warp = (tid % 128) / 32;
-    const int lane = tid % 32;
-    const int tig = lane % 4;
-    const size_t row_stride = (size_t)3 * heads * kHead;
-    const __nv_bfloat16 *base = qkv + (size_t)start * row_stride + head * kHead;
-
-    for (int i = tid; i < ROWS * 8; i += THREADS) {
-        const int r = i / 8, c = i % 8;
-        const bool ok = q0 + r < len;
-        copy16(qs + swz(r, c), base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
-    }
-    auto load_kv = [&](int tile) {
-        const int k0 = tile * KT;
-        for (int i = tid; i < KT * 8; i += THREADS) {
-            const int r = i / 8, c = i % 8;
-            const bool ok = k0 + r < len;
-            const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
-            copy16(ks(tile) + swz(r, c), row + heads * kHead, ok);
-            copy16(vs(tile) + swz(r, c), row + 2 * heads * kHead, ok);
-        }
-    };
-    const int tiles = (len + KT - 1) / KT;
-    load_kv(0);
-    copy_commit();  // with the query rows
-    if (tiles > 1) load_kv(1);
-    copy_commit();
-    copy_wait<1>();
-    fence_async_shared();
-    __syncthreads();
-
-    const uint32_t qa = qs + wg * 64 * 128;
-    float o[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    float s[KT / 2];
-    uint32_t p[KT / 16][4];
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++) {
-            p[kk][0] = pack(s[8 * kk], s[8 * kk + 1]);
-            p[kk][1] = pack(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = pack(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = pack(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-    };
-    // tile 0: S, then the exact online softmax, which fixes the maxima
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < kHead / 16; kk++) mma_qk<KT>(s, desc(qa + kk * 32, 16, 1024), desc(ks(0) + kk * 32, 16, 1024), kk);
-    wg_commit();
-    wg_wait_all();
-#pragma unroll
-    for (int i = 0; i < KT / 2; i++) pin(s[i]);
-    {
-        float a0, a1;
-        online_softmax<KT>(s, 0, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);  // O is still zero: no rescale
-    }
-    pack_p();
-
-    for (int t = 0; t + 1 < tiles; t++) {
-        // tile t + 1 has landed and every warpgroup is done with tile t - 1, whose buffer t + 2 takes
-        copy_wait<0>();
-        fence_async_shared();
-        __syncthreads();
-        if (t + 2 < tiles) load_kv(t + 2);
-        copy_commit();
-        const uint32_t kn = ks(t + 1), va = vs(t);
-#pragma unroll
-        for (int i = 0; i < 32; i++) pin(o[i]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kHead / 16; kk++) mma_qk<KT>(s, desc(qa + kk * 32, 16, 1024), desc(kn + kk * 32, 16, 1024), kk);
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(va + kk * 2048, 1024, 1024));
-        wg_commit();
-        wg_wait<1>();  // S(t + 1) is done; P(t) V(t) may still run
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) pin(s[i]);
-        float t0, t1;
-        const bool out_of_range = fixed_softmax<KT>(s, (t + 1) * KT, len, tig, scale_log2, m0, m1, t0, t1);
-        wg_wait_all();
-#pragma unroll
-        for (int i = 0; i < 32; i++) pin(o[i]);
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; kk++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) pin(p[kk][i]);
-        if (__any_sync(0xffffffffu, out_of_range)) {
-            scores_again<KT>(s, qa, kn, warp, lane);
-            float a0, a1;
-            online_softmax<KT>(s, (t + 1) * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
-            rescale(o, a0, a1);
-        } else {
-            l0 += t0;
-            l1 += t1;
-        }
-        pack_p();
-    }
-    // the last tile's P V
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) mma_rs_n64(o, p[kk], desc(vs(tiles - 1) + kk * 2048, 1024, 1024));
-    wg_commit();
-    wg_wait_all();
-#pragma unroll
-    for (int i = 0; i < 32; i++) pin(o[i]);
-
-    store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + lane / 4, len, tig);
-}
-
 }  // namespace sm90
 
 // 2 warpgroups (128 query rows) a block, 96 keys a tile, two key/value buffers, two blocks an
-// SM (128 registers). Measured on the H200 (bench/attention_kernels.cu, BENCHMARKS.md) against
-// 64 and 128 keys a tile, 3 and 4 buffers, one warpgroup a block, and the softmax overlapped
-// with P V in the same warpgroup: this one was the fastest at the four shapes of issue #5.
+// SM (128 registers), maxima fixed by the first key tile. Measured on the H200
+// (bench/attention_kernels.cu, BENCHMARKS.md) against 64 and 128 keys a tile, 3 and 4 buffers,
+// one warpgroup a block, and the softmax overlapped with P V in the same warpgroup: this one was
+// the fastest at the four shapes of issue #5.
 extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
