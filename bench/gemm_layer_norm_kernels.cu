@@ -16,16 +16,6 @@
 
 #include "cuda_check.cuh"
 
-// a variant (harness only): one warpgroup of 64 rows a block, two chunk buffers, the tile in the
-// second, so that two blocks fit an SM (one block's epilogue beside the other's products)
-extern "C" __global__ void __launch_bounds__(128, 2)
-    gemm_ln_64rows_2blocks(const __nv_bfloat16 *__restrict__ a, const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *__restrict__ bias,
-                           const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta, __nv_bfloat16 *x, const int tokens,
-                           const int k, const float eps) {
-    sm90::gemm_layer_norm_n256<1, 2, true>(a, w, bias, gamma, beta, x, tokens, k, eps);
-}
-constexpr int kVariantSmem = sm90::gemm_ln_smem<1, 2, true>();
-
 // out[row] = LayerNorm(x[row] + a[row] W^T + bias) * gamma + beta in f32; blockDim.x == n
 __global__ void reference(const __nv_bfloat16 *a, const __nv_bfloat16 *w, const __nv_bfloat16 *bias, const __nv_bfloat16 *gamma,
                           const __nv_bfloat16 *beta, const __nv_bfloat16 *x, float *out, int n, int k, float eps) {
@@ -80,12 +70,6 @@ int main() {
         return ms / reps;
     };
     CK(cudaFuncSetAttribute(gemm_bias_residual_layer_norm_n256_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kGemmLnSmem));
-    CK(cudaFuncSetAttribute(gemm_ln_64rows_2blocks, cudaFuncAttributeMaxDynamicSharedMemorySize, kVariantSmem));
-    {
-        int blocks = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_ln_64rows_2blocks, 128, kVariantSmem));
-        printf("variant 64 rows: %d bytes of shared memory, %d blocks an SM\n", kVariantSmem, blocks);
-    }
     for (auto &sh : shapes) {
         const size_t t = sh.tokens, n = sh.n, k = sh.k;
         // activations ~ what the layers see: a of unit scale, W ~ 1/sqrt(k), x of unit scale
@@ -118,24 +102,6 @@ int main() {
         const float ms = time(fused);  // in place, so x drifts between runs; the work does not
         printf("%-12s %6d tokens, k %d: fused rel_l2 %.2e max_abs %.2e  %7.1f us (%5.1f TFLOP/s, %5.2f TB/s)\n", sh.name, sh.tokens, sh.k,
                sqrt(num / den), worst, ms * 1e3, flops / ms / 1e9, bytes / ms / 1e9);
-        {
-            auto variant = [&] { gemm_ln_64rows_2blocks<<<(t + 63) / 64, 128, kVariantSmem>>>(a, w, bias, gamma, beta, x, t, k, eps); };
-            CK(cudaMemcpy(x, x0, t * n * 2, cudaMemcpyDeviceToDevice));
-            variant();
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(got.data(), x, got.size() * 2, cudaMemcpyDeviceToHost));
-            double vn = 0, vd = 0, vw = 0;
-            for (size_t i = 0; i < r.size(); i++) {
-                const double d = (double)__bfloat162float(got[i]) - r[i];
-                vn += d * d;
-                vd += (double)r[i] * r[i];
-                vw = fmax(vw, fabs(d));
-            }
-            const float vms = time(variant);
-            printf("%-12s %6d tokens, k %d: 64 rows  rel_l2 %.2e max_abs %.2e  %7.1f us (%5.1f TFLOP/s, %5.2f TB/s)\n", sh.name, sh.tokens,
-                   sh.k, sqrt(vn / vd), vw, vms * 1e3, flops / vms / 1e9, bytes / vms / 1e9);
-        }
         // what the fused kernel replaces a part of, and the memory bound
         const float norm = time([&] {
             layer_norm_bf16_p1<<<(t + 31) / 32, 256>>>(x, gamma, beta, t, n, eps);

@@ -41,13 +41,6 @@ constexpr int kGemmLnStage = (kGemmLnRows + kGemmLnN) * 128;  // a chunk of A an
 constexpr int kGemmLnPitch = kGemmLnN * 2 + 16;               // a row of the residual/output tile, bytes
 [[maybe_unused]] constexpr int kGemmLnSmem = kGemmLnStages * kGemmLnStage + kGemmLnRows * kGemmLnPitch + 1024;
 
-// KG warpgroups (64 KG rows) a block, STAGES chunk buffers; ALIAS: the residual/output tile
-// shares the second chunk buffer (the residual is read before chunk 1 is loaded, the output
-// written after the last chunk) instead of memory of its own
-template <int KG, int STAGES, bool ALIAS> constexpr int gemm_ln_smem() {
-    return STAGES * (64 * KG + kGemmLnN) * 128 + (ALIAS ? 0 : 64 * KG * kGemmLnPitch) + 1024;
-}
-
 // the sum over the 4 lanes that share a row (a quad of the accumulator layout)
 __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -55,14 +48,11 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 __device__ __forceinline__ float2 bf2(uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u)); }
 
-template <int KG, int STAGES, bool ALIAS>
 __device__ __forceinline__ void gemm_layer_norm_n256(const __nv_bfloat16 *__restrict__ a, const __nv_bfloat16 *__restrict__ w,
                                                      const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
                                                      const __nv_bfloat16 *__restrict__ beta, __nv_bfloat16 *x, const int tokens, const int k,
                                                      const float eps) {
-    constexpr int ROWS = 64 * KG, N = kGemmLnN, PITCH = kGemmLnPitch, THREADS = 128 * KG;
-    constexpr int STAGE = (ROWS + N) * 128;  // a chunk of A and of W
-    static_assert(!ALIAS || (STAGES >= 2 && ROWS * PITCH <= STAGE), "the tile must fit the second chunk buffer");
+    constexpr int ROWS = kGemmLnRows, N = kGemmLnN, STAGES = kGemmLnStages, PITCH = kGemmLnPitch, THREADS = 256;
     const int row0 = blockIdx.x * ROWS;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // bias, gamma and beta as bf16 pairs
@@ -70,11 +60,10 @@ __device__ __forceinline__ void gemm_layer_norm_n256(const __nv_bfloat16 *__rest
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t pad = (1024 - (raw & 1023)) & 1023;
     const uint32_t base = raw + pad;
-    auto as = [&](int chunk) { return base + (chunk % STAGES) * STAGE; };
+    auto as = [&](int chunk) { return base + (chunk % STAGES) * kGemmLnStage; };
     auto ws = [&](int chunk) { return as(chunk) + ROWS * 128; };
-    constexpr int TILE = ALIAS ? STAGE : STAGES * STAGE;  // residual in, output out
-    unsigned char *tile = smem_raw + pad + TILE;
-    const uint32_t tile_s = base + TILE;
+    unsigned char *tile = smem_raw + pad + STAGES * kGemmLnStage;  // residual in, output out
+    const uint32_t tile_s = base + STAGES * kGemmLnStage;
 
     const int tid = threadIdx.x;
     const int wg = tid / 128;
@@ -94,24 +83,22 @@ __device__ __forceinline__ void gemm_layer_norm_n256(const __nv_bfloat16 *__rest
         copy16(tile_s + r * PITCH + q * 16, ok ? x + (size_t)(row0 + r) * N + q * 8 : x, ok);
     }
     const int chunks = k / 64;
-    // this thread's copies: 16-byte piece tid % 8 of rows tid / 8 + RS i of a chunk (RS = 32 with
-    // 2 warpgroups: 4 rows of A, 8 of W); row r + RS i sits 128 RS bytes after row r in a
-    // swizzled tile (RS is a multiple of 8)
-    constexpr int RS = THREADS / 8;
+    // this thread's copies: 16-byte piece tid % 8 of rows tid / 8 + 32 i of a chunk (4 rows of A,
+    // 8 of W); row r + 32 i sits 4096 bytes after row r in a swizzled tile
     const int lr = tid / 8, lc = tid % 8;
     const uint32_t so = swz(lr, lc);
     const __nv_bfloat16 *ap = a + (size_t)(row0 + lr) * k + lc * 8, *wp = w + (size_t)lr * k + lc * 8;
-    const size_t step = (size_t)RS * k;  // RS rows
+    const size_t step = (size_t)32 * k;  // 32 rows
     auto load = [&](int chunk) {
         const int k0 = chunk * 64;
         const uint32_t sa = as(chunk) + so, sw = ws(chunk) + so;
 #pragma unroll
-        for (int i = 0; i < ROWS / RS; i++) {
-            const bool ok = row0 + lr + RS * i < tokens;
-            copy16(sa + i * RS * 128, ok ? ap + i * step + k0 : a, ok);
+        for (int i = 0; i < 4; i++) {
+            const bool ok = row0 + lr + 32 * i < tokens;
+            copy16(sa + i * 4096, ok ? ap + i * step + k0 : a, ok);
         }
 #pragma unroll
-        for (int i = 0; i < N / RS; i++) copy16(sw + i * RS * 128, wp + i * step + k0, true);
+        for (int i = 0; i < 8; i++) copy16(sw + i * 4096, wp + i * step + k0, true);
     };
     // chunks 0 .. STAGES - 2 ahead, a copy group each (the residual goes with chunk 0)
 #pragma unroll
@@ -140,7 +127,6 @@ __device__ __forceinline__ void gemm_layer_norm_n256(const __nv_bfloat16 *__rest
                 acc[4 * j + 2] = v1.x + bb.x;
                 acc[4 * j + 3] = v1.y + bb.y;
             }
-            if (ALIAS) __syncthreads();  // every residual is read before chunk 1 lands on the tile
         }
         if (c + STAGES - 1 < chunks) load(c + STAGES - 1);
         copy_commit();
@@ -199,5 +185,5 @@ gemm_bias_residual_layer_norm_n256_sm90(const __nv_bfloat16 *__restrict__ a, con
                                         const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
                                         const __nv_bfloat16 *__restrict__ beta, __nv_bfloat16 *x, const int tokens, const int k,
                                         const float eps) {
-    sm90::gemm_layer_norm_n256<2, sm90::kGemmLnStages, false>(a, w, bias, gamma, beta, x, tokens, k, eps);
+    sm90::gemm_layer_norm_n256(a, w, bias, gamma, beta, x, tokens, k, eps);
 }
