@@ -51,6 +51,13 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     sm90::attention<2, 96, 2, false>(qkv, out, cu, heads, scale_log2);
 }
 
+// the portable kernel as it was before session 17 (exact online softmax on every tile)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
+    portable_exact_max(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                       const int heads, const float scale_log2) {
+    attention<2, false>(qkv, out, cu, heads, scale_log2);
+}
+
 typedef void (*Kernel)(const __nv_bfloat16 *, __nv_bfloat16 *, const unsigned *, int, float);
 
 int main(int argc, char **argv) {
@@ -85,6 +92,7 @@ int main(int argc, char **argv) {
         Kernel fn;
         int rows, threads, smem;
     } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
+                   {"portable_exact_max", portable_exact_max, 128, 128, 0},
                    {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()},
                    {"sm90_exact_max", sm90_exact_max, 128, 256, sm90::smem_bytes<2, 96, 2>()},
                    {"sm90_wgmma_again", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};

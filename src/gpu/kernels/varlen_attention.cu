@@ -21,6 +21,10 @@
 // query rows are staged in the second before the loop).
 // Shared rows are padded to 72 elements (144 bytes) so the 8 row addresses of an `ldmatrix`
 // fall on 8 different 16-byte bank groups.
+// With FIXED_MAX (the kernel below) only a block's first key tile takes the online softmax; its
+// row maxima then stay fixed, later tiles compute no maximum and never rescale O, and a warp
+// whose tile row sums leave [0, 2^64] computes that tile again with the online softmax
+// (varlen_attention_sm90.cu does the same and says why it is exact).
 
 #include "attention_common.cuh"
 
@@ -57,7 +61,7 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
 
 // MT m16 tiles of query rows a warp (16 MT rows; a block of 4 warps takes 64 MT rows): with
 // MT = 2 each key/value fragment read from shared memory feeds two matrix products.
-template <int MT>
+template <int MT, bool FIXED_MAX>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     constexpr int ROWS = BM * MT;
@@ -120,17 +124,9 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
         for (int kk = 0; kk < HD / 16; kk++) ldsm4(qf[mt][kk], qs + ((warp * MT + mt) * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
     __syncthreads();
 
-    const int tiles = (len + BN - 1) / BN;
-    for (int t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) load_kv(t + 1, (t + 1) & 1);
-        copy_commit();
-        copy_wait_all_but_one();
-        __syncthreads();
-        const __nv_bfloat16 *kb = ks(t & 1);
-        const __nv_bfloat16 *vb = vs(t & 1);
-
-        // S = Q K^T: 16 rows x 64 keys an m tile, eight 16 x 8 accumulators
-        float s[MT][BN / 8][4];
+    // S = Q K^T for the keys of tile k0 in kb: 16 rows x 64 keys an m tile, eight 16 x 8
+    // accumulators; keys past the cell's end (the last tile only) at -inf
+    auto scores = [&](float (&s)[MT][BN / 8][4], const __nv_bfloat16 *kb, int k0) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -148,8 +144,6 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                 }
             }
         }
-        // keys past the cell's end (the last tile only)
-        const int k0 = t * BN;
         if (k0 + BN > len) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -160,7 +154,10 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                     if (c + 1 >= len) s[mt][j][1] = s[mt][j][3] = -INFINITY;
                 }
         }
-        // online softmax, rows g and g + 8 of each m tile; the 4 lanes of a row group share a row
+    };
+    // the online softmax of a tile in place, rows g and g + 8 of each m tile (the 4 lanes of a
+    // row group share a row): new maxima, O and the sums rescaled
+    auto online_softmax = [&](float (&s)[MT][BN / 8][4]) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             float x0 = -INFINITY, x1 = -INFINITY;
@@ -196,6 +193,54 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                 o[mt][d][1] *= a0;
                 o[mt][d][2] *= a1;
                 o[mt][d][3] *= a1;
+            }
+        }
+    };
+
+    const int tiles = (len + BN - 1) / BN;
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) load_kv(t + 1, (t + 1) & 1);
+        copy_commit();
+        copy_wait_all_but_one();
+        __syncthreads();
+        const __nv_bfloat16 *kb = ks(t & 1);
+        const __nv_bfloat16 *vb = vs(t & 1);
+
+        const int k0 = t * BN;
+        float s[MT][BN / 8][4];
+        scores(s, kb, k0);
+        if (!FIXED_MAX || t == 0) {
+            online_softmax(s);
+        } else {
+            // the maxima of tile 0 stay: no maximum, no rescale of O (varlen_attention_sm90.cu
+            // says why that is exact); a row sum outside [0, 2^64] sends the warp back
+            float sum[MT][2];
+            bool out_of_range = false;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale_log2, -m[mt][0]));
+                    s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale_log2, -m[mt][0]));
+                    s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale_log2, -m[mt][1]));
+                    s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale_log2, -m[mt][1]));
+                    sum0 += s[mt][j][0] + s[mt][j][1];
+                    sum1 += s[mt][j][2] + s[mt][j][3];
+                }
+                sum[mt][0] = sum0;
+                sum[mt][1] = sum1;
+                out_of_range |= !(sum0 <= 0x1p64f && sum1 <= 0x1p64f);
+            }
+            if (__any_sync(0xffffffffu, out_of_range)) {
+                scores(s, kb, k0);
+                online_softmax(s);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    l[mt][0] += sum[mt][0];
+                    l[mt][1] += sum[mt][1];
+                }
             }
         }
         // O += P V: the probabilities of keys 16 kk .. 16 kk + 15 are the A operand
@@ -244,11 +289,11 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     }
 }
 
-// 32 query rows a warp, 128 a block (grid x = ceil(longest / 128)); 232 registers, two blocks an
-// SM. Measured on the H200 against 16 rows a warp (128 registers, four blocks an SM): attention
-// 12-17% faster at the four shapes of issue #5 (BENCHMARKS.md).
+// 32 query rows a warp, 128 a block (grid x = ceil(longest / 128)), maxima fixed by the first key
+// tile; two blocks an SM. Measured on the H200 against 16 rows a warp (128 registers, four blocks
+// an SM): attention 12-17% faster at the four shapes of issue #5 (BENCHMARKS.md).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
 varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    attention<2>(qkv, out, cu, heads, scale_log2);
+    attention<2, true>(qkv, out, cu, heads, scale_log2);
 }
