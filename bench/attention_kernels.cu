@@ -159,13 +159,7 @@ int main(int argc, char **argv) {
             CK(cudaDeviceSynchronize());
             std::vector<__nv_bfloat16> got(ref.size());
             CK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
-            double num = 0, den = 0, worst = 0;
-            for (size_t i = 0; i < ref.size(); i++) {
-                const double d = (double)__bfloat162float(got[i]) - ref[i];
-                num += d * d;
-                den += (double)ref[i] * ref[i];
-                worst = fmax(worst, fabs(d));
-            }
+            const Agreement agree = compare(got, ref);
             cudaEvent_t a, b;
             CK(cudaEventCreate(&a));
             CK(cudaEventCreate(&b));
@@ -177,7 +171,7 @@ int main(int argc, char **argv) {
             float ms;
             CK(cudaEventElapsedTime(&ms, a, b));
             ms /= reps;
-            printf("  %-22s rel_l2 %.2e max_abs %.2e  %8.3f ms  %6.1f TFLOP/s\n", k.name, sqrt(num / den), worst, ms, flops / ms / 1e9);
+            printf("  %-22s rel_l2 %.2e max_abs %.2e  %8.3f ms  %6.1f TFLOP/s\n", k.name, agree.rel_l2, agree.max_abs, ms, flops / ms / 1e9);
         }
         cudaFree(dq);
         cudaFree(dout);

@@ -92,16 +92,10 @@ int main() {
         CK(cudaDeviceSynchronize());
         std::vector<__nv_bfloat16> got(t * n);
         CK(cudaMemcpy(got.data(), x, got.size() * 2, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0, worst = 0;
-        for (size_t i = 0; i < r.size(); i++) {
-            const double d = (double)__bfloat162float(got[i]) - r[i];
-            num += d * d;
-            den += (double)r[i] * r[i];
-            worst = fmax(worst, fabs(d));
-        }
+        const Agreement agree = compare(got, r);
         const float ms = time(fused);  // in place, so x drifts between runs; the work does not
         printf("%-12s %6d tokens, k %d: fused rel_l2 %.2e max_abs %.2e  %7.1f us (%5.1f TFLOP/s, %5.2f TB/s)\n", sh.name, sh.tokens, sh.k,
-               sqrt(num / den), worst, ms * 1e3, flops / ms / 1e9, bytes / ms / 1e9);
+               agree.rel_l2, agree.max_abs, ms * 1e3, flops / ms / 1e9, bytes / ms / 1e9);
         // what the fused kernel replaces a part of, and the memory bound
         const float norm = time([&] {
             layer_norm_bf16_p1<<<(t + 31) / 32, 256>>>(x, gamma, beta, t, n, eps);
