@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# The attention kernel with maxima fixed by the first key tile (varlen_attention_sm90.cu,
-# FIXED_MAX) in the encoder, on the device: the fused encoder checked against candle's ops and the
-# attention against the plain reference at the four shapes of issue #5 (--check, first batch),
-# then an A/B of the binary before it (A) and after it (B) through bench/ab_encoder_gpu.sh.
+# The attention kernels with maxima fixed by the first key tile (varlen_attention_sm90.cu and the
+# portable varlen_attention.cu, FIXED_MAX) in the encoder, on the device: the fused encoder checked
+# against candle's ops and the attention against the plain reference at the four shapes of issue
+# #5 (--check, first batch), with the Hopper kernel and with the portable one
+# (SCFOUNDRY_ATTENTION=portable), then, given the binary before, an A/B of it (A) and the binary
+# after (B) through bench/ab_encoder_gpu.sh.
 #
-#   bash bench/fixed_max_gpu.sh OUT_DIR BINARY_BEFORE      # needs dist/cuda/scfoundry (after)
+#   bash bench/fixed_max_gpu.sh OUT_DIR [BINARY_BEFORE]      # needs dist/cuda/scfoundry (after)
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: fixed_max_gpu.sh OUT_DIR BINARY_BEFORE}; A=${2:?}; mkdir -p "$OUT"
+OUT=${1:?usage: fixed_max_gpu.sh OUT_DIR [BINARY_BEFORE]}; A=${2:-}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} SCFOUNDRY_NO_PROGRESS=1
 L=bench/token_lengths_wu2020.txt; U="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$U"
-echo "== checks (after)"
+for kernel in sm90 portable; do
+echo "== checks (after), attention kernel $kernel"
 for s in "geneformer_v1|--layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $L --batch 64" \
          "scgpt|--layers 12 --hidden 512 --heads 8 --ffn 512 --max-len 1200 --lengths $L --batch 64" \
          "geneformer_v2|--layers 12 --hidden 768 --heads 12 --ffn 3072 --max-len 4096 --lengths $L --batch 16" \
          "uce_33l|--layers 33 --hidden 1280 --heads 20 --ffn 5120 --max-len 1536 --lengths $U --batch 16"; do
   # shellcheck disable=SC2086
-  timeout 120 dist/cuda/scfoundry __bench-encoder --arch bert ${s#*|} --cells 128 --dtype bf16 --order sorted --activation relu --check --repeat 1 2>>"$OUT/err.txt" | python3 -c "
-import json,sys; x=json.loads(sys.stdin.read()); print('${s%%|*}', {k:v for k,v in x.items() if k.startswith('check')})"
+  SCFOUNDRY_ATTENTION=$kernel timeout 120 dist/cuda/scfoundry __bench-encoder --arch bert ${s#*|} --cells 128 --dtype bf16 --order sorted --activation relu --check --repeat 1 2>>"$OUT/err.txt" | python3 -c "
+import json,sys; x=json.loads(sys.stdin.read()); print('${s%%|*}', x.get('attention_kernel'), round(x.get('useful_tflops', 0), 1), {k:v for k,v in x.items() if k.startswith('check')})"
 done
+done
+[[ -z $A ]] && exit 0
 echo "== A/B (A: before, B: after)"
 bash bench/ab_encoder_gpu.sh "$OUT/ab" "$A" dist/cuda/scfoundry 2
