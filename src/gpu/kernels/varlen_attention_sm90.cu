@@ -84,14 +84,9 @@ __device__ __forceinline__ void rescale(float *o, float a0, float a1) {
     }
 }
 
-// The online softmax of one 64 x KT score tile in place (s becomes exp(s - running max) in
-// base 2), for this thread's two rows (16 warp + g and + 8; the 4 lanes of a group share a row):
-// masks keys past the cell's end, updates the running maxima m and sums l, and returns O's
-// rescale factors a.
-template <int KT>
-__device__ __forceinline__ void online_softmax(float *s, int k0, int len, int tig, float scale_log2, float &m0, float &m1, float &l0,
-                                               float &l1, float &a0, float &a1) {
-    if (k0 + KT > len) {  // the last tile only
+// keys past the cell's end at -inf (the last tile only), this thread's places of a 64 x KT tile
+template <int KT> __device__ __forceinline__ void mask_tail(float *s, int k0, int len, int tig) {
+    if (k0 + KT > len) {
 #pragma unroll
         for (int j = 0; j < KT / 8; j++) {
             const int c = k0 + j * 8 + tig * 2;
@@ -99,6 +94,33 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
             if (c + 1 >= len) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
         }
     }
+}
+// s <- 2^(s scale - m) for this thread's two rows (maxima m0, m1); t0 and t1 their sums, each
+// in four independent partials (short dependency chains)
+template <int KT>
+__device__ __forceinline__ void exp_rows(float *s, float scale_log2, float m0, float m1, float &t0, float &t1) {
+    float sm[2][4] = {};
+#pragma unroll
+    for (int j = 0; j < KT / 8; j++) {
+        s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -m0));
+        s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -m0));
+        s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -m1));
+        s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -m1));
+        sm[0][j % 4] += s[4 * j] + s[4 * j + 1];
+        sm[1][j % 4] += s[4 * j + 2] + s[4 * j + 3];
+    }
+    t0 = (sm[0][0] + sm[0][1]) + (sm[0][2] + sm[0][3]);
+    t1 = (sm[1][0] + sm[1][1]) + (sm[1][2] + sm[1][3]);
+}
+
+// The online softmax of one 64 x KT score tile in place (s becomes exp(s - running max) in
+// base 2), for this thread's two rows (16 warp + g and + 8; the 4 lanes of a group share a row):
+// masks keys past the cell's end, updates the running maxima m and sums l, and returns O's
+// rescale factors a.
+template <int KT>
+__device__ __forceinline__ void online_softmax(float *s, int k0, int len, int tig, float scale_log2, float &m0, float &m1, float &l0,
+                                               float &l1, float &a0, float &a1) {
+    mask_tail<KT>(s, k0, len, tig);
     // row maxima and sums in four independent partials (short dependency chains)
     float mx[2][4];
 #pragma unroll
@@ -120,18 +142,10 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
     a1 = exp2_ftz(m1 - n1);
     m0 = n0;
     m1 = n1;
-    float sm[2][4] = {};
-#pragma unroll
-    for (int j = 0; j < KT / 8; j++) {
-        s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -n0));
-        s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -n0));
-        s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -n1));
-        s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -n1));
-        sm[0][j % 4] += s[4 * j] + s[4 * j + 1];
-        sm[1][j % 4] += s[4 * j + 2] + s[4 * j + 3];
-    }
-    l0 = l0 * a0 + (sm[0][0] + sm[0][1]) + (sm[0][2] + sm[0][3]);
-    l1 = l1 * a1 + (sm[1][0] + sm[1][1]) + (sm[1][2] + sm[1][3]);
+    float t0, t1;
+    exp_rows<KT>(s, scale_log2, n0, n1, t0, t1);
+    l0 = l0 * a0 + t0;
+    l1 = l1 * a1 + t1;
 }
 
 // The softmax of a later tile against the running maxima fixed by the first tile (no maximum,
@@ -143,26 +157,8 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
 template <int KT>
 __device__ __forceinline__ bool fixed_softmax(float *s, int k0, int len, int tig, float scale_log2, float m0, float m1, float &t0,
                                               float &t1) {
-    if (k0 + KT > len) {  // the last tile only
-#pragma unroll
-        for (int j = 0; j < KT / 8; j++) {
-            const int c = k0 + j * 8 + tig * 2;
-            if (c >= len) s[4 * j] = s[4 * j + 2] = -INFINITY;
-            if (c + 1 >= len) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
-        }
-    }
-    float sm[2][4] = {};
-#pragma unroll
-    for (int j = 0; j < KT / 8; j++) {
-        s[4 * j] = exp2_ftz(fmaf(s[4 * j], scale_log2, -m0));
-        s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], scale_log2, -m0));
-        s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], scale_log2, -m1));
-        s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], scale_log2, -m1));
-        sm[0][j % 4] += s[4 * j] + s[4 * j + 1];
-        sm[1][j % 4] += s[4 * j + 2] + s[4 * j + 3];
-    }
-    t0 = (sm[0][0] + sm[0][1]) + (sm[0][2] + sm[0][3]);
-    t1 = (sm[1][0] + sm[1][1]) + (sm[1][2] + sm[1][3]);
+    mask_tail<KT>(s, k0, len, tig);
+    exp_rows<KT>(s, scale_log2, m0, m1, t0, t1);
     return !(t0 <= 0x1p64f && t1 <= 0x1p64f);
 }
 
