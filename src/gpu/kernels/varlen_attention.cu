@@ -155,6 +155,20 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                 }
         }
     };
+    // one m tile's scores in place to 2^(s scale - m) (rows g and g + 8 against maxima m0, m1),
+    // and this lane's shares of the two row sums
+    auto exp_rows = [&](float (&st)[BN / 8][4], float m0, float m1, float &sum0, float &sum1) {
+        sum0 = sum1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            st[j][0] = exp2_ftz(fmaf(st[j][0], scale_log2, -m0));
+            st[j][1] = exp2_ftz(fmaf(st[j][1], scale_log2, -m0));
+            st[j][2] = exp2_ftz(fmaf(st[j][2], scale_log2, -m1));
+            st[j][3] = exp2_ftz(fmaf(st[j][3], scale_log2, -m1));
+            sum0 += st[j][0] + st[j][1];
+            sum1 += st[j][2] + st[j][3];
+        }
+    };
     // the online softmax of a tile in place, rows g and g + 8 of each m tile (the 4 lanes of a
     // row group share a row): new maxima, O and the sums rescaled
     auto online_softmax = [&](float (&s)[MT][BN / 8][4]) {
@@ -175,16 +189,8 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
             const float a0 = exp2_ftz(m[mt][0] - n0), a1 = exp2_ftz(m[mt][1] - n1);
             m[mt][0] = n0;
             m[mt][1] = n1;
-            float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale_log2, -n0));
-                s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale_log2, -n0));
-                s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale_log2, -n1));
-                s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale_log2, -n1));
-                sum0 += s[mt][j][0] + s[mt][j][1];
-                sum1 += s[mt][j][2] + s[mt][j][3];
-            }
+            float sum0, sum1;
+            exp_rows(s[mt], n0, n1, sum0, sum1);
             l[mt][0] = l[mt][0] * a0 + sum0;  // this lane's share of the row sums; the 4 lanes add up at the end
             l[mt][1] = l[mt][1] * a1 + sum1;
 #pragma unroll
@@ -218,19 +224,8 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
             bool out_of_range = false;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    s[mt][j][0] = exp2_ftz(fmaf(s[mt][j][0], scale_log2, -m[mt][0]));
-                    s[mt][j][1] = exp2_ftz(fmaf(s[mt][j][1], scale_log2, -m[mt][0]));
-                    s[mt][j][2] = exp2_ftz(fmaf(s[mt][j][2], scale_log2, -m[mt][1]));
-                    s[mt][j][3] = exp2_ftz(fmaf(s[mt][j][3], scale_log2, -m[mt][1]));
-                    sum0 += s[mt][j][0] + s[mt][j][1];
-                    sum1 += s[mt][j][2] + s[mt][j][3];
-                }
-                sum[mt][0] = sum0;
-                sum[mt][1] = sum1;
-                out_of_range |= !(sum0 <= 0x1p64f && sum1 <= 0x1p64f);
+                exp_rows(s[mt], m[mt][0], m[mt][1], sum[mt][0], sum[mt][1]);
+                out_of_range |= !(sum[mt][0] <= 0x1p64f && sum[mt][1] <= 0x1p64f);
             }
             if (__any_sync(0xffffffffu, out_of_range)) {
                 scores(s, kb, k0);
