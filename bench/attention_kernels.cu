@@ -7,7 +7,8 @@
 //   dist/cuda/attention_kernels bench/token_lengths_wu2020.txt   # on an sm_90 GPU
 //
 // Kernels: varlen_attention.cu (mma.sync, every GPU since sm_80) and varlen_attention_sm90.cu
-// (wgmma, Hopper), two tile widths.
+// (wgmma, Hopper; tiles by TMA, and by cp.async as before session 18), with and without maxima
+// fixed by the first key tile.
 #include "../src/gpu/kernels/varlen_attention_sm90.cu"
 #include "../src/gpu/kernels/varlen_attention.cu"
 
@@ -58,7 +59,22 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
     attention<2, false>(qkv, out, cu, heads, scale_log2);
 }
 
+// the kept kernel before its tiles moved by TMA: every thread issues cp.async (harness only)
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sm90_cp_async(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                  const int heads, const float scale_log2) {
+    sm90::attention<2, 96, 2, true>(qkv, out, cu, heads, scale_log2);
+}
+
+// TMA with three key/value buffers instead of two (harness only)
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sm90_tma_3_stages(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
+                      const int heads, const float scale_log2) {
+    sm90::attention<2, 96, 3, true, true>(nullptr, out, cu, heads, scale_log2, &map);
+}
+
 typedef void (*Kernel)(const __nv_bfloat16 *, __nv_bfloat16 *, const unsigned *, int, float);
+typedef void (*TmaKernel)(sm90::TensorMap, __nv_bfloat16 *, const unsigned *, int, float);
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -91,11 +107,14 @@ int main(int argc, char **argv) {
         const char *name;
         Kernel fn;
         int rows, threads, smem;
+        bool tma;  // fn takes a tensor map of qkv, not qkv
     } kernels[] = {{"v4_mma_sync", varlen_attention_bf16_d64, 128, 128, 0},
                    {"portable_exact_max", portable_exact_max, 128, 128, 0},
-                   {"sm90_wgmma", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()},
+                   {"sm90_tma", (Kernel)varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>(), true},
+                   {"sm90_tma_3_stages", (Kernel)sm90_tma_3_stages, 128, 256, sm90::smem_bytes<2, 96, 3>(), true},
+                   {"sm90_cp_async", sm90_cp_async, 128, 256, sm90::smem_bytes<2, 96, 2>()},
                    {"sm90_exact_max", sm90_exact_max, 128, 256, sm90::smem_bytes<2, 96, 2>()},
-                   {"sm90_wgmma_again", varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>()}};
+                   {"sm90_tma_again", (Kernel)varlen_attention_bf16_d64_sm90, 128, 256, sm90::smem_bytes<2, 96, 2>(), true}};
     for (auto &k : kernels) {
         if (k.smem > 0) CK(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
         int blocks = 0;
@@ -151,10 +170,17 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
         const double flops = 4.0 * 64 * pairs * sh.heads;
         printf("%s: %d cells, %d tokens (longest %d), %d heads\n", sh.name, sh.cells, tokens, longest, sh.heads);
+        const auto map = tensor_map<sm90::TensorMap>(dq, width, tokens, 64, 32);
         for (auto &k : kernels) {
             dim3 grid((longest + k.rows - 1) / k.rows, sh.heads, sh.cells);
+            auto launch = [&] {
+                if (k.tma)
+                    ((TmaKernel)k.fn)<<<grid, k.threads, k.smem>>>(map, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+                else
+                    k.fn<<<grid, k.threads, k.smem>>>(dq, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+            };
             CK(cudaMemset(dout, 0, (size_t)tokens * sh.heads * 64 * 2));
-            k.fn<<<grid, k.threads, k.smem>>>(dq, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+            launch();
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             std::vector<__nv_bfloat16> got(ref.size());
@@ -165,7 +191,7 @@ int main(int argc, char **argv) {
             CK(cudaEventCreate(&b));
             const int reps = 20;
             CK(cudaEventRecord(a));
-            for (int r = 0; r < reps; r++) k.fn<<<grid, k.threads, k.smem>>>(dq, dout, dcu, sh.heads, scale * 1.4426950408889634f);
+            for (int r = 0; r < reps; r++) launch();
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             float ms;

@@ -2,6 +2,8 @@
 //! post-norm layers 256 wide (Geneformer V1): the fused encoder's output projection with its
 //! residual and norm1, and its second feed-forward product with its residual and norm2, each one
 //! pass over memory instead of a cuBLASLt product and a layer-norm kernel that reads the sum back.
+//! The kernel is persistent (one block an SM) and moves its operands with TMA, so it takes three
+//! tensor maps (`cuTensorMapEncodeTiled`), made here for each launch: a host call, no GPU work.
 //!
 //! Taken when the layer is 256 wide, the product's depth `k` a multiple of 64, the GPU a Hopper
 //! (compute capability 9.x, the binary built for it), the operands 16-byte aligned, and
@@ -11,23 +13,28 @@
 
 use std::sync::Mutex;
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{DeviceId, WrapErr};
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
+use super::tma::tensor_map;
+
 /// Empty unless the binary was built for compute capability 9.0 (build.rs).
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemm_layer_norm_sm90.ptx"));
 const MODULE: &str = "scfoundry_gemm_layer_norm_sm90";
-const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_sm90";
+const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_tma_sm90";
 /// The layer width the kernel is written for.
 pub(crate) const WIDTH: usize = 256;
-/// Rows a block takes.
+/// Rows a tile (a block's step) takes.
 const ROWS: usize = 128;
-/// Dynamic shared memory: three stages of a 64-wide chunk of A (128 rows) and of W (256 rows),
-/// the residual/output tile (128 rows of 512 bytes plus 16 of padding), 1024 bytes to align.
-const SHARED: u32 = (3 * (128 + 256) * 128 + 128 * (256 * 2 + 16) + 1024) as u32;
+/// Threads a block: two compute warpgroups and the memory one.
+const THREADS: u32 = 384;
+/// Dynamic shared memory (the kernel's kPlnSmem): three buffers of a 64-wide chunk of A (128
+/// rows) and of W (256 rows), the residual/output tile (128 x 256 bf16), 1024 bytes to align,
+/// 128 for the mbarriers.
+const SHARED: u32 = (3 * (128 + 256) * 128 + 128 * 256 * 2 + 1024 + 128) as u32;
 
 /// Whether this device runs the fused kernel (Hopper, built for it, not switched off); the first
 /// call loads the kernel and raises its shared-memory limit.
@@ -82,15 +89,24 @@ pub(crate) fn launch(
         return Ok(true);
     }
     let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
-    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: SHARED };
+    let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?.max(1) as usize;
+    // the guards record the kernel's reads and write on the stream when they drop, after the launch
+    let (pa, _read_a) = a.device_ptr(&stream);
+    let (pw, _read_w) = w.device_ptr(&stream);
+    let (px, _write_x) = x.device_ptr_mut(&stream);
+    // (alignment checked above: 16-byte addresses; rows of k and 256 bf16 are multiples of 16 bytes)
+    let ta = tensor_map(pa, tokens, k, ROWS as u32)?;
+    let tw = tensor_map(pw, WIDTH, k, WIDTH as u32)?;
+    let tx = tensor_map(px, tokens, WIDTH, ROWS as u32)?;
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS).min(sms) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: SHARED };
     let (tokens, k) = (tokens as i32, k as i32);
     let mut b = func.builder();
-    b.arg(a);
-    b.arg(w);
+    b.arg(&ta);
+    b.arg(&tw);
+    b.arg(&tx);
     b.arg(bias);
     b.arg(gamma);
     b.arg(beta);
-    b.arg(x);
     b.arg(&tokens);
     b.arg(&k);
     b.arg(&eps);

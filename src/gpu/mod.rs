@@ -15,6 +15,7 @@
 //!   for biases and residuals, `kernels/encoder_ops.cu` for layer norm and GELU.
 //! - `gemm_layer_norm.rs` (feature `cuda`): for 256-wide layers on Hopper, a product with its
 //!   residual and the layer norm after it in one kernel (`kernels/gemm_layer_norm_sm90.cu`).
+//! - `tma.rs` (feature `cuda`): TMA tensor maps for the Hopper kernels that move tiles with TMA.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -38,6 +39,8 @@ pub(crate) mod gemm;
 pub(crate) mod gemm_layer_norm;
 pub mod readback;
 pub mod segment_mean;
+#[cfg(feature = "cuda")]
+pub(crate) mod tma;
 pub mod upload;
 pub mod varlen_attention;
 

@@ -86,11 +86,13 @@ pub(crate) use cuda::{kernel_name, launch as launch_fused};
 mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::cuda_backend::DeviceId;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
     use std::sync::Mutex;
+
+    use crate::gpu::tma;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
     /// Empty unless the binary was built for compute capability 9.0 (build.rs).
@@ -123,26 +125,40 @@ mod cuda {
     }
 
     /// The kernel over `qkv` (`tokens x 3 d`, bf16) into `out` (`tokens x d`): every row of a cell
-    /// with tokens is written. `longest` is the longest cell's token count.
+    /// with tokens is written. `longest` is the longest cell's token count. The Hopper kernel reads
+    /// `qkv` through a TMA tensor map (boxes of 64 columns x 32 rows); a `qkv` that cannot be one
+    /// (not on a 16-byte boundary) takes the portable kernel.
     pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
         // either kernel: a block takes 128 query rows of one head of one cell
         let grid_dim = (longest.div_ceil(128) as u32, heads as u32, cells as u32);
-        let (func, cfg) = if kernel_name(dev)? == "sm90" {
+        let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
+        let width = 3 * heads * 64;
+        let stream = dev.cuda_stream();
+        // the guard records the kernel's read of qkv on the stream when it drops, after the launch
+        let (ptr, _read_qkv) = qkv.device_ptr(&stream);
+        let heads = heads as i32;
+        if kernel_name(dev)? == "sm90" && tma::fits(ptr, width) {
+            let map = tma::tensor_map(ptr, qkv.len() / width, width, 32)?;
             let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
-            (func, LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED })
+            let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED };
+            let mut b = func.builder();
+            b.arg(&map);
+            b.arg(out);
+            b.arg(offsets);
+            b.arg(&heads);
+            b.arg(&scale_log2);
+            unsafe { b.launch(cfg) }.w()?;
         } else {
             let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
-            (func, LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 })
-        };
-        let heads = heads as i32;
-        let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
-        let mut b = func.builder();
-        b.arg(qkv);
-        b.arg(out);
-        b.arg(offsets);
-        b.arg(&heads);
-        b.arg(&scale_log2);
-        unsafe { b.launch(cfg) }.w()?;
+            let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let mut b = func.builder();
+            b.arg(qkv);
+            b.arg(out);
+            b.arg(offsets);
+            b.arg(&heads);
+            b.arg(&scale_log2);
+            unsafe { b.launch(cfg) }.w()?;
+        }
         Ok(())
     }
 

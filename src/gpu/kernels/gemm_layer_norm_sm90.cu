@@ -11,16 +11,18 @@
 // until the norm (the unfused path rounds it to bf16 first). Mean, then variance about it.
 //
 // A (tokens x k) and W (256 x k, PyTorch's Linear layout, K-major for wgmma) stream through
-// shared memory in 64-wide k chunks with cp.async, STAGES - 1 chunks ahead, and wgmma.mma_async
-// reads both from 128-byte-swizzled tiles (sm90_common.cuh). The residual rows come in with the
-// first chunk, whole 16-byte pieces, into a row-major tile (rows padded by 16 bytes, so the
-// accumulator layout reads it without bank conflicts), and are the accumulators' starting values
-// with the bias; the normalised rows go back through the same tile, so global memory sees only
-// whole 16-byte pieces. (An earlier version that read and wrote straight from the accumulator
-// layout, 4 bytes a lane and 8 rows a warp instruction, took 130.5 us instead of 90.2 at V1's
-// output projection on the H200: the load/store unit, not the tensor cores, was its limit;
-// BENCHMARKS.md, session 16.) k is a multiple of 64.
-// Grid: ceil(tokens / 128); 256 threads; dynamic shared memory kGemmLnSmem.
+// shared memory in 64-wide k chunks, and wgmma.mma_async reads both from 128-byte-swizzled tiles
+// (sm90_common.cuh). The kernel is persistent and warp-specialised (details above the kernel
+// below): TMA copies feed a ring of chunk buffers across tiles, so the next tile's operands
+// arrive during this tile's epilogue, and the residual comes in and the output goes out as whole
+// swizzled boxes. At V1's longest batch (130,721 tokens), k = 256 / 512: on an H100, 82.2 / 105.2
+// us against 96.8 / 125.2 us for the kernel it replaced in the same call (one block of 128 rows
+// at a time, cp.async, the residual in a padded row-major tile; commit 896ec22), whose first
+// loads and epilogue were exposed, and 71.9 / 94.2 us for a copy of the same bytes; on the H200,
+// 63.7 / 92.4 us (copy 51.7 / 67.2; the old kernel took 90.6 / 118.6 in session 17's call).
+// BENCHMARKS.md, session 18. (The version before that read the residual and wrote the output straight from
+// the accumulator layout, 4 bytes a lane and 8 rows a warp instruction: 130.5 us instead of 90.2
+// at k = 256 on the H200, load/store-unit bound; session 16.) k is a multiple of 64.
 
 #include "sm90_common.cuh"
 
@@ -36,10 +38,7 @@ __device__ __forceinline__ void mma_ss_n256(float *d, uint64_t a, uint64_t b, in
 }
 
 // the same sizes as gpu/gemm_layer_norm.rs (ROWS, SHARED)
-constexpr int kGemmLnRows = 128, kGemmLnN = 256, kGemmLnStages = 3;
-constexpr int kGemmLnStage = (kGemmLnRows + kGemmLnN) * 128;  // a chunk of A and of W
-constexpr int kGemmLnPitch = kGemmLnN * 2 + 16;               // a row of the residual/output tile, bytes
-[[maybe_unused]] constexpr int kGemmLnSmem = kGemmLnStages * kGemmLnStage + kGemmLnRows * kGemmLnPitch + 1024;
+constexpr int kGemmLnRows = 128, kGemmLnN = 256;
 
 // the sum over the 4 lanes that share a row (a quad of the accumulator layout)
 __device__ __forceinline__ float quad_sum(float v) {
@@ -48,142 +47,172 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 __device__ __forceinline__ float2 bf2(uint32_t u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u)); }
 
-__device__ __forceinline__ void gemm_layer_norm_n256(const __nv_bfloat16 *__restrict__ a, const __nv_bfloat16 *__restrict__ w,
-                                                     const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
-                                                     const __nv_bfloat16 *__restrict__ beta, __nv_bfloat16 *x, const int tokens, const int k,
-                                                     const float eps) {
-    constexpr int ROWS = kGemmLnRows, N = kGemmLnN, STAGES = kGemmLnStages, PITCH = kGemmLnPitch, THREADS = 256;
-    const int row0 = blockIdx.x * ROWS;
+// A persistent, warp-specialised kernel (one block an SM walking the 128-row tiles,
+// tile += gridDim.x): warpgroups 0 and 1 compute (64 rows each, as
+// above), warpgroup 2 moves memory with TMA. Its first thread streams the 64-wide chunks of A and
+// W into a ring of kPlnStages buffers (mbarriers `full` and `empty` a buffer), across tiles, so the
+// next tile's chunks arrive during this tile's epilogue, and loads the residual rows into the
+// tile buffer (4 boxes of 128 rows x 64 columns, 128-byte swizzled) once the previous tile's
+// output has left it; its second warp stores the normalised tile (`out_ready`, `res_empty`).
+// Rows past `tokens` load as zeros and are not stored. The accumulators start at zero, and bias
+// and residual are added in the epilogue, read from the swizzled tile (conflict-free in the
+// accumulator layout: a quad's 16 bytes, 8 rows in 8 different 16-byte columns).
+constexpr int kPlnStages = 3;
+constexpr int kPlnA = kGemmLnRows * 128, kPlnW = kGemmLnN * 128, kPlnStage = kPlnA + kPlnW;  // a chunk of A and of W
+constexpr int kPlnTile = kGemmLnRows * kGemmLnN * 2;                                           // residual in, output out
+[[maybe_unused]] constexpr int kPlnSmem = kPlnStages * kPlnStage + kPlnTile + 1024 + 128;
+
+__device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, const TensorMap &tw, const TensorMap &tx,
+                                                         const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
+                                                         const __nv_bfloat16 *__restrict__ beta, const int tokens, const int k, const float eps) {
+    constexpr int ROWS = kGemmLnRows, N = kGemmLnN, S = kPlnStages;
+    const int tiles = (tokens + ROWS - 1) / ROWS, chunks = k / 64;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // bias, gamma and beta as bf16 pairs
-    __shared__ uint32_t vec[3][N / 2];
+    __shared__ uint32_t vec[3][N / 2];  // bias, gamma and beta as bf16 pairs
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t pad = (1024 - (raw & 1023)) & 1023;
-    const uint32_t base = raw + pad;
-    auto as = [&](int chunk) { return base + (chunk % STAGES) * kGemmLnStage; };
-    auto ws = [&](int chunk) { return as(chunk) + ROWS * 128; };
-    unsigned char *tile = smem_raw + pad + STAGES * kGemmLnStage;  // residual in, output out
-    const uint32_t tile_s = base + STAGES * kGemmLnStage;
+    const uint32_t ring = raw + pad, tile_s = ring + S * kPlnStage, bars = tile_s + kPlnTile;
+    const unsigned char *tile = smem_raw + pad + S * kPlnStage;
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (S + s); };
+    const uint32_t res_full = bars + 16 * S, res_empty = res_full + 8, out_ready = res_full + 16;
 
     const int tid = threadIdx.x;
     const int wg = tid / 128;
     const int warp = (tid % 128) / 32;
     const int lane = tid % 32;
-    const int g = lane / 4, tig = lane % 4;
-
-    for (int i = tid; i < 3 * N / 2; i += THREADS) {
+    for (int i = tid; i < 3 * N / 2; i += blockDim.x) {
         const __nv_bfloat16 *src = i < N / 2 ? bias : i < N ? gamma : beta;
         vec[i / (N / 2)][i % (N / 2)] = reinterpret_cast<const uint32_t *>(src)[i % (N / 2)];
     }
-    // the residual rows, 32 16-byte pieces a row, 16 a thread (rows past the end zero-filled)
-#pragma unroll
-    for (int i = 0; i < ROWS * (N / 8) / THREADS; i++) {
-        const int e = tid + i * THREADS, r = e / (N / 8), q = e % (N / 8);
-        const bool ok = row0 + r < tokens;
-        copy16(tile_s + r * PITCH + q * 16, ok ? x + (size_t)(row0 + r) * N + q * 8 : x, ok);
-    }
-    const int chunks = k / 64;
-    // this thread's copies: 16-byte piece tid % 8 of rows tid / 8 + 32 i of a chunk (4 rows of A,
-    // 8 of W); row r + 32 i sits 4096 bytes after row r in a swizzled tile
-    const int lr = tid / 8, lc = tid % 8;
-    const uint32_t so = swz(lr, lc);
-    const __nv_bfloat16 *ap = a + (size_t)(row0 + lr) * k + lc * 8, *wp = w + (size_t)lr * k + lc * 8;
-    const size_t step = (size_t)32 * k;  // 32 rows
-    auto load = [&](int chunk) {
-        const int k0 = chunk * 64;
-        const uint32_t sa = as(chunk) + so, sw = ws(chunk) + so;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const bool ok = row0 + lr + 32 * i < tokens;
-            copy16(sa + i * 4096, ok ? ap + i * step + k0 : a, ok);
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 8);  // the 8 consumer warps
         }
-#pragma unroll
-        for (int i = 0; i < 8; i++) copy16(sw + i * 4096, wp + i * step + k0, true);
-    };
-    // chunks 0 .. STAGES - 2 ahead, a copy group each (the residual goes with chunk 0)
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < chunks) load(s);
-        copy_commit();
-    }
-
-    // this thread's rows lr0 and lr0 + 8 of the tile; its columns 8 j + 2 tig (+1), j < 32
-    const int lr0 = wg * 64 + warp * 16 + g;
-    uint32_t *t0 = reinterpret_cast<uint32_t *>(tile + lr0 * PITCH) + tig;
-    uint32_t *t1 = reinterpret_cast<uint32_t *>(tile + (lr0 + 8) * PITCH) + tig;
-    float acc[128];
-    for (int c = 0; c < chunks; c++) {
-        // chunk c is in shared memory and every warpgroup is done with chunk c - 1, whose
-        // buffer chunk c + STAGES - 1 then takes
-        copy_wait<STAGES - 2>();
-        fence_async_shared();
-        __syncthreads();
-        if (c == 0) {  // the accumulators start as residual + bias
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const float2 bb = bf2(vec[0][4 * j + tig]), v0 = bf2(t0[4 * j]), v1 = bf2(t1[4 * j]);
-                acc[4 * j] = v0.x + bb.x;
-                acc[4 * j + 1] = v0.y + bb.y;
-                acc[4 * j + 2] = v1.x + bb.x;
-                acc[4 * j + 3] = v1.y + bb.y;
-            }
-        }
-        if (c + STAGES - 1 < chunks) load(c + STAGES - 1);
-        copy_commit();
-        const uint32_t at = as(c) + wg * 64 * 128, wt = ws(c);
-#pragma unroll
-        for (int i = 0; i < 128; i++) pin(acc[i]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) mma_ss_n256(acc, desc(at + kk * 32, 16, 1024), desc(wt + kk * 32, 16, 1024), 1);
-        wg_commit();
-        wg_wait_all();
-#pragma unroll
-        for (int i = 0; i < 128; i++) pin(acc[i]);
-    }
-
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        s0 += acc[4 * j] + acc[4 * j + 1];
-        s1 += acc[4 * j + 2] + acc[4 * j + 3];
-    }
-    const float mean0 = quad_sum(s0) * (1.f / N), mean1 = quad_sum(s1) * (1.f / N);
-    float q0 = 0.f, q1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        acc[4 * j] -= mean0;
-        acc[4 * j + 1] -= mean0;
-        acc[4 * j + 2] -= mean1;
-        acc[4 * j + 3] -= mean1;
-        q0 += acc[4 * j] * acc[4 * j] + acc[4 * j + 1] * acc[4 * j + 1];
-        q1 += acc[4 * j + 2] * acc[4 * j + 2] + acc[4 * j + 3] * acc[4 * j + 3];
-    }
-    const float i0 = rsqrtf(quad_sum(q0) * (1.f / N) + eps), i1 = rsqrtf(quad_sum(q1) * (1.f / N) + eps);
-    // the normalised rows into the tile, where this thread read its residual
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const float2 gg = bf2(vec[1][4 * j + tig]), ee = bf2(vec[2][4 * j + tig]);
-        t0[4 * j] = pack(acc[4 * j] * i0 * gg.x + ee.x, acc[4 * j + 1] * i0 * gg.y + ee.y);
-        t1[4 * j] = pack(acc[4 * j + 2] * i1 * gg.x + ee.x, acc[4 * j + 3] * i1 * gg.y + ee.y);
+        mbar_init(res_full, 1);
+        mbar_init(res_empty, 1);
+        mbar_init(out_ready, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // and out in whole 16-byte pieces, rows below tokens
-#pragma unroll 4
-    for (int i = 0; i < ROWS * (N / 8) / THREADS; i++) {
-        const int e = tid + i * THREADS, r = e / (N / 8), q = e % (N / 8);
-        if (row0 + r < tokens) *reinterpret_cast<uint4 *>(x + (size_t)(row0 + r) * N + q * 8) = *reinterpret_cast<const uint4 *>(tile + r * PITCH + q * 16);
+
+    if (wg == 2) {  // the memory warpgroup: one thread loads, one stores
+        if (warp == 0 && lane == 0) {
+            int n = 0, it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+                const int row0 = t * ROWS;
+                auto residual = [&] {
+                    mbar_wait(res_empty, (it & 1) ^ 1);
+                    mbar_expect(res_full, kPlnTile);
+                    for (int cb = 0; cb < N / 64; cb++) tma_load(tile_s + cb * kPlnA, tx, cb * 64, row0, res_full);
+                };
+                for (int c = 0; c < chunks; c++, n++) {
+                    if (c == S) residual();  // after the chunks that fit the ring now
+                    const int s = n % S;
+                    mbar_wait(empty(s), ((n / S) & 1) ^ 1);
+                    mbar_expect(full(s), kPlnStage);
+                    tma_load(ring + s * kPlnStage, ta, c * 64, row0, full(s));
+                    tma_load(ring + s * kPlnStage + kPlnA, tw, c * 64, 0, full(s));
+                }
+                if (chunks <= S) residual();
+            }
+        } else if (warp == 1 && lane == 0) {
+            int it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+                mbar_wait(out_ready, it & 1);
+                for (int cb = 0; cb < N / 64; cb++) tma_store(tx, cb * 64, t * ROWS, tile_s + cb * kPlnA);
+                bulk_commit();
+                bulk_wait<true>();
+                mbar_arrive(res_empty);
+            }
+            bulk_wait<false>();
+        }
+        return;
+    }
+
+    // a compute warpgroup: rows r0 and r0 + 8 of the tile, columns 8 j + 2 tig (+1), j < 32
+    const int g = lane / 4, tig = lane % 4;
+    const int r0 = wg * 64 + warp * 16 + g;
+    int n = 0, it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+        float acc[128];
+#pragma unroll
+        for (int i = 0; i < 128; i++) acc[i] = 0.f;
+        for (int c = 0; c < chunks; c++, n++) {
+            const int s = n % S;
+            mbar_wait(full(s), (n / S) & 1);
+            const uint32_t at = ring + s * kPlnStage + wg * 64 * 128, wt = ring + s * kPlnStage + kPlnA;
+#pragma unroll
+            for (int i = 0; i < 128; i++) pin(acc[i]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) mma_ss_n256(acc, desc(at + kk * 32, 16, 1024), desc(wt + kk * 32, 16, 1024), 1);
+            wg_commit();
+            if (c > 0) {  // the previous chunk's products are done: its buffer is free
+                wg_wait<1>();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty((n - 1) % S));
+            }
+        }
+        wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 128; i++) pin(acc[i]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty((n - 1) % S));
+
+        // epilogue: + bias + residual, then the norm, written back where the residual was
+        mbar_wait(res_full, it & 1);
+        const unsigned char *p0 = tile + r0 * 128 + tig * 4, *p1 = p0 + 8 * 128;
+        auto at = [&](const unsigned char *p, int j) {
+            return const_cast<uint32_t *>(reinterpret_cast<const uint32_t *>(p + (j / 8) * kPlnA + (((j % 8) ^ g) << 4)));
+        };
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const float2 bb = bf2(vec[0][4 * j + tig]), v0 = bf2(*at(p0, j)), v1 = bf2(*at(p1, j));
+            acc[4 * j] += v0.x + bb.x;
+            acc[4 * j + 1] += v0.y + bb.y;
+            acc[4 * j + 2] += v1.x + bb.x;
+            acc[4 * j + 3] += v1.y + bb.y;
+            s0 += acc[4 * j] + acc[4 * j + 1];
+            s1 += acc[4 * j + 2] + acc[4 * j + 3];
+        }
+        const float mean0 = quad_sum(s0) * (1.f / N), mean1 = quad_sum(s1) * (1.f / N);
+        float q0 = 0.f, q1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            acc[4 * j] -= mean0;
+            acc[4 * j + 1] -= mean0;
+            acc[4 * j + 2] -= mean1;
+            acc[4 * j + 3] -= mean1;
+            q0 += acc[4 * j] * acc[4 * j] + acc[4 * j + 1] * acc[4 * j + 1];
+            q1 += acc[4 * j + 2] * acc[4 * j + 2] + acc[4 * j + 3] * acc[4 * j + 3];
+        }
+        const float i0 = rsqrtf(quad_sum(q0) * (1.f / N) + eps), i1 = rsqrtf(quad_sum(q1) * (1.f / N) + eps);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const float2 gg = bf2(vec[1][4 * j + tig]), ee = bf2(vec[2][4 * j + tig]);
+            *at(p0, j) = pack(acc[4 * j] * i0 * gg.x + ee.x, acc[4 * j + 1] * i0 * gg.y + ee.y);
+            *at(p1, j) = pack(acc[4 * j + 2] * i1 * gg.x + ee.x, acc[4 * j + 3] * i1 * gg.y + ee.y);
+        }
+        fence_async_shared();  // the generic writes, before the TMA store reads them
+        __syncwarp();
+        if (lane == 0) mbar_arrive(out_ready);
     }
 }
 
 }  // namespace sm90
 
 // x (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta: Geneformer V1's output
-// projection (k = 256) and second feed-forward product (k = 512) with their residuals and norms
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_bias_residual_layer_norm_n256_sm90(const __nv_bfloat16 *__restrict__ a, const __nv_bfloat16 *__restrict__ w,
-                                        const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
-                                        const __nv_bfloat16 *__restrict__ beta, __nv_bfloat16 *x, const int tokens, const int k,
-                                        const float eps) {
-    sm90::gemm_layer_norm_n256(a, w, bias, gamma, beta, x, tokens, k, eps);
+// projection (k = 256) and second feed-forward product (k = 512) with their residuals and norms.
+// Grid min(tiles, SMs), 384 threads,
+// dynamic shared memory kPlnSmem; ta: a (tokens x k), tw: W (256 x k), tx: x (tokens x 256), each
+// bf16 with 64 x 128 (W: 64 x 256) boxes, 128-byte swizzle, zero fill.
+extern "C" __global__ void __launch_bounds__(384, 1)
+gemm_bias_residual_layer_norm_n256_tma_sm90(const __grid_constant__ sm90::TensorMap ta, const __grid_constant__ sm90::TensorMap tw,
+                                            const __grid_constant__ sm90::TensorMap tx, const __nv_bfloat16 *__restrict__ bias,
+                                            const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta,
+                                            const int tokens, const int k, const float eps) {
+    sm90::gemm_layer_norm_n256_tma(ta, tw, tx, bias, gamma, beta, tokens, k, eps);
 }

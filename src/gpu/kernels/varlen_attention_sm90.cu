@@ -18,15 +18,18 @@
 //     maximum, or NaN) recomputes its scores with mma.sync and takes the online softmax for
 //     that tile. +3.6-5.1% on the H200 at issue #5's shapes; 0.71x when every later tile takes
 //     the exact path (bench/attention_kernels.cu, v1_late_keys_x40);
-//   - key/value tiles are copied with cp.async, STAGES - 1 tiles ahead. Two blocks an SM
-//     interleave one block's softmax with the other's matrix products.
+//   - key/value tiles are copied STAGES - 1 tiles ahead, by TMA (one thread issues a few bulk
+//     tensor copies a tile, completing on an mbarrier; +19-21% at issue #5's shapes on the H200
+//     against every thread issuing cp.async, which the template keeps for the harness). Two
+//     blocks an SM interleave one block's softmax with the other's matrix products.
 // Not here (measured slower at these shapes on the H200, BENCHMARKS.md): the softmax overlapped
 // with P V in the same warpgroup (the compiler then waits for P V before the softmax unless P is
 // double-buffered, which costs the registers of the second block an SM; with fixed maxima, tile
 // t + 1's softmax during P(t) V(t), commit 397f404: no faster at 2 blocks an SM with 64-key tiles,
 // slower otherwise); ping-pong scheduling of the two warpgroups with an mbarrier key/value
 // pipeline; part of the exponentials as polynomials on the FMA units (both in commit 416848e;
-// with fixed maxima too, 2026-12-02 session 17). Not tried: a TMA producer warp.
+// with fixed maxima too, 2026-12-02 session 17). Not tried: a producer warp (two blocks an SM
+// leave no registers for one).
 // Grid: (ceil(longest / (64 KG)), heads, cells); dynamic shared memory: smem_bytes<KG, KT, STAGES>().
 //
 // A tile in shared memory is rows of 64 bf16 (128 bytes); 16-byte chunk c of row r is stored at
@@ -205,9 +208,16 @@ __device__ __forceinline__ void store(__nv_bfloat16 *out, const float *o, float 
 // KG warpgroups of 64 query rows, KT keys a tile
 template <int KG, int KT, int STAGES> constexpr int smem_bytes() { return 64 * KG * 128 + STAGES * 2 * KT * 128 + 1024; }
 
-template <int KG, int KT, int STAGES, bool FIXED_MAX>
+// With TMA, `map` is the qkv rows as a tensor map (3 heads 64 columns x tokens, boxes of 64
+// columns x 32 rows, 128-byte swizzle, zero fill past the last token) and qkv is not read: one
+// thread moves each tile with a few bulk copies instead of every thread issuing cp.async. Rows
+// past the cell's end then hold the next cell's keys and values: the keys are masked as before,
+// and the values are zeroed in shared memory (a weight of 0 times a non-finite value of another
+// cell would be NaN).
+template <int KG, int KT, int STAGES, bool FIXED_MAX, bool TMA = false>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
-                                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+                                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2,
+                                          const TensorMap *map = nullptr) {
     constexpr int ROWS = 64 * KG;
     constexpr int THREADS = 128 * KG;
     const BlockWork work = block_work(cu, ROWS);
@@ -228,19 +238,41 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     const size_t row_stride = (size_t)3 * heads * kHead;
     const __nv_bfloat16 *base = qkv + (size_t)start * row_stride + head * kHead;
 
-    for (int i = tid; i < ROWS * 8; i += THREADS) {
-        const int r = i / 8, c = i % 8;
-        const bool ok = q0 + r < len;
-        copy16(qs + swz(r, c), base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
+    __shared__ __align__(8) uint64_t full[STAGES];  // TMA: tile t's keys and values (and tile 0 the queries) arrived
+    auto bar = [&](int tile) { return smem_addr(&full[tile % STAGES]); };
+    if (TMA) {
+        if (tid == 0) {
+            for (int i = 0; i < STAGES; i++) mbar_init(smem_addr(&full[i]), 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    } else {
+        for (int i = tid; i < ROWS * 8; i += THREADS) {
+            const int r = i / 8, c = i % 8;
+            const bool ok = q0 + r < len;
+            copy16(qs + swz(r, c), base + (size_t)(ok ? q0 + r : 0) * row_stride + c * 8, ok);
+        }
     }
     auto load_kv = [&](int tile) {
         const int k0 = tile * KT;
-        for (int i = tid; i < KT * 8; i += THREADS) {
-            const int r = i / 8, c = i % 8;
-            const bool ok = k0 + r < len;
-            const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
-            copy16(ks(tile) + swz(r, c), row + heads * kHead, ok);
-            copy16(vs(tile) + swz(r, c), row + 2 * heads * kHead, ok);
+        if (TMA) {
+            if (tid == 0) {
+                mbar_expect(bar(tile), 2 * KT * 128 + (tile == 0 ? ROWS * 128 : 0));
+                if (tile == 0)
+                    for (int r = 0; r < ROWS; r += 32) tma_load(qs + r * 128, *map, head * kHead, start + q0 + r, bar(tile));
+                for (int r = 0; r < KT; r += 32) {
+                    tma_load(ks(tile) + r * 128, *map, (heads + head) * kHead, start + k0 + r, bar(tile));
+                    tma_load(vs(tile) + r * 128, *map, (2 * heads + head) * kHead, start + k0 + r, bar(tile));
+                }
+            }
+        } else {
+            for (int i = tid; i < KT * 8; i += THREADS) {
+                const int r = i / 8, c = i % 8;
+                const bool ok = k0 + r < len;
+                const __nv_bfloat16 *row = base + (size_t)(ok ? k0 + r : 0) * row_stride + c * 8;
+                copy16(ks(tile) + swz(r, c), row + heads * kHead, ok);
+                copy16(vs(tile) + swz(r, c), row + 2 * heads * kHead, ok);
+            }
         }
     };
     const int tiles = (len + KT - 1) / KT;
@@ -248,7 +280,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) {
         if (t < tiles) load_kv(t);
-        copy_commit();
+        if (!TMA) copy_commit();
     }
 
     float o[32];
@@ -260,11 +292,22 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     for (int t = 0; t < tiles; t++) {
         // tile t is in shared memory (STAGES - 2 later groups may still be in flight) and every
         // warpgroup is done with tile t - 1, whose buffer tile t + STAGES - 1 then takes
-        copy_wait<STAGES - 2>();
-        fence_async_shared();
+        if (TMA) {
+            mbar_wait(bar(t), (t / STAGES) & 1);
+            if (t == tiles - 1 && t * KT + KT > len) {  // the last tile: values past the cell's end to 0
+                for (int i = tid; i < (t * KT + KT - len) * 8; i += THREADS) {
+                    const int r = len - t * KT + i / 8;
+                    *reinterpret_cast<uint4 *>(smem_raw + (vs(t) - raw) + swz(r, i % 8)) = make_uint4(0, 0, 0, 0);
+                }
+                fence_async_shared();
+            }
+        } else {
+            copy_wait<STAGES - 2>();
+            fence_async_shared();
+        }
         __syncthreads();
         if (t + STAGES - 1 < tiles) load_kv(t + STAGES - 1);
-        copy_commit();
+        if (!TMA) copy_commit();
         const uint32_t ka = ks(t), va = vs(t);
 
         // S = Q K^T (64 rows x KT keys this warpgroup)
@@ -324,12 +367,14 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 }  // namespace sm90
 
 // 2 warpgroups (128 query rows) a block, 96 keys a tile, two key/value buffers, two blocks an
-// SM (128 registers), maxima fixed by the first key tile. Measured on the H200
+// SM (128 registers), maxima fixed by the first key tile, tiles moved by TMA (`map`: the qkv
+// rows, boxes of 64 columns x 32 rows; gpu/varlen_attention.rs makes it). Measured on the H200
 // (bench/attention_kernels.cu, BENCHMARKS.md) against 64 and 128 keys a tile, 3 and 4 buffers,
 // one warpgroup a block, and the softmax overlapped with P V in the same warpgroup: this one was
-// the fastest at the four shapes of issue #5.
+// the fastest at the four shapes of issue #5; TMA instead of every thread's cp.async: +19-21%
+// (session 18).
 extern "C" __global__ void __launch_bounds__(256, 2)
-varlen_attention_bf16_d64_sm90(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+varlen_attention_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    sm90::attention<2, 96, 2, true>(qkv, out, cu, heads, scale_log2);
+    sm90::attention<2, 96, 2, true, true>(nullptr, out, cu, heads, scale_log2, &map);
 }

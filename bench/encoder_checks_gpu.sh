@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The attention kernels with maxima fixed by the first key tile (varlen_attention_sm90.cu and the
-# portable varlen_attention.cu, FIXED_MAX) in the encoder, on the device: the fused encoder checked
-# against candle's ops and the attention against the plain reference at the four shapes of issue
-# #5 (--check, first batch), with the Hopper kernel and with the portable one
+# The kept kernels in the encoder, on the device: the fused encoder checked against candle's ops
+# and the attention against the plain reference at the four shapes of issue #5 (--check, first
+# batch), with the Hopper attention kernel and with the portable one
 # (SCFOUNDRY_ATTENTION=portable), then, given the binary before, an A/B of it (A) and the binary
-# after (B) through bench/ab_encoder_gpu.sh.
+# after (B) through bench/ab_encoder_gpu.sh. (Session 17 wrote it as bench/fixed_max_gpu.sh, for
+# the attention with maxima fixed by the first key tile.)
 #
-#   bash bench/fixed_max_gpu.sh OUT_DIR [BINARY_BEFORE]      # needs dist/cuda/scfoundry (after)
+#   bash bench/encoder_checks_gpu.sh OUT_DIR [BINARY_BEFORE]      # needs dist/cuda/scfoundry (after)
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: fixed_max_gpu.sh OUT_DIR [BINARY_BEFORE]}; A=${2:-}; mkdir -p "$OUT"
+OUT=${1:?usage: encoder_checks_gpu.sh OUT_DIR [BINARY_BEFORE]}; A=${2:-}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-} SCFOUNDRY_NO_PROGRESS=1
 L=bench/token_lengths_wu2020.txt; U="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$U"
 for kernel in sm90 portable; do
