@@ -132,14 +132,27 @@ fn time_batches<B>(device: &Device, batches: &[B], repeat: usize, mut run_batch:
     Ok(best)
 }
 
+/// The best pass of [`time_read_back`], and where the host's time went in a pass (the mean over
+/// the timed passes): queueing batches (`run`) and waiting for the read back of the batch before.
+/// A pass whose `wait` is near zero was bound by the host, not the GPU.
+struct ReadBackTiming {
+    seconds: f64,
+    queue_s: f64,
+    wait_s: f64,
+}
+
 /// [`time_batches`] over batches whose `run` returns the embeddings on the device, each read
 /// back as `embed` reads it: one batch behind (`gpu/readback.rs`), the last batch's read inside
 /// the timed pass; with `sync`, each batch read before the next is queued.
-fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: bool, mut run: impl FnMut(&[usize]) -> anyhow::Result<Tensor>) -> anyhow::Result<f64> {
+fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: bool, mut run: impl FnMut(&[usize]) -> anyhow::Result<Tensor>) -> anyhow::Result<ReadBackTiming> {
     let mut lagged = crate::gpu::readback::Lagged::new();
     let last = batches.last().map(|b| b.as_ptr());
-    time_batches(device, batches, repeat, |b| {
+    // host seconds queueing and waiting, over the timed passes (the warm-up batch, call 0, left out)
+    let (mut calls, mut queue, mut wait) = (0usize, 0.0f64, 0.0f64);
+    let seconds = time_batches(device, batches, repeat, |b| {
+        let t0 = Instant::now();
         let e = run(b)?;
+        let t1 = Instant::now();
         if sync {
             let _ = e.to_vec2::<f32>()?;
         } else {
@@ -149,8 +162,15 @@ fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: 
                 let _ = lagged.finish()?;
             }
         }
+        if calls > 0 {
+            queue += (t1 - t0).as_secs_f64();
+            wait += t1.elapsed().as_secs_f64();
+        }
+        calls += 1;
         Ok(())
-    })
+    })?;
+    let passes = repeat.max(1) as f64;
+    Ok(ReadBackTiming { seconds, queue_s: queue / passes, wait_s: wait / passes })
 }
 
 /// Cell2Sentence's model (methods/c2s.rs, our GPT-NeoX) at Pythia's full size with random
@@ -536,7 +556,8 @@ fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         })
         .collect();
     let batches = plan_batches(a, &order, &lens);
-    let best = time_read_back(&device, &batches, a.repeat, false, |b| Ok(model.embed_batch_tensor(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?))?;
+    let timing = time_read_back(&device, &batches, a.repeat, false, |b| Ok(model.embed_batch_tensor(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?))?;
+    let best = timing.seconds;
     let real: usize = lens.iter().sum();
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, d, ffn, s)).sum();
     let out = json!({
@@ -547,6 +568,7 @@ fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
+        "host_queue_s": timing.queue_s, "host_wait_s": timing.wait_s,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -721,7 +743,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     // the embeddings read back one batch behind (gpu/readback.rs), as `embed` does, unless
     // --sync-batches
-    let best = time_read_back(&device, &batches, a.repeat, a.sync_batches, |b| Ok(if a.padded { padded_run(b)? } else { packed_run(b)? }))?;
+    let timing = time_read_back(&device, &batches, a.repeat, a.sync_batches, |b| Ok(if a.padded { padded_run(b)? } else { packed_run(b)? }))?;
+    let best = timing.seconds;
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
@@ -734,6 +757,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
         "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
+        // a pass's host seconds queueing batches and waiting for their read back (mean of the passes)
+        "host_queue_s": timing.queue_s, "host_wait_s": timing.wait_s,
         "norm_weights": a.norm_weights,
         "batching": a.batching, "batches": batches.len(), "largest_batch": batches.iter().map(Vec::len).max().unwrap_or(0),
     });
