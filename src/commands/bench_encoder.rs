@@ -668,9 +668,22 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let counts = Tensor::new(b.iter().map(|&i| lens[i] as f32).collect::<Vec<_>>(), &device)?.unsqueeze(1)?;
         h.to_dtype(DType::F32)?.broadcast_mul(&w)?.sum(1)?.broadcast_div(&counts)
     };
+    // host seconds by part of a packed batch (packing, embedding, encoder, pooling), summed
+    let parts = std::cell::RefCell::new([0f64; 4]);
     let packed_run = |b: &[usize]| -> candle_core::Result<Tensor> {
+        let t0 = Instant::now();
         let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
-        PackedBert::mean_pool(&packed_model.forward(&p)?, &p.cu, 0, 0)
+        let t1 = Instant::now();
+        let x = packed_model.embed(&p)?;
+        let t2 = Instant::now();
+        let h = packed_model.encoder.forward(&x, &p.cu)?;
+        let t3 = Instant::now();
+        let pooled = PackedBert::mean_pool(&h, &p.cu, 0, 0)?;
+        let mut parts = parts.borrow_mut();
+        for (i, d) in [t1 - t0, t2 - t1, t3 - t2, t3.elapsed()].into_iter().enumerate() {
+            parts[i] += d.as_secs_f64();
+        }
+        Ok(pooled)
     };
     let mut check = serde_json::Map::new();
     if a.check {
@@ -743,8 +756,14 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     // the embeddings read back one batch behind (gpu/readback.rs), as `embed` does, unless
     // --sync-batches
+    *parts.borrow_mut() = [0.0; 4];
+    let _ = crate::gpu::fused_encoder::take_host_steps();
     let timing = time_read_back(&device, &batches, a.repeat, a.sync_batches, |b| Ok(if a.padded { padded_run(b)? } else { packed_run(b)? }))?;
     let best = timing.seconds;
+    // per pass (the warm-up batch counted in, a 1/(batches x repeat) share)
+    let per_pass = |v: f64| v / a.repeat.max(1) as f64;
+    let host_parts: serde_json::Map<String, serde_json::Value> = ["pack", "embed", "encoder", "pool"].iter().zip(parts.borrow().iter()).map(|(k, &v)| (k.to_string(), json!(per_pass(v)))).collect();
+    let host_steps: serde_json::Map<String, serde_json::Value> = crate::gpu::fused_encoder::take_host_steps().into_iter().map(|(k, v)| (k.to_string(), json!(per_pass(v)))).collect();
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
@@ -759,6 +778,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
         // a pass's host seconds queueing batches and waiting for their read back (mean of the passes)
         "host_queue_s": timing.queue_s, "host_wait_s": timing.wait_s,
+        // the packed path's queueing by part, and by encoder step with SCFOUNDRY_HOST_STEPS=1
+        "host_parts_s": host_parts, "host_steps_s": host_steps,
         "norm_weights": a.norm_weights,
         "batching": a.batching, "batches": batches.len(), "largest_batch": batches.iter().map(Vec::len).max().unwrap_or(0),
     });

@@ -27,6 +27,8 @@ use crate::gpu::options::GemmTune;
 
 /// cuBLASLt's workspace, as NVIDIA recommends for Hopper.
 const WORKSPACE: usize = 32 << 20;
+/// Most (shape, token count) pairs `Lt::checked` remembers before it starts over.
+const MAX_CHECKED: usize = 4096;
 
 fn err(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
     candle_core::Error::Msg(format!("cuBLASLt {what}: {e:?}"))
@@ -66,6 +68,11 @@ pub(crate) struct Lt {
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
     chosen: Mutex<HashMap<Key, Choice>>,
+    /// Token counts whose product a shape's chosen algorithm was checked to serve
+    /// (`cublasLtMatmulAlgoCheck` costs ~0.1-0.35 ms of host time a call, which at 12 products a
+    /// batch kept the GPU waiting on Geneformer V1's short batches; session 18). Cleared when it
+    /// passes MAX_CHECKED entries.
+    checked: Mutex<std::collections::HashSet<(Key, usize)>>,
 }
 
 // the handle is used from one stream's thread at a time (cuBLASLt handles are thread-safe)
@@ -108,7 +115,7 @@ impl Lt {
         }
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE) }.map_err(|e| err("workspace", e))?;
         let handle = result::create_handle().map_err(|e| err("handle", e))?;
-        let h = Arc::new(Lt { handle, workspace, stream: stream.clone(), chosen: Mutex::new(HashMap::new()) });
+        let h = Arc::new(Lt { handle, workspace, stream: stream.clone(), chosen: Mutex::new(HashMap::new()), checked: Mutex::new(Default::default()) });
         list.push((key, h.clone()));
         Ok(h)
     }
@@ -208,7 +215,15 @@ impl Lt {
         let key = Key { n, k, bucket: tokens.next_power_of_two(), accumulate, relu };
         let known = self.chosen.lock().expect("not poisoned").get(&key).copied();
         let algo = match known {
-            Some(c) if c.tokens == tokens || self.fits(&d, &c.algo) => c.algo,
+            Some(c) if c.tokens == tokens || self.checked.lock().expect("not poisoned").contains(&(key, tokens)) => c.algo,
+            Some(c) if self.fits(&d, &c.algo) => {
+                let mut checked = self.checked.lock().expect("not poisoned");
+                if checked.len() >= MAX_CHECKED {
+                    checked.clear();
+                }
+                checked.insert((key, tokens));
+                c.algo
+            }
             Some(_) => self.heuristics(&d, 1)?[0].algo,
             None => {
                 let scratch = scratch.filter(|sc| sc.len() >= tokens * n);
