@@ -68,10 +68,11 @@ pub(crate) struct Lt {
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
     chosen: Mutex<HashMap<Key, Choice>>,
-    /// Token counts whose product a shape's chosen algorithm was checked to serve
-    /// (`cublasLtMatmulAlgoCheck` costs ~0.1-0.35 ms of host time a call, which at 12 products a
-    /// batch kept the GPU waiting on Geneformer V1's short batches; session 18). Cleared when it
-    /// passes MAX_CHECKED entries.
+    /// Token counts whose product a shape's chosen algorithm was checked to serve, so that
+    /// `cublasLtMatmulAlgoCheck` (host time) runs once per shape and token count, not for every
+    /// product whose token count differs from the timed one (batches by tokens differ by a few
+    /// tokens). Session 18 measured it together with the page-locked buffers' growth (+5.0% on
+    /// Geneformer V1), not apart. Cleared when it passes MAX_CHECKED entries.
     checked: Mutex<std::collections::HashSet<(Key, usize)>>,
 }
 
