@@ -8,8 +8,10 @@
 //! uploads 2-4 times) or the host waits for the batch before it.
 //! Each buffer grows to the power of two at or above the largest copy asked of it (growing is a
 //! page-locked allocation and a free, which waits for the whole device: grown to each new largest
-//! size exactly, batches a few tokens longer than the last regrew buffers again and again, ~22 ms
-//! of a 74 ms Geneformer V1 pass on the H200, session 18) and a copy uses its first `len` values:
+//! size exactly, batches a few tokens longer than the last regrew buffers again and again; on the
+//! H200 the embedding's part of a 72-76 ms Geneformer V1 pass took 22-24 ms of host time before,
+//! 15.5-16.2 after, the warm-up batch's share included; session 18) and a copy uses its first
+//! `len` values:
 //! cudarc's own copies take the host slice's whole length, which reads or writes past a smaller
 //! batch (CUDA_ERROR_INVALID_VALUE on a run's last, short batch), so the copies go through
 //! cudarc's result-level calls on a prefix. Each buffer carries the event recorded right after
