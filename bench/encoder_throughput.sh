@@ -6,6 +6,7 @@
 # random weights, full-size shapes, token lengths of real cells (bench/token_lengths_*.txt).
 #
 #   bash bench/encoder_throughput.sh OUT_DIR [scfoundry binary]
+#   ONLY=geneformer_v1 bash bench/encoder_throughput.sh ...      # some shapes only (the ceilings still)
 # Prints one JSON line per run and writes them to OUT_DIR/encoder_throughput.jsonl (the table in
 # BENCHMARKS.md is written from that file by hand). Each command is stopped after STEP_TIMEOUT
 # seconds (default 240).
@@ -44,6 +45,7 @@ ceiling() {
 ceiling before
 for s in "${shapes[@]}"; do
   read -r name L d h f maxlen batch cells lengths padto act <<<"$s"
+  [[ -n ${ONLY:-} && ",$ONLY," != *",$name,"* ]] && continue
   common=(--layers "$L" --hidden "$d" --heads "$h" --ffn "$f" --max-len "$maxlen" --lengths "$lengths" --cells "$cells" --batch "$batch" --dtype bf16 --activation "$act")
   for variant in packed padded; do
     extra=(--check); [[ $variant == padded ]] && extra=(--padded --batching cells)
