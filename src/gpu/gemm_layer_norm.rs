@@ -24,24 +24,17 @@ use super::tma::tensor_map;
 /// Empty unless the binary was built for compute capability 9.0 (build.rs).
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemm_layer_norm_sm90.ptx"));
 const MODULE: &str = "scfoundry_gemm_layer_norm_sm90";
-/// W streamed through the ring with A (any k a multiple of 64).
 const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_tma_sm90";
-/// k = 256 (the output projection): W resident in shared memory, loaded once a block.
-const KERNEL_K256: &str = "gemm_bias_residual_layer_norm_n256_k256_tma_sm90";
-const RESIDENT_K: usize = 256;
 /// The layer width the kernel is written for.
 pub(crate) const WIDTH: usize = 256;
 /// Rows a tile (a block's step) takes.
 const ROWS: usize = 128;
 /// Threads a block: two compute warpgroups and the memory one.
 const THREADS: u32 = 384;
-/// Dynamic shared memory (the kernel's pln_smem<false>): three buffers of a 64-wide chunk of A
-/// (128 rows) and of W (256 rows), the residual/output tile (128 x 256 bf16), 1024 bytes to
-/// align, 128 for the mbarriers, 1536 for bias, gamma and beta.
-const SHARED: u32 = (3 * (128 + 256) * 128 + 128 * 256 * 2 + 1024 + 128 + 1536) as u32;
-/// pln_smem<true>: W's four chunks (256 rows each), two buffers of A's chunk, the rest as above
-/// (232,064 bytes of the 232,448 a block may have).
-const SHARED_K256: u32 = (4 * 256 * 128 + 2 * 128 * 128 + 128 * 256 * 2 + 1024 + 128 + 1536) as u32;
+/// Dynamic shared memory (the kernel's kPlnSmem): three buffers of a 64-wide chunk of A (128
+/// rows) and of W (256 rows), the residual/output tile (128 x 256 bf16), 1024 bytes to align,
+/// 128 for the mbarriers.
+const SHARED: u32 = (3 * (128 + 256) * 128 + 128 * 256 * 2 + 1024 + 128) as u32;
 
 /// Whether this device runs the fused kernel (Hopper, built for it, not switched off); the first
 /// call loads the kernel and raises its shared-memory limit.
@@ -54,10 +47,8 @@ fn enabled(dev: &CudaDevice) -> Result<bool> {
     let hopper = !PTX.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
     let on = hopper && std::env::var("SCFOUNDRY_FUSED_NORM").map_or(true, |v| v != "0");
     if on {
-        for (name, shared) in [(KERNEL, SHARED), (KERNEL_K256, SHARED_K256)] {
-            let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32).w()?;
-        }
+        let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
+        func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SHARED as i32).w()?;
     }
     chosen.push((dev.id(), on));
     Ok(on)
@@ -97,8 +88,7 @@ pub(crate) fn launch(
     if tokens == 0 {
         return Ok(true);
     }
-    let resident = k == RESIDENT_K;
-    let func = dev.get_or_load_custom_func(if resident { KERNEL_K256 } else { KERNEL }, MODULE, PTX)?;
+    let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
     let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?.max(1) as usize;
     // the guards record the kernel's reads and write on the stream when they drop, after the launch
     let (pa, _read_a) = a.device_ptr(&stream);
@@ -108,8 +98,7 @@ pub(crate) fn launch(
     let ta = tensor_map(pa, tokens, k, ROWS as u32)?;
     let tw = tensor_map(pw, WIDTH, k, WIDTH as u32)?;
     let tx = tensor_map(px, tokens, WIDTH, ROWS as u32)?;
-    let shared_mem_bytes = if resident { SHARED_K256 } else { SHARED };
-    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS).min(sms) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes };
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS).min(sms) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: SHARED };
     let (tokens, k) = (tokens as i32, k as i32);
     let mut b = func.builder();
     b.arg(&ta);
@@ -119,9 +108,7 @@ pub(crate) fn launch(
     b.arg(gamma);
     b.arg(beta);
     b.arg(&tokens);
-    if !resident {
-        b.arg(&k);
-    }
+    b.arg(&k);
     b.arg(&eps);
     unsafe { b.launch(cfg) }.w()?;
     Ok(true)

@@ -50,43 +50,32 @@ __device__ __forceinline__ float2 bf2(uint32_t u) { return __bfloat1622float2(*r
 // A persistent, warp-specialised kernel (one block an SM walking the 128-row tiles,
 // tile += gridDim.x): warpgroups 0 and 1 compute (64 rows each, as
 // above), warpgroup 2 moves memory with TMA. Its first thread streams the 64-wide chunks of A and
-// W into a ring of chunk buffers (mbarriers `full` and `empty` a buffer), across tiles, so the
+// W into a ring of kPlnStages buffers (mbarriers `full` and `empty` a buffer), across tiles, so the
 // next tile's chunks arrive during this tile's epilogue, and loads the residual rows into the
 // tile buffer (4 boxes of 128 rows x 64 columns, 128-byte swizzled) once the previous tile's
 // output has left it; its second warp stores the normalised tile (`out_ready`, `res_empty`).
 // Rows past `tokens` load as zeros and are not stored. The accumulators start at zero, and bias
 // and residual are added in the epilogue, read from the swizzled tile (conflict-free in the
 // accumulator layout: a quad's 16 bytes, 8 rows in 8 different 16-byte columns).
-// With RESIDENT_W (k = 256 only), W (4 chunks, 128 KB) is loaded once a block and stays; the ring
-// then holds only A's chunks, two of them, which is what leaves room for it in 227 KB.
-constexpr int kPlnA = kGemmLnRows * 128, kPlnW = kGemmLnN * 128;  // a 64-wide chunk of A and of W
-constexpr int kPlnTile = kGemmLnRows * kGemmLnN * 2;              // residual in, output out
-constexpr int kPlnResidentK = 256;
-template <bool RESIDENT_W> __host__ __device__ constexpr int pln_stages() { return RESIDENT_W ? 2 : 3; }
-// a ring buffer: a chunk of A and (not resident) of W
-template <bool RESIDENT_W> __host__ __device__ constexpr int pln_stage() { return RESIDENT_W ? kPlnA : kPlnA + kPlnW; }
-// W resident, the ring, the tile, 1024 bytes to align, the mbarriers (128), bias/gamma/beta (1536)
-template <bool RESIDENT_W> __host__ __device__ constexpr int pln_smem() {
-    return (RESIDENT_W ? kPlnResidentK / 64 * kPlnW : 0) + pln_stages<RESIDENT_W>() * pln_stage<RESIDENT_W>() + kPlnTile + 1024 + 128 + 1536;
-}
+constexpr int kPlnStages = 3;
+constexpr int kPlnA = kGemmLnRows * 128, kPlnW = kGemmLnN * 128, kPlnStage = kPlnA + kPlnW;  // a chunk of A and of W
+constexpr int kPlnTile = kGemmLnRows * kGemmLnN * 2;                                           // residual in, output out
+[[maybe_unused]] constexpr int kPlnSmem = kPlnStages * kPlnStage + kPlnTile + 1024 + 128;
 
-template <bool RESIDENT_W>
 __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, const TensorMap &tw, const TensorMap &tx,
                                                          const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
                                                          const __nv_bfloat16 *__restrict__ beta, const int tokens, const int k, const float eps) {
-    constexpr int ROWS = kGemmLnRows, N = kGemmLnN, S = pln_stages<RESIDENT_W>(), STAGE = pln_stage<RESIDENT_W>();
-    constexpr int WRES = RESIDENT_W ? kPlnResidentK / 64 * kPlnW : 0;  // bytes of resident W
+    constexpr int ROWS = kGemmLnRows, N = kGemmLnN, S = kPlnStages;
     const int tiles = (tokens + ROWS - 1) / ROWS, chunks = k / 64;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
+    __shared__ uint32_t vec[3][N / 2];  // bias, gamma and beta as bf16 pairs
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t pad = (1024 - (raw & 1023)) & 1023;
-    const uint32_t wres = raw + pad, ring = wres + WRES, tile_s = ring + S * STAGE, bars = tile_s + kPlnTile;
-    const unsigned char *tile = smem_raw + pad + WRES + S * STAGE;
-    // bias, gamma and beta as bf16 pairs, after the mbarriers
-    uint32_t *vec = reinterpret_cast<uint32_t *>(smem_raw + pad + WRES + S * STAGE + kPlnTile + 128);
+    const uint32_t ring = raw + pad, tile_s = ring + S * kPlnStage, bars = tile_s + kPlnTile;
+    const unsigned char *tile = smem_raw + pad + S * kPlnStage;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (S + s); };
-    const uint32_t res_full = bars + 16 * S, res_empty = res_full + 8, out_ready = res_full + 16, w_full = res_full + 24;
+    const uint32_t res_full = bars + 16 * S, res_empty = res_full + 8, out_ready = res_full + 16;
 
     const int tid = threadIdx.x;
     const int wg = tid / 128;
@@ -94,7 +83,7 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
     const int lane = tid % 32;
     for (int i = tid; i < 3 * N / 2; i += blockDim.x) {
         const __nv_bfloat16 *src = i < N / 2 ? bias : i < N ? gamma : beta;
-        vec[i] = reinterpret_cast<const uint32_t *>(src)[i % (N / 2)];
+        vec[i / (N / 2)][i % (N / 2)] = reinterpret_cast<const uint32_t *>(src)[i % (N / 2)];
     }
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
@@ -104,17 +93,12 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
         mbar_init(res_full, 1);
         mbar_init(res_empty, 1);
         mbar_init(out_ready, 8);
-        mbar_init(w_full, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 2) {  // the memory warpgroup: one thread loads, one stores
         if (warp == 0 && lane == 0) {
-            if (RESIDENT_W && blockIdx.x < tiles) {  // W once, before the first tile's chunks
-                mbar_expect(w_full, WRES);
-                for (int c = 0; c < kPlnResidentK / 64; c++) tma_load(wres + c * kPlnW, tw, c * 64, 0, w_full);
-            }
             int n = 0, it = 0;
             for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
                 const int row0 = t * ROWS;
@@ -127,9 +111,9 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
                     if (c == S) residual();  // after the chunks that fit the ring now
                     const int s = n % S;
                     mbar_wait(empty(s), ((n / S) & 1) ^ 1);
-                    mbar_expect(full(s), STAGE);
-                    tma_load(ring + s * STAGE, ta, c * 64, row0, full(s));
-                    if (!RESIDENT_W) tma_load(ring + s * STAGE + kPlnA, tw, c * 64, 0, full(s));
+                    mbar_expect(full(s), kPlnStage);
+                    tma_load(ring + s * kPlnStage, ta, c * 64, row0, full(s));
+                    tma_load(ring + s * kPlnStage + kPlnA, tw, c * 64, 0, full(s));
                 }
                 if (chunks <= S) residual();
             }
@@ -150,7 +134,6 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
     // a compute warpgroup: rows r0 and r0 + 8 of the tile, columns 8 j + 2 tig (+1), j < 32
     const int g = lane / 4, tig = lane % 4;
     const int r0 = wg * 64 + warp * 16 + g;
-    if (RESIDENT_W && blockIdx.x < tiles) mbar_wait(w_full, 0);
     int n = 0, it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
         float acc[128];
@@ -159,7 +142,7 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
         for (int c = 0; c < chunks; c++, n++) {
             const int s = n % S;
             mbar_wait(full(s), (n / S) & 1);
-            const uint32_t at = ring + s * STAGE + wg * 64 * 128, wt = RESIDENT_W ? wres + c * kPlnW : ring + s * STAGE + kPlnA;
+            const uint32_t at = ring + s * kPlnStage + wg * 64 * 128, wt = ring + s * kPlnStage + kPlnA;
 #pragma unroll
             for (int i = 0; i < 128; i++) pin(acc[i]);
             wg_fence();
@@ -187,7 +170,7 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 32; j++) {
-            const float2 bb = bf2(vec[4 * j + tig]), v0 = bf2(*at(p0, j)), v1 = bf2(*at(p1, j));
+            const float2 bb = bf2(vec[0][4 * j + tig]), v0 = bf2(*at(p0, j)), v1 = bf2(*at(p1, j));
             acc[4 * j] += v0.x + bb.x;
             acc[4 * j + 1] += v0.y + bb.y;
             acc[4 * j + 2] += v1.x + bb.x;
@@ -209,7 +192,7 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
         const float i0 = rsqrtf(quad_sum(q0) * (1.f / N) + eps), i1 = rsqrtf(quad_sum(q1) * (1.f / N) + eps);
 #pragma unroll
         for (int j = 0; j < 32; j++) {
-            const float2 gg = bf2(vec[N / 2 + 4 * j + tig]), ee = bf2(vec[N + 4 * j + tig]);
+            const float2 gg = bf2(vec[1][4 * j + tig]), ee = bf2(vec[2][4 * j + tig]);
             *at(p0, j) = pack(acc[4 * j] * i0 * gg.x + ee.x, acc[4 * j + 1] * i0 * gg.y + ee.y);
             *at(p1, j) = pack(acc[4 * j + 2] * i1 * gg.x + ee.x, acc[4 * j + 3] * i1 * gg.y + ee.y);
         }
@@ -223,21 +206,13 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
 
 // x (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta: Geneformer V1's output
 // projection (k = 256) and second feed-forward product (k = 512) with their residuals and norms.
-// Grid min(tiles, SMs), 384 threads, dynamic shared memory pln_smem<false>() (any k a multiple
-// of 64; W streams through the ring with A) or pln_smem<true>() (k = 256; W resident); ta: a
-// (tokens x k), tw: W (256 x k), tx: x (tokens x 256), each bf16 with 64 x 128 (W: 64 x 256)
-// boxes, 128-byte swizzle, zero fill.
+// Grid min(tiles, SMs), 384 threads,
+// dynamic shared memory kPlnSmem; ta: a (tokens x k), tw: W (256 x k), tx: x (tokens x 256), each
+// bf16 with 64 x 128 (W: 64 x 256) boxes, 128-byte swizzle, zero fill.
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bias_residual_layer_norm_n256_tma_sm90(const __grid_constant__ sm90::TensorMap ta, const __grid_constant__ sm90::TensorMap tw,
                                             const __grid_constant__ sm90::TensorMap tx, const __nv_bfloat16 *__restrict__ bias,
                                             const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta,
                                             const int tokens, const int k, const float eps) {
-    sm90::gemm_layer_norm_n256_tma<false>(ta, tw, tx, bias, gamma, beta, tokens, k, eps);
-}
-extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_bias_residual_layer_norm_n256_k256_tma_sm90(const __grid_constant__ sm90::TensorMap ta, const __grid_constant__ sm90::TensorMap tw,
-                                                 const __grid_constant__ sm90::TensorMap tx, const __nv_bfloat16 *__restrict__ bias,
-                                                 const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta,
-                                                 const int tokens, const float eps) {
-    sm90::gemm_layer_norm_n256_tma<true>(ta, tw, tx, bias, gamma, beta, tokens, sm90::kPlnResidentK, eps);
+    sm90::gemm_layer_norm_n256_tma(ta, tw, tx, bias, gamma, beta, tokens, k, eps);
 }
