@@ -116,9 +116,6 @@ mod cuda {
         let name = if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
             let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
-            // all of L1 as shared memory, which the fused product + norm after it needs anyway, so
-            // that the SM's split need not change between the two
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
             "sm90"
         } else {
             "portable"
