@@ -19,7 +19,7 @@
 //     that tile. +3.6-5.1% on the H200 at issue #5's shapes; 0.71x when every later tile takes
 //     the exact path (bench/attention_kernels.cu, v1_late_keys_x40);
 //   - key/value tiles are copied STAGES - 1 tiles ahead, by TMA (one thread issues a few bulk
-//     tensor copies a tile, completing on an mbarrier; +19-21% at issue #5's shapes on the H200
+//     tensor copies a tile, completing on an mbarrier; +19-22% at issue #5's shapes on the H200
 //     against every thread issuing cp.async, which the template keeps for the harness). Two
 //     blocks an SM interleave one block's softmax with the other's matrix products.
 // Not here (measured slower at these shapes on the H200, BENCHMARKS.md): the softmax overlapped
@@ -371,7 +371,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 // rows, boxes of 64 columns x 32 rows; gpu/varlen_attention.rs makes it). Measured on the H200
 // (bench/attention_kernels.cu, BENCHMARKS.md) against 64 and 128 keys a tile, 3 and 4 buffers,
 // one warpgroup a block, and the softmax overlapped with P V in the same warpgroup: this one was
-// the fastest at the four shapes of issue #5; TMA instead of every thread's cp.async: +19-21%
+// the fastest at the four shapes of issue #5; TMA instead of every thread's cp.async: +19-22%
 // (session 18).
 extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
