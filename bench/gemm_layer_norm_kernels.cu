@@ -90,7 +90,7 @@ int main() {
                    tx = tensor_map<sm90::TensorMap>(x, n, t, 64, 128);
         const int tiles = (t + sm90::kGemmLnRows - 1) / sm90::kGemmLnRows;
         auto fused = [&] {
-            gemm_bias_residual_layer_norm_n256_tma_sm90<<<tiles < sms ? tiles : sms, 384, sm90::kPlnSmem>>>(ta, tw, tx, bias, gamma, beta, t, k, eps);
+            gemm_bias_residual_layer_norm_n256_tma_sm90<<<tiles < sms ? tiles : sms, 384, sm90::kPlnSmem>>>(ta, tw, tx, tx, bias, gamma, beta, t, k, eps);
         };
         CK(cudaMemcpy(x, x0, t * n * 2, cudaMemcpyDeviceToDevice));
         fused();

@@ -24,7 +24,7 @@ pub fn synthetic_count(i: usize, j: usize) -> f32 {
 pub fn run(a: &BenchScviArgs) -> anyhow::Result<ExitStatus> {
     let device = match a.device.as_str() {
         "cpu" => Device::Cpu,
-        "cuda" => Device::new_cuda(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?,
+        "cuda" => crate::gpu::cuda_device(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?,
         other => return Err(Error::BadOption { option: "--device".into(), detail: format!("{other:?}"), hint: Some("cpu or cuda".into()) }.into()),
     };
     let arch = Arch {

@@ -494,7 +494,7 @@ pub fn start(spec: &super::DeviceSpec) -> Result<Runtime, GpuError> {
     if cudarc::driver::set_device_memory_hook(Box::new(Hook(resource))).is_err() {
         return Err(GpuError::Driver { call: "set_device_memory_hook".into(), detail: "a memory resource is already installed in this process".into() });
     }
-    let device = candle_core::Device::new_cuda(spec.ordinal).map_err(|e| GpuError::Driver { call: "candle Device::new_cuda".into(), detail: e.to_string() })?;
+    let device = crate::gpu::cuda_device(spec.ordinal).map_err(|e| GpuError::Driver { call: "candle Device::new_cuda".into(), detail: e.to_string() })?;
     let name = inventory().ok().and_then(|i| i.devices.into_iter().nth(spec.ordinal)).map(|d| d.name).unwrap_or_else(|| format!("cuda:{}", spec.ordinal));
     Ok(Runtime { resource, device, name })
 }

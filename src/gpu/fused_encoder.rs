@@ -208,9 +208,21 @@ mod cuda {
             let s = self.stack;
             let f = s.layers.first().map(|l| l.ff1.weight().dims2()).transpose()?.map(|x| x.0).unwrap_or(0);
             let eps = s.eps as f32;
-            // the hidden state, updated in place layer after layer, and the three work buffers
+            // the hidden state, updated in place layer after layer, and the three work buffers.
+            // h takes the input only when a step needs it there: the first layer's QKV product
+            // reads the input itself, and its fused output projection + norm1 reads it as the
+            // residual and writes h (no copy of the input; the two-kernel path copies first)
+            let input = || -> Result<CudaView<'_, bf16>> { Ok(xs.as_cuda_slice::<bf16>()?.slice(x0..x1)) };
             let mut h = unsafe { dev.alloc::<bf16>(t * d)? };
-            dev.memcpy_dtod(&xs.as_cuda_slice::<bf16>()?.slice(x0..x1), &mut h)?;
+            let h_ready = std::cell::Cell::new(false);
+            let ready = |h: &mut CudaSlice<bf16>| -> Result<()> {
+                if !h_ready.get() {
+                    dev.memcpy_dtod(&input()?, h)?;
+                    h_ready.set(true);
+                }
+                Ok(())
+            };
+            let (h_ready, input, ready) = (&h_ready, &input, &ready);
             let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
             let mut att = dev.alloc_zeros::<bf16>(t * d)?;
             let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
@@ -228,7 +240,13 @@ mod cuda {
                 let (dev, wo, bo, n1w, n1b, w2, bb2, n2w, n2b) = (&dev, &wo, &bo, &n1w, &n1b, &w2, &bb2, &n2w, &n2b);
                 type Step<'s> = Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + 's>;
                 let mut steps: Vec<(&'static str, Step)> = vec![
-                    ("qkv_gemm", Box::new(|h, qkv, _, _| lt.linear(&h.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false, None))),
+                    (
+                        "qkv_gemm",
+                        Box::new(|h, qkv, _, _| {
+                            let src = if h_ready.get() { h.as_view() } else { input()? };
+                            lt.linear(&src, t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false, None)
+                        }),
+                    ),
                     (
                         "attention",
                         Box::new(|_, qkv, att, _| {
@@ -240,13 +258,19 @@ mod cuda {
                     ),
                 ];
                 // qkv is free once attention has read it: the residual products time their candidates there
-                let out_proj = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, att: &CudaSlice<bf16>| lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv));
+                let out_proj = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, att: &CudaSlice<bf16>| {
+                    ready(h)?;
+                    lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv))
+                };
                 let norm1 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &n1w.view()?, &n1b.view()?, t, d, eps);
                 if norm_fused.0 {
                     steps.push((
                         "out_gemm_residual_norm",
                         Box::new(move |h, qkv, att, _| {
-                            if !gemm_layer_norm::launch(dev, &att.as_view(), &wo.view()?, &bo.view()?, &n1w.view()?, &n1b.view()?, h, t, d, eps)? {
+                            let residual = if h_ready.get() { None } else { Some(input()?) };
+                            if gemm_layer_norm::launch(dev, &att.as_view(), &wo.view()?, &bo.view()?, &n1w.view()?, &n1b.view()?, h, residual.as_ref(), t, d, eps)? {
+                                h_ready.set(true);
+                            } else {
                                 out_proj(h, qkv, att)?;
                                 norm1(h)?;
                             }
@@ -272,7 +296,7 @@ mod cuda {
                     steps.push((
                         "ffn2_gemm_residual_norm",
                         Box::new(move |h, qkv, _, ff| {
-                            if !gemm_layer_norm::launch(dev, &ff.as_view(), &w2.view()?, &bb2.view()?, &n2w.view()?, &n2b.view()?, h, t, f, eps)? {
+                            if !gemm_layer_norm::launch(dev, &ff.as_view(), &w2.view()?, &bb2.view()?, &n2w.view()?, &n2b.view()?, h, None, t, f, eps)? {
                                 ffn2(h, qkv, ff)?;
                                 norm2(h)?;
                             }
@@ -321,6 +345,7 @@ mod cuda {
                     }
                 }
             }
+            ready(&mut h)?; // (a stack of no layers)
             if let Some((_, out)) = self.profile {
                 *out.lock().expect("not poisoned") = times;
             }

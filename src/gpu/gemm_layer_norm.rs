@@ -14,11 +14,12 @@
 use std::sync::Mutex;
 
 use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 use candle_core::cuda_backend::{DeviceId, WrapErr};
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
+use super::launch::{self, param};
 use super::tma::tensor_map;
 
 /// Empty unless the binary was built for compute capability 9.0 (build.rs).
@@ -59,10 +60,12 @@ pub(crate) fn applies(dev: &CudaDevice, d: usize, k: usize) -> Result<bool> {
     Ok(d == WIDTH && k > 0 && k % 64 == 0 && enabled(dev)?)
 }
 
-/// `x (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta`, `a` tokens x k, `w` 256 x k
-/// (PyTorch's Linear layout), bf16, in place on `x`, where [`applies`] said yes. Returns false,
-/// having done nothing, when an operand is not aligned as the kernel reads it (`a`, `w` and `x`
-/// on 16-byte boundaries, the vectors on 4-byte ones): the caller then takes the two-kernel path.
+/// `x (tokens x 256) <- LayerNorm(r + a W^T + bias) * gamma + beta`, `a` tokens x k, `w` 256 x k
+/// (PyTorch's Linear layout), bf16, where [`applies`] said yes; the residual `r` is `residual`
+/// when given (the first layer reads the encoder's input there instead of copying it into `x`
+/// first), else `x` itself (in place). Returns false, having done nothing, when an operand is not
+/// aligned as the kernel reads it (`a`, `w`, `x` and `residual` on 16-byte boundaries, the
+/// vectors on 4-byte ones): the caller then takes the two-kernel path.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     dev: &CudaDevice,
@@ -72,6 +75,7 @@ pub(crate) fn launch(
     gamma: &CudaView<bf16>,
     beta: &CudaView<bf16>,
     x: &mut CudaSlice<bf16>,
+    residual: Option<&CudaView<bf16>>,
     tokens: usize,
     k: usize,
     eps: f32,
@@ -81,6 +85,7 @@ pub(crate) fn launch(
     let aligned = at(a.device_ptr(&stream).0, 16)
         && at(w.device_ptr(&stream).0, 16)
         && at(x.device_ptr(&stream).0, 16)
+        && residual.is_none_or(|r| at(r.device_ptr(&stream).0, 16))
         && [bias, gamma, beta].iter().all(|v| at(v.device_ptr(&stream).0, 4));
     if !aligned {
         return Ok(false);
@@ -97,19 +102,18 @@ pub(crate) fn launch(
     // (alignment checked above: 16-byte addresses; rows of k and 256 bf16 are multiples of 16 bytes)
     let ta = tensor_map(pa, tokens, k, ROWS as u32)?;
     let tw = tensor_map(pw, WIDTH, k, WIDTH as u32)?;
-    let tx = tensor_map(px, tokens, WIDTH, ROWS as u32)?;
+    let ty = tensor_map(px, tokens, WIDTH, ROWS as u32)?;
+    let tx = match residual {
+        Some(r) => tensor_map(r.device_ptr(&stream).0, tokens, WIDTH, ROWS as u32)?,
+        None => ty,
+    };
     let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS).min(sms) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: SHARED };
     let (tokens, k) = (tokens as i32, k as i32);
-    let mut b = func.builder();
-    b.arg(&ta);
-    b.arg(&tw);
-    b.arg(&tx);
-    b.arg(bias);
-    b.arg(gamma);
-    b.arg(beta);
-    b.arg(&tokens);
-    b.arg(&k);
-    b.arg(&eps);
-    unsafe { b.launch(cfg) }.w()?;
+    let (pb, _b) = bias.device_ptr(&stream);
+    let (pg, _g) = gamma.device_ptr(&stream);
+    let (pe, _e) = beta.device_ptr(&stream);
+    let mut params = [param(&ta), param(&tw), param(&tx), param(&ty), param(&pb), param(&pg), param(&pe), param(&tokens), param(&k), param(&eps)];
+    // Safety: the parameters are the kernel's, in its order; the buffers outlive the launch
+    unsafe { launch::launch(&func, &stream, cfg, &mut params, launch::pdl(dev)) }?;
     Ok(true)
 }

@@ -1,7 +1,7 @@
 // One matrix product with its whole epilogue, for post-norm encoder layers 256 wide on Hopper
 // (sm_90a):
 //
-//     x <- LayerNorm(x + A W^T + bias) * gamma + beta        (x: tokens x 256, in place)
+//     y <- LayerNorm(x + A W^T + bias) * gamma + beta        (x, y: tokens x 256; y = x in place)
 //
 // that is Geneformer V1's output projection (k = 256) with its residual and norm1, or its second
 // feed-forward product (k = 512) with its residual and norm2 (gpu/fused_encoder.rs), in one pass:
@@ -64,7 +64,7 @@ constexpr int kPlnTile = kGemmLnRows * kGemmLnN * 2;                            
 [[maybe_unused]] constexpr int kPlnSmem = kPlnStages * kPlnStage + kPlnTile + 1024 + 128;
 
 __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, const TensorMap &tw, const TensorMap &tx,
-                                                         const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
+                                                         const TensorMap &ty, const __nv_bfloat16 *__restrict__ bias, const __nv_bfloat16 *__restrict__ gamma,
                                                          const __nv_bfloat16 *__restrict__ beta, const int tokens, const int k, const float eps) {
     constexpr int ROWS = kGemmLnRows, N = kGemmLnN, S = kPlnStages;
     const int tiles = (tokens + ROWS - 1) / ROWS, chunks = k / 64;
@@ -122,7 +122,7 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
             int it = 0;
             for (int t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
                 mbar_wait(out_ready, it & 1);
-                for (int cb = 0; cb < N / 64; cb++) tma_store(tx, cb * 64, t * ROWS, tile_s + cb * kPlnA);
+                for (int cb = 0; cb < N / 64; cb++) tma_store(ty, cb * 64, t * ROWS, tile_s + cb * kPlnA);
                 bulk_commit();
                 bulk_wait<true>();
                 mbar_arrive(res_empty);
@@ -205,15 +205,18 @@ __device__ __forceinline__ void gemm_layer_norm_n256_tma(const TensorMap &ta, co
 
 }  // namespace sm90
 
-// x (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta: Geneformer V1's output
+// y (tokens x 256) <- LayerNorm(x + a W^T + bias) * gamma + beta: Geneformer V1's output
 // projection (k = 256) and second feed-forward product (k = 512) with their residuals and norms.
 // Grid min(tiles, SMs), 384 threads,
-// dynamic shared memory kPlnSmem; ta: a (tokens x k), tw: W (256 x k), tx: x (tokens x 256), each
+// dynamic shared memory kPlnSmem; ta: a (tokens x k), tw: W (256 x k), tx: x (tokens x 256), ty:
+// y (tokens x 256; the same map as tx for in place, as every layer but the first runs it), each
 // bf16 with 64 x 128 (W: 64 x 256) boxes, 128-byte swizzle, zero fill.
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bias_residual_layer_norm_n256_tma_sm90(const __grid_constant__ sm90::TensorMap ta, const __grid_constant__ sm90::TensorMap tw,
-                                            const __grid_constant__ sm90::TensorMap tx, const __nv_bfloat16 *__restrict__ bias,
+                                            const __grid_constant__ sm90::TensorMap tx, const __grid_constant__ sm90::TensorMap ty,
+                                            const __nv_bfloat16 *__restrict__ bias,
                                             const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta,
                                             const int tokens, const int k, const float eps) {
-    sm90::gemm_layer_norm_n256_tma(ta, tw, tx, bias, gamma, beta, tokens, k, eps);
+    sm90::wait_for_previous_grid();  // launched with PDL (gpu/launch.rs): the kernel before must be done
+    sm90::gemm_layer_norm_n256_tma(ta, tw, tx, ty, bias, gamma, beta, tokens, k, eps);
 }
