@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 19's device call: what lies between the kernels of a batch. Checks first (the fused
-# product + norm harness, whose kernel now takes its output map apart from its residual's; the
-# fused encoder and attention against their references with the new launches and with cudarc's
-# tracking back on; geneformer's embed on the GPU against transformers), then the A/B of
-# bench/env_ab_gpu.sh: the binary before (BEFORE), this binary with cudarc's event tracking on
-# and PDL off, tracking off, tracking off + PDL (the default), and the attention kernel's
-# carveout at 100% on top; V1 and scGPT three rounds, V2 and UCE two (before / default).
+# product + norm harness, whose kernel takes its output map apart from its residual's; the fused
+# encoder and attention against their references, with cudarc's event tracking off and on;
+# geneformer's embed on the GPU against transformers), then the A/B of bench/env_ab_gpu.sh: the
+# binary before (BEFORE), this binary with cudarc's event tracking on, and as it is; V1 and
+# scGPT three rounds, V2 and UCE two. At commit 2de08cb the call also ran programmatic dependent
+# launch and the attention kernel's carveout as variants (SCFOUNDRY_PDL, SCFOUNDRY_ATTENTION_CARVEOUT,
+# removed since; BENCHMARKS.md, session 19).
 #
 #   bash bench/launch_gaps_gpu.sh OUT_DIR BINARY BEFORE [HARNESS]
 set -u
@@ -20,7 +21,7 @@ V1="--arch bert --layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --len
 SG="--arch bert --layers 12 --hidden 512 --heads 8 --ffn 512 --max-len 1200 --lengths $L"
 keys='import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ("check_attention_vs_reference","check_fused_encoder_vs_unfused","check_embedding_kernel_vs_candle","check_readback_lagged_vs_plain","attention_kernel","useful_tflops")})'
 for shape in V1 SG; do
-  for envs in "" "SCFOUNDRY_EVENT_TRACKING=1 SCFOUNDRY_PDL=0"; do
+  for envs in "" "SCFOUNDRY_EVENT_TRACKING=1"; do
     echo "check $shape [${envs:-default}]"
     # shellcheck disable=SC2086
     env $envs timeout 120 "$B" __bench-encoder ${!shape} --cells 256 --batch 64 --dtype bf16 --order sorted --activation relu --check --repeat 1 2>>"$OUT/err.txt" | python3 -c "$keys"
@@ -38,5 +39,5 @@ for p in ("f32", "bf16"):
     err = max(np.linalg.norm(got[i] - want[i]) / np.linalg.norm(want[i]) for i in np.where(ok)[0])
     print(f"geneformer embed --device cuda --precision {p}: largest relative error {err:.2e} over {ok.sum()} cells")
 PY
-ONLY=geneformer_v1,scgpt bash bench/env_ab_gpu.sh "$OUT/ab" "$B" 3 "before:BIN=$A" "tracking:SCFOUNDRY_EVENT_TRACKING=1,SCFOUNDRY_PDL=0" "notrack:SCFOUNDRY_PDL=0" "pdl:" "pdl_carve:SCFOUNDRY_ATTENTION_CARVEOUT=100"
-ONLY=geneformer_v2,uce_33l bash bench/env_ab_gpu.sh "$OUT/ab_big" "$B" 2 "before:BIN=$A" "pdl:"
+ONLY=geneformer_v1,scgpt bash bench/env_ab_gpu.sh "$OUT/ab" "$B" 3 "before:BIN=$A" "tracking:SCFOUNDRY_EVENT_TRACKING=1" "now:"
+ONLY=geneformer_v2,uce_33l bash bench/env_ab_gpu.sh "$OUT/ab_big" "$B" 2 "before:BIN=$A" "now:"

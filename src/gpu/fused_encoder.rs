@@ -15,7 +15,11 @@
 //!
 //! candle's ops on the same stack take 14 kernels a layer and allocate a new tensor for each; here
 //! three work buffers (QKV, attention output, feed-forward) are allocated once per call and reused
-//! by every layer. Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
+//! by every layer. The input is not copied into the hidden state first: the first layer's QKV
+//! product reads it where it is, and at d = 256 the fused output projection + norm1 reads it as
+//! the residual and writes the hidden state beside it (a copy of the batch's activations saved a
+//! batch: +0.9% on Geneformer V1, BENCHMARKS.md session 19; the two-kernel path copies first).
+//! Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
 
 use candle_core::{DType, Result, Tensor};
 

@@ -1,9 +1,10 @@
-//! `x <- LayerNorm(x + a W^T + b)` in one Hopper kernel (`kernels/gemm_layer_norm_sm90.cu`) for
+//! `y <- LayerNorm(x + a W^T + b)` (y = x in place, or beside x for the first layer) in one Hopper kernel (`kernels/gemm_layer_norm_sm90.cu`) for
 //! post-norm layers 256 wide (Geneformer V1): the fused encoder's output projection with its
 //! residual and norm1, and its second feed-forward product with its residual and norm2, each one
 //! pass over memory instead of a cuBLASLt product and a layer-norm kernel that reads the sum back.
 //! The kernel is persistent (one block an SM) and moves its operands with TMA, so it takes three
-//! tensor maps (`cuTensorMapEncodeTiled`), made here for each launch: a host call, no GPU work.
+//! or four tensor maps (`cuTensorMapEncodeTiled`; the output's is the residual's when in place),
+//! made here for each launch: a host call, no GPU work.
 //!
 //! Taken when the layer is 256 wide, the product's depth `k` a multiple of 64, the GPU a Hopper
 //! (compute capability 9.x, the binary built for it), the operands 16-byte aligned, and
@@ -14,12 +15,11 @@
 use std::sync::Mutex;
 
 use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{DeviceId, WrapErr};
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
-use super::launch::{self, param};
 use super::tma::tensor_map;
 
 /// Empty unless the binary was built for compute capability 9.0 (build.rs).
@@ -109,11 +109,17 @@ pub(crate) fn launch(
     };
     let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(ROWS).min(sms) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: SHARED };
     let (tokens, k) = (tokens as i32, k as i32);
-    let (pb, _b) = bias.device_ptr(&stream);
-    let (pg, _g) = gamma.device_ptr(&stream);
-    let (pe, _e) = beta.device_ptr(&stream);
-    let mut params = [param(&ta), param(&tw), param(&tx), param(&ty), param(&pb), param(&pg), param(&pe), param(&tokens), param(&k), param(&eps)];
-    // Safety: the parameters are the kernel's, in its order; the buffers outlive the launch
-    unsafe { launch::launch(&func, &stream, cfg, &mut params, launch::pdl(dev)) }?;
+    let mut b = func.builder();
+    b.arg(&ta);
+    b.arg(&tw);
+    b.arg(&tx);
+    b.arg(&ty);
+    b.arg(bias);
+    b.arg(gamma);
+    b.arg(beta);
+    b.arg(&tokens);
+    b.arg(&k);
+    b.arg(&eps);
+    unsafe { b.launch(cfg) }.w()?;
     Ok(true)
 }

@@ -16,7 +16,6 @@
 //! - `gemm_layer_norm.rs` (feature `cuda`): for 256-wide layers on Hopper, a product with its
 //!   residual and the layer norm after it in one kernel (`kernels/gemm_layer_norm_sm90.cu`).
 //! - `tma.rs` (feature `cuda`): TMA tensor maps for the Hopper kernels that move tiles with TMA.
-//! - `launch.rs` (feature `cuda`): our Hopper kernels launched with programmatic dependent launch.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -40,8 +39,6 @@ pub(crate) mod gemm;
 pub(crate) mod gemm_layer_norm;
 pub mod readback;
 pub mod segment_mean;
-#[cfg(feature = "cuda")]
-pub(crate) mod launch;
 #[cfg(feature = "cuda")]
 pub(crate) mod tma;
 pub mod upload;
@@ -158,17 +155,17 @@ pub fn preflight(spec: &DeviceSpec) -> Result<(), GpuError> {
 }
 
 /// candle's device on CUDA GPU `ordinal`, as every GPU path of scfoundry opens it: with cudarc's
-/// cross-stream event tracking off. candle queues all of a device's work on one stream, and our
-/// own copies (`pinned.rs`, `readback.rs`) record the events they need themselves, so tracking
-/// only adds work: two events created for every allocation, and a wait and a record on the
-/// stream for every buffer a kernel takes, between every two kernels. `SCFOUNDRY_EVENT_TRACKING=1`
-/// keeps cudarc's tracking (for an A/B).
+/// event tracking off. candle queues all of a device's work on one stream (CUDA's per-thread
+/// default stream), and our own copies (`pinned.rs`, `readback.rs`) record the events they need
+/// themselves, so tracking only adds work: cudarc creates two events for every allocation (and
+/// destroys them with it) whether or not a second stream ever exists. `SCFOUNDRY_EVENT_TRACKING=1`
+/// keeps cudarc's default (for an A/B; BENCHMARKS.md, session 19).
 pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     let device = candle_core::Device::new_cuda(ordinal)?;
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = &device {
         if std::env::var("SCFOUNDRY_EVENT_TRACKING").map_or(true, |v| v != "1") {
-            // Safety: one stream a device (candle's); see above.
+            // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
             unsafe { d.disable_event_tracking() };
         }
     }

@@ -86,13 +86,12 @@ pub(crate) use cuda::{kernel_name, launch as launch_fused};
 mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::cuda_backend::DeviceId;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape};
     use std::sync::Mutex;
 
-    use crate::gpu::launch::{self, param};
     use crate::gpu::tma;
 
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
@@ -117,11 +116,6 @@ mod cuda {
         let name = if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
             let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
-            if std::env::var("SCFOUNDRY_ATTENTION_CARVEOUT").is_ok_and(|v| v == "100") {
-                // all of L1 as shared memory, as the fused product + norm after it takes, so that
-                // the SM's split need not change between the two (an experiment, for an A/B)
-                func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
-            }
             "sm90"
         } else {
             "portable"
@@ -147,11 +141,13 @@ mod cuda {
             let map = tma::tensor_map(ptr, qkv.len() / width, width, 32)?;
             let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED };
-            let (po, _write_out) = out.device_ptr_mut(&stream);
-            let (pc, _read_cu) = offsets.device_ptr(&stream);
-            let mut params = [param(&map), param(&po), param(&pc), param(&heads), param(&scale_log2)];
-            // Safety: the parameters are the kernel's, in its order; the buffers outlive the launch
-            unsafe { launch::launch(&func, &stream, cfg, &mut params, launch::pdl(dev)) }?;
+            let mut b = func.builder();
+            b.arg(&map);
+            b.arg(out);
+            b.arg(offsets);
+            b.arg(&heads);
+            b.arg(&scale_log2);
+            unsafe { b.launch(cfg) }.w()?;
         } else {
             let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };

@@ -217,6 +217,5 @@ gemm_bias_residual_layer_norm_n256_tma_sm90(const __grid_constant__ sm90::Tensor
                                             const __nv_bfloat16 *__restrict__ bias,
                                             const __nv_bfloat16 *__restrict__ gamma, const __nv_bfloat16 *__restrict__ beta,
                                             const int tokens, const int k, const float eps) {
-    sm90::wait_for_previous_grid();  // launched with PDL (gpu/launch.rs): the kernel before must be done
     sm90::gemm_layer_norm_n256_tma(ta, tw, tx, ty, bias, gamma, beta, tokens, k, eps);
 }

@@ -26,13 +26,6 @@ __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.s
 __device__ __forceinline__ void pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// Programmatic dependent launch (gpu/launch.rs): wait until the grid before this one on the
-// stream has completed and its writes are visible (returns at once for a kernel launched without
-// PDL), and let the grid after this one be scheduled now (its blocks then wait in their own
-// wait_for_previous_grid, so this changes when they start, not what they see).
-__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-
 // A TMA tensor map (CUtensorMap, made on the host by cuTensorMapEncodeTiled), passed by value as
 // a __grid_constant__ kernel parameter; its address is what the bulk tensor copies take.
 struct alignas(64) TensorMap {

@@ -376,9 +376,5 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    // launched with PDL (gpu/launch.rs): the QKV product before must be done; the next kernel's
-    // blocks may take an SM as soon as ours leave it
-    sm90::wait_for_previous_grid();
-    sm90::allow_next_grid();
     sm90::attention<2, 96, 2, true, true>(nullptr, out, cu, heads, scale_log2, &map);
 }
