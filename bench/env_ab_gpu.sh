@@ -17,12 +17,7 @@ mkdir -p "$OUT"; rm -f "$OUT"/*.jsonl; export SCFOUNDRY_NO_PROGRESS=1
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 ONLY=${ONLY:-geneformer_v1,scgpt}
 real=bench/token_lengths_wu2020.txt; uce="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$uce"
-shapes=(
-  "geneformer_v1|--arch bert --layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $real --cells 2048 --batch 64"
-  "scgpt|--arch bert --layers 12 --hidden 512 --heads 8 --ffn 512 --max-len 1200 --lengths $real --cells 2048 --batch 64"
-  "geneformer_v2|--arch bert --layers 12 --hidden 768 --heads 12 --ffn 3072 --max-len 4096 --lengths $real --cells 512 --batch 16"
-  "uce_33l|--arch bert --layers 33 --hidden 1280 --heads 20 --ffn 5120 --max-len 1536 --lengths $uce --cells 256 --batch 16"
-)
+source bench/issue5_shapes.sh
 ceiling() { timeout 120 "$BIN" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $real 2>>"$OUT/err.txt" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('ceiling', round(d['ceiling_tflops'],1), 'half', round(d['half_ceiling_tflops'],1))"; }
 # run ENVLIST ARGS...: the binary under the variant's environment (BIN=path in the list runs
 # another binary, for an A/B against an earlier build)

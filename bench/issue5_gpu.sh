@@ -19,15 +19,7 @@ W=$(mktemp -d); cp tests/fixtures/geneformer/pbmc68k_50.h5ad "$W/cells.h5ad"; FX
 cp "$W"/gf_f32.h5ad "$W"/gf_bf16.h5ad "$OUT"/ 2>/dev/null
 tail -20 "$OUT/gf.log"
 # the GPU embeddings against transformers' (the fixture's reference), where h5py is installed
-python3 - "$W" <<'PY' || echo "(h5py missing: compare $OUT/gf_*.h5ad with tests/fixtures/geneformer/reference.json)"
-import json, sys, h5py, numpy as np
-want = np.array(json.load(open("tests/fixtures/geneformer/reference.json"))["v1"]["embeddings"]["emb_layer_-1_cell"], dtype=np.float64)
-for p in ("f32", "bf16"):
-    got = h5py.File(f"{sys.argv[1]}/gf_{p}.h5ad", "r")["obsm/X_geneformer"][()].astype(np.float64)
-    ok = ~np.isnan(want).any(axis=1)
-    err = max(np.linalg.norm(got[i] - want[i]) / np.linalg.norm(want[i]) for i in np.where(ok)[0])
-    print(f"geneformer embed --device cuda --precision {p}: largest relative error {err:.2e} over {ok.sum()} cells")
-PY
+python3 bench/geneformer_embed_vs_reference.py "$W" || echo "(h5py missing: compare $OUT/gf_*.h5ad with tests/fixtures/geneformer/reference.json)"
 E=$(mktemp -d); STEP_TIMEOUT=150 bash bench/encoder_throughput.sh "$E" "$B" > "$OUT/enc.log" 2>&1; cp "$E/encoder_throughput.jsonl" "$OUT/"
 python3 -c "
 import json

@@ -30,14 +30,6 @@ done
 # geneformer's embed on the GPU (the task path: gpu/cuda.rs start) against transformers' embeddings
 W=$(mktemp -d); cp tests/fixtures/geneformer/pbmc68k_50.h5ad "$W/cells.h5ad"; FX=$PWD/tests/fixtures/geneformer/v1
 ( cd "$W" && for p in f32 bf16; do timeout 120 "$B" embed -m geneformer -d cells.h5ad -o gf_$p.h5ad --model-dir "$FX" --device cuda --precision $p --batch-size 8 > /dev/null 2>&1; echo "embed $p rc=$?"; done )
-python3 - "$W" <<'PY'
-import json, sys, h5py, numpy as np
-want = np.array(json.load(open("tests/fixtures/geneformer/reference.json"))["v1"]["embeddings"]["emb_layer_-1_cell"], dtype=np.float64)
-for p in ("f32", "bf16"):
-    got = h5py.File(f"{sys.argv[1]}/gf_{p}.h5ad", "r")["obsm/X_geneformer"][()].astype(np.float64)
-    ok = ~np.isnan(want).any(axis=1)
-    err = max(np.linalg.norm(got[i] - want[i]) / np.linalg.norm(want[i]) for i in np.where(ok)[0])
-    print(f"geneformer embed --device cuda --precision {p}: largest relative error {err:.2e} over {ok.sum()} cells")
-PY
+python3 bench/geneformer_embed_vs_reference.py "$W"
 ONLY=geneformer_v1,scgpt bash bench/env_ab_gpu.sh "$OUT/ab" "$B" 3 "before:BIN=$A" "tracking:SCFOUNDRY_EVENT_TRACKING=1" "now:"
 ONLY=geneformer_v2,uce_33l bash bench/env_ab_gpu.sh "$OUT/ab_big" "$B" 2 "before:BIN=$A" "now:"
