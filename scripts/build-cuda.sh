@@ -89,7 +89,8 @@ strip dist/cuda/scfoundry.tmp
 mv dist/cuda/scfoundry.tmp dist/cuda/scfoundry
 echo "build-cuda: dist/cuda/scfoundry ($(du -h dist/cuda/scfoundry | cut -f1)); needs: $(ldd dist/cuda/scfoundry | awk '{print $1}' | tr '\n' ' ')"
 # The attention kernels, the layer norm and the fused product + layer norm alone
-# (bench/attention_kernels.cu, bench/layer_norm_kernels.cu, bench/gemm_layer_norm_kernels.cu:
+# (bench/attention_kernels.cu, bench/layer_norm_kernels.cu, bench/gemm_layer_norm_kernels.cu,
+# and bench/pdl_check.cu:
 # checked and timed on a GPU machine); built here so that they keep compiling. Hopper only: the
 # wgmma kernels need sm_90a.
 if [[ $CUDA_COMPUTE_CAP == 90 ]]; then
@@ -99,4 +100,9 @@ if [[ $CUDA_COMPUTE_CAP == 90 ]]; then
   echo "build-cuda: dist/cuda/layer_norm_kernels"
   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/gemm_layer_norm_kernels bench/gemm_layer_norm_kernels.cu
   echo "build-cuda: dist/cuda/gemm_layer_norm_kernels"
+  # programmatic dependent launch alone (BENCHMARKS.md, session 19): as machine code, and as PTX
+  # the driver compiles at load, as scfoundry's own kernels are loaded
+  nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/pdl_check bench/pdl_check.cu
+  nvcc -gencode arch=compute_90a,code=compute_90a -O3 -L"$CU/lib" -o dist/cuda/pdl_check_ptx bench/pdl_check.cu
+  echo "build-cuda: dist/cuda/pdl_check, dist/cuda/pdl_check_ptx"
 fi
