@@ -1,5 +1,5 @@
 # Issue #5's full shapes as `__bench-encoder` arguments, "name|arguments", as
-# bench/encoder_throughput.sh runs them; sourced by bench/ab_encoder_gpu.sh and bench/env_ab_gpu.sh
+# bench/encoder_throughput.sh runs them; sourced by bench/env_ab_gpu.sh (which bench/ab_encoder_gpu.sh runs)
 # (set $real and $uce, the token-length files, first).
 # shellcheck shell=bash disable=SC2034
 shapes=(
