@@ -34,11 +34,7 @@ pub fn synthetic_cell(i: usize, nnz: usize, genes: usize) -> Vec<(u32, f32)> {
 }
 
 fn device_of(name: &str) -> anyhow::Result<Device> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(crate::gpu::cuda_device(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?),
-        other => Err(Error::BadOption { option: "--device".into(), detail: format!("{other:?}"), hint: Some("cpu or cuda".into()) }.into()),
-    }
+    Ok(crate::gpu::bench_device(name)?)
 }
 
 pub fn run(a: &BenchCellplmArgs) -> anyhow::Result<ExitStatus> {

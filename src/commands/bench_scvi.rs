@@ -7,12 +7,10 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
 use serde_json::json;
 
 use crate::cli::BenchScviArgs;
 use crate::commands::ExitStatus;
-use crate::error::Error;
 use crate::methods::scvi_pretrained::{Arch, Latent, PretrainedScvi};
 
 /// Synthetic counts of cell `i`, gene `j` (bench/scvi_torch.py computes the same).
@@ -22,11 +20,7 @@ pub fn synthetic_count(i: usize, j: usize) -> f32 {
 }
 
 pub fn run(a: &BenchScviArgs) -> anyhow::Result<ExitStatus> {
-    let device = match a.device.as_str() {
-        "cpu" => Device::Cpu,
-        "cuda" => crate::gpu::cuda_device(0).map_err(|e| Error::BadOption { option: "--device".into(), detail: e.to_string(), hint: Some("a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU".into()) })?,
-        other => return Err(Error::BadOption { option: "--device".into(), detail: format!("{other:?}"), hint: Some("cpu or cuda".into()) }.into()),
-    };
+    let device = crate::gpu::bench_device(&a.device)?;
     let arch = Arch {
         model_name: "SCVI".into(),
         scvi_version: "random".into(),

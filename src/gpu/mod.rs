@@ -172,6 +172,16 @@ pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     Ok(device)
 }
 
+/// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it.
+pub fn bench_device(name: &str) -> Result<candle_core::Device, crate::error::Error> {
+    let bad = |detail: String, hint: &str| crate::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
+    match name {
+        "cpu" => Ok(candle_core::Device::Cpu),
+        "cuda" => cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU")),
+        other => Err(bad(format!("{other:?}"), "cpu or cuda")),
+    }
+}
+
 /// Whether an error message is CUDA's out-of-memory (from the driver or our limit).
 pub fn is_out_of_memory(message: &str) -> bool {
     message.contains("CUDA_ERROR_OUT_OF_MEMORY") || message.contains("out of memory")
