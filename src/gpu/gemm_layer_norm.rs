@@ -20,7 +20,7 @@ use candle_core::cuda_backend::{DeviceId, WrapErr};
 use candle_core::{CudaDevice, Result};
 use half::bf16;
 
-use super::tma::tensor_map;
+use super::tma::{self, tensor_map};
 
 /// Empty unless the binary was built for compute capability 9.0 (build.rs).
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemm_layer_norm_sm90.ptx"));
@@ -81,12 +81,12 @@ pub(crate) fn launch(
     eps: f32,
 ) -> Result<bool> {
     let stream = dev.cuda_stream();
-    let at = |p: u64, bytes: u64| p % bytes == 0;
-    let aligned = at(a.device_ptr(&stream).0, 16)
-        && at(w.device_ptr(&stream).0, 16)
-        && at(x.device_ptr(&stream).0, 16)
-        && residual.is_none_or(|r| at(r.device_ptr(&stream).0, 16))
-        && [bias, gamma, beta].iter().all(|v| at(v.device_ptr(&stream).0, 4));
+    // the matrices as the tensor maps take them (gpu/tma.rs), the vectors read as bf16 pairs
+    let aligned = tma::fits(a.device_ptr(&stream).0, k)
+        && tma::fits(w.device_ptr(&stream).0, k)
+        && tma::fits(x.device_ptr(&stream).0, WIDTH)
+        && residual.is_none_or(|r| tma::fits(r.device_ptr(&stream).0, WIDTH))
+        && [bias, gamma, beta].iter().all(|v| v.device_ptr(&stream).0 % 4 == 0);
     if !aligned {
         return Ok(false);
     }
@@ -99,7 +99,6 @@ pub(crate) fn launch(
     let (pa, _read_a) = a.device_ptr(&stream);
     let (pw, _read_w) = w.device_ptr(&stream);
     let (px, _write_x) = x.device_ptr_mut(&stream);
-    // (alignment checked above: 16-byte addresses; rows of k and 256 bf16 are multiples of 16 bytes)
     let ta = tensor_map(pa, tokens, k, ROWS as u32)?;
     let tw = tensor_map(pw, WIDTH, k, WIDTH as u32)?;
     let ty = tensor_map(px, tokens, WIDTH, ROWS as u32)?;
