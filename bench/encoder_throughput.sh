@@ -25,9 +25,11 @@ uce="$out/uce_lengths.txt"
 yes 1072 | head -200 > "$uce"
 # name layers hidden heads ffn max_len batch cells lengths torch-pad-to activation (each
 # model's own, ReLU for all four: Geneformer's pretraining config sets hidden_act "relu", as our
-# parity fixtures do; scGPT and UCE use nn.TransformerEncoderLayer's default)
+# parity fixtures do; scGPT and UCE use nn.TransformerEncoderLayer's default). Geneformer V1
+# runs 100 cells a batch on both sides: its method default (methods/geneformer.toml, upstream's
+# forward_batch_size); 64 until session 20.
 shapes=(
-  "geneformer_v1 6 256 4 512 2048 64 2048 $real 0 relu"
+  "geneformer_v1 6 256 4 512 2048 100 2048 $real 0 relu"
   "scgpt 12 512 8 512 1200 64 2048 $real 0 relu"
   "geneformer_v2 12 768 12 3072 4096 16 512 $real 0 relu"
   "uce_33l 33 1280 20 5120 1536 16 256 $uce 1536 relu"

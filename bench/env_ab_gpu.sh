@@ -8,6 +8,7 @@
 #
 #   bash bench/env_ab_gpu.sh OUT_DIR BINARY ROUNDS "name:VAR=1,VAR2=0" "name2:VAR=0" ...
 #   bash bench/env_ab_gpu.sh OUT_DIR BINARY 3 "before:BIN=dist/before/scfoundry" "now:"   # against another build
+#   bash bench/env_ab_gpu.sh OUT_DIR BINARY 3 "b64:" "b100:--batch=100"   # another value of a shape's flag
 #   ONLY=geneformer_v1,scgpt bash bench/env_ab_gpu.sh ...      # some shapes only (default: these two)
 set -u
 cd "$(dirname "$0")/.."
@@ -20,11 +21,23 @@ real=bench/token_lengths_wu2020.txt; uce="$OUT/uce_lengths.txt"; yes 1072 | head
 source bench/issue5_shapes.sh
 ceiling() { timeout 120 "$BIN" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $real 2>>"$OUT/err.txt" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('ceiling', round(d['ceiling_tflops'],1), 'half', round(d['half_ceiling_tflops'],1))"; }
 # run ENVLIST ARGS...: the binary under the variant's environment (BIN=path in the list runs
-# another binary, for an A/B against an earlier build)
+# another binary, for an A/B against an earlier build; --flag=value replaces the shape's --flag,
+# e.g. "b100:--batch=100")
 run() {
-  local envs=$1 bin=$BIN kv; shift; local e=(SCFOUNDRY_NO_PROGRESS=1)
-  for kv in ${envs//,/ }; do if [[ $kv == BIN=* ]]; then bin=${kv#BIN=}; else e+=("$kv"); fi; done
-  env "${e[@]}" timeout 200 "$bin" __bench-encoder "$@" 2>>"$OUT/err.txt"
+  local envs=$1 bin=$BIN kv; shift; local e=(SCFOUNDRY_NO_PROGRESS=1) args=("$@") flags=() i
+  for kv in ${envs//,/ }; do
+    if [[ $kv == BIN=* ]]; then bin=${kv#BIN=}
+    elif [[ $kv == --*=* ]]; then flags+=("${kv%%=*}" "${kv#*=}")
+    else e+=("$kv"); fi
+  done
+  for ((i = 0; i < ${#flags[@]}; i += 2)); do
+    local kept=() j
+    for ((j = 0; j < ${#args[@]}; j++)); do
+      if [[ ${args[j]} == "${flags[i]}" ]]; then j=$((j + 1)); else kept+=("${args[j]}"); fi
+    done
+    args=("${kept[@]}" "${flags[i]}" "${flags[i + 1]}")
+  done
+  env "${e[@]}" timeout "${STEP_TIMEOUT:-200}" "$bin" __bench-encoder "${args[@]}" 2>>"$OUT/err.txt"
 }
 ceiling
 for s in "${shapes[@]}"; do

@@ -219,7 +219,9 @@ impl Resource {
         let mut limit = options.limit.map(|b| b.0);
         let upstream = match kind {
             AllocatorKind::Async => {
-                let mut threshold: u64 = options.release_threshold.map(|b| b.0).unwrap_or(0);
+                // RMM's cuda_async_memory_resource default: keep up to the card's memory (the driver's
+                // 0 hands free memory back at every synchronisation)
+                let mut threshold: u64 = options.release_threshold.map(|b| b.0).unwrap_or(total as u64);
                 unsafe {
                     sys::cuMemPoolSetAttribute(default_pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void)
                         .result()

@@ -168,8 +168,48 @@ pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
             // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
             unsafe { d.disable_event_tracking() };
         }
+        default_pool_release_threshold(d, std::env::var("SCFOUNDRY_POOL_RELEASE").ok().as_deref())?;
     }
     Ok(device)
+}
+
+/// The device's default memory pool (where candle's allocations and `--allocator async` take
+/// memory) keeps what it holds up to the card's total memory, RMM's `cuda_async_memory_resource`
+/// default, instead of the driver's 0, with which every synchronisation (a batch's read-back) may
+/// hand the pool's free memory back to the system for the next batch to map again.
+/// `SCFOUNDRY_POOL_RELEASE=BYTES` sets another threshold (0: the driver's; for an A/B,
+/// BENCHMARKS.md, session 20).
+#[cfg(feature = "cuda")]
+fn default_pool_release_threshold(d: &candle_core::CudaDevice, value: Option<&str>) -> candle_core::Result<()> {
+    use cudarc::driver::sys;
+    let msg = |what: &str, e: sys::CUresult| candle_core::Error::Msg(format!("{what}: {e:?}"));
+    let ctx = d.cuda_stream().context().clone();
+    ctx.bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("cuCtxSetCurrent: {e}")))?;
+    let mut bytes: u64 = match value {
+        Some(v) => v.trim().parse().map_err(|_| candle_core::Error::Msg(format!("SCFOUNDRY_POOL_RELEASE={v:?}: give a number of bytes (0: the driver's default)")))?,
+        None => {
+            let mut total = 0usize;
+            // Safety: a valid out-pointer and device handle
+            let r = unsafe { sys::cuDeviceTotalMem_v2(&mut total, ctx.cu_device()) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(msg("cuDeviceTotalMem", r));
+            }
+            total as u64
+        }
+    };
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // Safety: valid out-pointers, the device's context bound; the default pool is the device's.
+    unsafe {
+        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(msg("cuDeviceGetDefaultMemPool", r));
+        }
+        let r = sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut bytes as *mut u64 as *mut std::ffi::c_void);
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(msg("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", r));
+        }
+    }
+    Ok(())
 }
 
 /// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it.

@@ -166,8 +166,9 @@ pub struct AllocatorOptions {
     #[serde(default)]
     pub kind: AllocatorKind,
     /// async, pool, managed-pool: bytes a pool keeps reserved after frees before it returns
-    /// memory to the system (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD). async's default: 0 as the
-    /// driver's; pool's: everything (a pool keeps what it reserved).
+    /// memory to the system (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD). async's default: the card's
+    /// total memory, as RMM's cuda_async_memory_resource (the driver's own is 0); pool's:
+    /// everything (a pool keeps what it reserved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_threshold: Option<ByteSize>,
     /// pool, managed-pool: reserved when the run starts.
