@@ -519,7 +519,8 @@ pub struct DeviceArgs {
     /// (plain cuMemAlloc). Also `[allocator] kind` in scfoundry.toml.
     #[arg(long, value_enum, value_name = "KIND")]
     pub allocator: Option<crate::gpu::AllocatorKind>,
-    /// async/pool/managed-pool: memory a pool keeps after frees before returning it (e.g. 4GiB).
+    /// async/pool/managed-pool: memory a pool keeps after frees before returning it (e.g. 4GiB;
+    /// async default: the card's memory, as RMM; pool: everything it reserved).
     #[arg(long, value_name = "SIZE")]
     pub release_threshold: Option<crate::gpu::ByteSize>,
     /// pool/managed-pool: reserved at start (pool default: half the free memory, as RMM).
