@@ -168,15 +168,15 @@ pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
             // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
             unsafe { d.disable_event_tracking() };
         }
-        default_pool_release_threshold(d, std::env::var("SCFOUNDRY_POOL_RELEASE").ok().as_deref())?;
     }
     Ok(device)
 }
 
-/// The device's default memory pool (where candle's allocations and `--allocator async` take
-/// memory) keeps what it holds up to the card's total memory, RMM's `cuda_async_memory_resource`
-/// default, instead of the driver's 0, with which every synchronisation (a batch's read-back) may
-/// hand the pool's free memory back to the system for the next batch to map again.
+/// For the `__bench-*` commands, which take memory straight from the device's default pool (no
+/// resource installed): the pool keeps what it holds up to the card's total memory, as the task
+/// path's `--allocator async` does (`gpu/cuda.rs`, RMM's `cuda_async_memory_resource` default),
+/// instead of the driver's 0, with which every synchronisation (a batch's read-back) may hand the
+/// pool's free memory back to the system for the next batch to map again.
 /// `SCFOUNDRY_POOL_RELEASE=BYTES` sets another threshold (0: the driver's; for an A/B,
 /// BENCHMARKS.md, session 20).
 #[cfg(feature = "cuda")]
@@ -212,12 +212,20 @@ fn default_pool_release_threshold(d: &candle_core::CudaDevice, value: Option<&st
     Ok(())
 }
 
-/// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it.
+/// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it,
+/// its default pool keeping its memory ([`default_pool_release_threshold`]).
 pub fn bench_device(name: &str) -> Result<candle_core::Device, crate::error::Error> {
     let bad = |detail: String, hint: &str| crate::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
     match name {
         "cpu" => Ok(candle_core::Device::Cpu),
-        "cuda" => cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU")),
+        "cuda" => {
+            let device = cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU"))?;
+            #[cfg(feature = "cuda")]
+            if let candle_core::Device::Cuda(d) = &device {
+                default_pool_release_threshold(d, std::env::var("SCFOUNDRY_POOL_RELEASE").ok().as_deref()).map_err(|e| bad(e.to_string(), "SCFOUNDRY_POOL_RELEASE takes a number of bytes"))?;
+            }
+            Ok(device)
+        }
         other => Err(bad(format!("{other:?}"), "cpu or cuda")),
     }
 }
