@@ -4,7 +4,8 @@
 //!
 //! Each resource wraps one driver mechanism:
 //! - async: `cuMemAllocAsync`/`cuMemFreeAsync` on the device's default pool, whose release
-//!   threshold is set from `--release-threshold` (RMM's cuda_async_memory_resource does the same);
+//!   threshold is set from `--release-threshold`, by default the card's memory (RMM's
+//!   cuda_async_memory_resource does the same; the driver's own default is 0);
 //! - pool: a pool of our own (`cuMemPoolCreate`, `maxSize` = `--maximum-pool-size`), filled to
 //!   `--initial-pool-size` at start and never trimmed (release threshold = maximum);
 //! - managed: `cuMemAllocManaged` + `cuMemPrefetchAsync` to the device, `cuMemFree` after the
