@@ -220,14 +220,7 @@ impl Resource {
         let mut limit = options.limit.map(|b| b.0);
         let upstream = match kind {
             AllocatorKind::Async => {
-                // RMM's cuda_async_memory_resource default: keep up to the card's memory (the driver's
-                // 0 hands free memory back at every synchronisation)
-                let mut threshold: u64 = options.release_threshold.map(|b| b.0).unwrap_or(total as u64);
-                unsafe {
-                    sys::cuMemPoolSetAttribute(default_pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut c_void)
-                        .result()
-                        .map_err(drv("cuMemPoolSetAttribute(RELEASE_THRESHOLD)"))?
-                };
+                keep_in_default_pool(dev, options.release_threshold.map(|b| b.0))?;
                 Upstream::DefaultPool
             }
             AllocatorKind::Pool | AllocatorKind::ManagedPool => {
@@ -243,12 +236,7 @@ impl Resource {
                     });
                 }
                 let pool = create_pool(ordinal as i32, managed, maximum)?;
-                let mut keep: u64 = options.release_threshold.map(|b| b.0).unwrap_or(u64::MAX);
-                unsafe {
-                    sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep as *mut u64 as *mut c_void)
-                        .result()
-                        .map_err(drv("cuMemPoolSetAttribute(RELEASE_THRESHOLD)"))?
-                };
+                set_release_threshold(pool, options.release_threshold.map(|b| b.0).unwrap_or(u64::MAX))?;
                 if initial > 0 {
                     // fill the pool: one allocation of the initial size, freed back into it
                     unsafe {
@@ -446,6 +434,39 @@ impl Resource {
             batch_size: None,
         }
     }
+}
+
+/// `pool`'s release threshold: the bytes it keeps reserved after frees before it hands memory
+/// back to the system (at the next synchronisation).
+fn set_release_threshold(pool: CUmemoryPool, mut bytes: u64) -> Result<(), GpuError> {
+    // SAFETY: a valid pool handle and a pointer to a u64, the attribute's type.
+    unsafe {
+        sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut bytes as *mut u64 as *mut c_void)
+            .result()
+            .map_err(drv("cuMemPoolSetAttribute(RELEASE_THRESHOLD)"))
+    }
+}
+
+/// Device `dev`'s default memory pool keeps up to `threshold` bytes after frees, by default the
+/// card's total memory: RMM's cuda_async_memory_resource default. The driver's own is 0, with
+/// which every synchronisation (a batch's read-back) may hand the pool's free memory back for the
+/// next batch to map again (BENCHMARKS.md, session 20). Taken by `--allocator async`
+/// ([`Resource::new`]) and by the `__bench-*` commands, which allocate from the default pool with
+/// no resource installed (`gpu::bench_device`). Needs a context of `dev` bound.
+pub(crate) fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Result<(), GpuError> {
+    let bytes = match threshold {
+        Some(b) => b,
+        None => {
+            let mut total = 0usize;
+            // SAFETY: a valid out-pointer and device handle.
+            unsafe { sys::cuDeviceTotalMem_v2(&mut total, dev).result().map_err(drv("cuDeviceTotalMem"))? };
+            total as u64
+        }
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and device handle.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev).result().map_err(drv("cuDeviceGetDefaultMemPool"))? };
+    set_release_threshold(pool, bytes)
 }
 
 fn create_pool(ordinal: i32, managed: bool, maximum: u64) -> Result<CUmemoryPool, GpuError> {

@@ -172,48 +172,10 @@ pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     Ok(device)
 }
 
-/// For the `__bench-*` commands, which take memory straight from the device's default pool (no
-/// resource installed): the pool keeps what it holds up to the card's total memory, as the task
-/// path's `--allocator async` does (`gpu/cuda.rs`, RMM's `cuda_async_memory_resource` default),
-/// instead of the driver's 0, with which every synchronisation (a batch's read-back) may hand the
-/// pool's free memory back to the system for the next batch to map again.
-/// `SCFOUNDRY_POOL_RELEASE=BYTES` sets another threshold (0: the driver's; for an A/B,
-/// BENCHMARKS.md, session 20).
-#[cfg(feature = "cuda")]
-fn default_pool_release_threshold(d: &candle_core::CudaDevice, value: Option<&str>) -> candle_core::Result<()> {
-    use cudarc::driver::sys;
-    let msg = |what: &str, e: sys::CUresult| candle_core::Error::Msg(format!("{what}: {e:?}"));
-    let ctx = d.cuda_stream().context().clone();
-    ctx.bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("cuCtxSetCurrent: {e}")))?;
-    let mut bytes: u64 = match value {
-        Some(v) => v.trim().parse().map_err(|_| candle_core::Error::Msg(format!("SCFOUNDRY_POOL_RELEASE={v:?}: give a number of bytes (0: the driver's default)")))?,
-        None => {
-            let mut total = 0usize;
-            // Safety: a valid out-pointer and device handle
-            let r = unsafe { sys::cuDeviceTotalMem_v2(&mut total, ctx.cu_device()) };
-            if r != sys::CUresult::CUDA_SUCCESS {
-                return Err(msg("cuDeviceTotalMem", r));
-            }
-            total as u64
-        }
-    };
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // Safety: valid out-pointers, the device's context bound; the default pool is the device's.
-    unsafe {
-        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(msg("cuDeviceGetDefaultMemPool", r));
-        }
-        let r = sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut bytes as *mut u64 as *mut std::ffi::c_void);
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(msg("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", r));
-        }
-    }
-    Ok(())
-}
-
 /// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it,
-/// its default pool keeping its memory ([`default_pool_release_threshold`]).
+/// its default pool (which they allocate from, no resource installed) keeping its memory as
+/// `--allocator async` does (`cuda::keep_in_default_pool`); `SCFOUNDRY_POOL_RELEASE=BYTES` sets
+/// another threshold (0: the driver's default; for an A/B, BENCHMARKS.md, session 20).
 pub fn bench_device(name: &str) -> Result<candle_core::Device, crate::error::Error> {
     let bad = |detail: String, hint: &str| crate::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
     match name {
@@ -222,7 +184,13 @@ pub fn bench_device(name: &str) -> Result<candle_core::Device, crate::error::Err
             let device = cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU"))?;
             #[cfg(feature = "cuda")]
             if let candle_core::Device::Cuda(d) = &device {
-                default_pool_release_threshold(d, std::env::var("SCFOUNDRY_POOL_RELEASE").ok().as_deref()).map_err(|e| bad(e.to_string(), "SCFOUNDRY_POOL_RELEASE takes a number of bytes"))?;
+                let threshold = match std::env::var("SCFOUNDRY_POOL_RELEASE") {
+                    Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| bad(format!("SCFOUNDRY_POOL_RELEASE={v:?}"), "a number of bytes (0: the driver's default)"))?),
+                    Err(_) => None,
+                };
+                let ctx = d.cuda_stream().context().clone();
+                ctx.bind_to_thread().map_err(|e| bad(format!("cuCtxSetCurrent: {e}"), "a CUDA build of scfoundry on a machine with a GPU"))?;
+                cuda::keep_in_default_pool(ctx.cu_device(), threshold).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry on a machine with a GPU"))?;
             }
             Ok(device)
         }
