@@ -7,7 +7,10 @@ Run it once per anndata version, each in its own venv (Python 3.11):
 
     anndata 0.8.0   pip install "anndata==0.8.0" "pandas<2" "numpy<1.24" "h5py<3.10" "scipy<1.12"
     anndata 0.10.9  pip install "anndata==0.10.9" "pandas<2.3" "numpy<2" "scipy<1.14" "h5py<3.12"
+    anndata 0.11.4  pip install -r ci/anndata-0.11.txt                      (Python 3.11)
     anndata 0.12.x  pip install -r ci/requirements.txt
+    anndata 0.13.4  pip install -r ci/anndata-0.13.txt   (Python 3.12, pandas 3: the obs/var index and
+                    string columns are written as `nullable-string-array`)
 
 For anndata X.Y.* it writes, 40 cells x 30 genes, seed 0 (numpy RandomState, whose stream
 is stable across numpy versions, so every version writes the same numbers):
@@ -111,6 +114,8 @@ def kind(s: pd.Series) -> str:
         return "nullable-integer"
     if isinstance(d, pd.BooleanDtype):
         return "nullable-boolean"
+    if isinstance(d, pd.StringDtype) or not isinstance(d, np.dtype):
+        return "string"                                  # pandas 3: strings are pandas' string dtype
     if d == bool:
         return "bool"
     if np.issubdtype(d, np.integer):

@@ -35,6 +35,11 @@ pub struct GlobalArgs {
     /// No progress bars and no summary lines; warnings and errors are still printed.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Cell Ranger .h5 input with several genomes: read this genome's genes. Needed for a v2
+    /// file with several genomes; a v3 file keeps every genome's genes without it, as
+    /// scanpy.read_10x_h5 does. Task processes get it as $SCFOUNDRY_GENOME.
+    #[arg(long, global = true, value_name = "NAME", env = "SCFOUNDRY_GENOME")]
+    pub genome: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

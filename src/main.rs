@@ -43,6 +43,10 @@ fn report(err: &anyhow::Error) {
 
 fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
     let g = &cli.global;
+    if let Some(genome) = &g.genome {
+        // read by anndata::convert here and in the task processes this run starts
+        std::env::set_var(scfoundry::settings::EnvVars::GENOME, genome);
+    }
     if let Commands::Task { spec } = &cli.command {
         return commands::task::run(spec);
     }

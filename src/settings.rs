@@ -22,6 +22,12 @@ impl EnvVars {
     pub const MANIFEST: &'static str = "SCFOUNDRY_MANIFEST";
     /// The folder with scfoundry's Nextflow pipeline (main.nf), for `--executor nextflow`.
     pub const PIPELINE: &'static str = "SCFOUNDRY_PIPELINE";
+    /// The genome to read from a Cell Ranger matrix with several (set by `--genome`, and passed
+    /// on to task processes).
+    pub const GENOME: &'static str = "SCFOUNDRY_GENOME";
+    /// Where converted copies of legacy AnnData and Cell Ranger files are kept (default
+    /// `~/.cache/scfoundry/converted-v1`).
+    pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
     /// Fault injection for tests of failure handling: the project step of this shard exits 1.
     pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
 }

@@ -229,11 +229,16 @@ pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u
 
 /// The default weights folder when neither flag, environment nor workspace names one.
 pub fn default_dir() -> PathBuf {
+    cache_base().join("weights-v1")
+}
+
+/// scfoundry's folder in the user's cache: `$XDG_CACHE_HOME/scfoundry`, else `~/.cache/scfoundry`.
+pub fn cache_base() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("scfoundry").join("weights-v1")
+    base.join("scfoundry")
 }
 
 #[cfg(test)]

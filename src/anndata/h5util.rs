@@ -1,7 +1,11 @@
 //! Small helpers over the hdf5 crate for AnnData's encoding conventions.
 
 use hdf5::types::{TypeDescriptor, VarLenAscii, VarLenUnicode};
+use std::path::Path;
+
 use hdf5::{Attribute, Container, Dataset, Group, Location};
+
+use crate::error::{Error, Result};
 
 /// Read a string attribute whatever its string flavour (vlen/fixed, ASCII/UTF-8).
 pub fn str_attr(loc: &Location, name: &str) -> Option<String> {
@@ -39,22 +43,30 @@ pub fn str_array_attr(loc: &Location, name: &str) -> Option<Vec<String>> {
     read_strings_container(&attr)
 }
 
-fn read_fixed_bytes(c: &Container, width: usize, n: usize) -> Option<Vec<u8>> {
-    // Fixed-length strings: read through a byte-array memory type of the same width.
-    macro_rules! try_width {
-        ($($w:literal),*) => {
-            match width {
-                $($w => {
-                    let v: Vec<hdf5::types::FixedAscii<$w>> = c.read_raw().ok()?;
-                    let mut out = Vec::with_capacity(n * $w);
-                    for s in v { let b = s.as_bytes(); out.extend_from_slice(b); out.extend(std::iter::repeat(0u8).take($w - b.len())); }
-                    Some(out)
-                })*
-                _ => None,
-            }
-        };
-    }
-    try_width!(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 24, 25, 30, 32, 40, 48, 50, 64, 100, 128, 256)
+/// Read every element of a dataset or attribute through the memory type `desc` of
+/// `elem_size` bytes, as raw bytes: fixed-width strings of any width, one member of a compound.
+pub fn read_bytes_as(c: &Container, desc: &TypeDescriptor, elem_size: usize) -> Option<Vec<u8>> {
+    let mem = hdf5::Datatype::from_descriptor(desc).ok()?;
+    let mut buf = vec![0u8; c.size().max(1) * elem_size];
+    let rc = hdf5::sync::sync(|| unsafe {
+        if c.id_type() == hdf5_sys::h5i::H5I_type_t::H5I_ATTR {
+            hdf5_sys::h5a::H5Aread(c.id(), mem.id(), buf.as_mut_ptr().cast())
+        } else {
+            hdf5_sys::h5d::H5Dread(c.id(), mem.id(), hdf5_sys::h5s::H5S_ALL, hdf5_sys::h5s::H5S_ALL, hdf5_sys::h5p::H5P_DEFAULT, buf.as_mut_ptr().cast())
+        }
+    });
+    (rc >= 0).then_some(buf)
+}
+
+/// Fixed-width strings: `width` bytes each, NUL-padded.
+fn read_fixed_bytes(c: &Container, width: usize, _n: usize) -> Option<Vec<u8>> {
+    let desc = c.dtype().ok()?.to_descriptor().ok()?;
+    read_bytes_as(c, &desc, width)
+}
+
+/// Split fixed-width string bytes into strings.
+pub fn split_fixed(raw: &[u8], width: usize) -> Vec<String> {
+    raw.chunks(width.max(1)).map(|b| String::from_utf8_lossy(b).trim_end_matches('\0').to_string()).collect()
 }
 
 fn read_strings_container(c: &Container) -> Option<Vec<String>> {
@@ -67,13 +79,8 @@ fn read_strings_container(c: &Container) -> Option<Vec<String>> {
             c.read_raw::<VarLenAscii>().ok().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
         }
         TypeDescriptor::FixedAscii(w) | TypeDescriptor::FixedUnicode(w) => {
-            let n = c.size();
-            let raw = read_fixed_bytes(c, w, n)?;
-            Some(
-                raw.chunks(w)
-                    .map(|b| String::from_utf8_lossy(b).trim_end_matches('\0').to_string())
-                    .collect(),
-            )
+            let raw = read_fixed_bytes(c, w, c.size())?;
+            Some(split_fixed(&raw, w))
         }
         _ => None,
     }
@@ -181,4 +188,34 @@ pub fn write_array_f64(parent: &Group, name: &str, values: &[f64]) -> hdf5::Resu
     let ds = parent.new_dataset::<f64>().shape([values.len()]).create(name)?;
     ds.write_raw(values)?;
     set_encoding(&ds, "array", "0.2.0")
+}
+
+/// How far compression may shrink a dataset: a claimed size beyond its stored bytes times this
+/// (plus [`BACKING_SLACK`]) is not believed. gzip's best ratio is about 1,032:1.
+pub const MAX_COMPRESSION_RATIO: u64 = 4096;
+/// Bytes any dataset may claim whatever its storage (small unwritten or fill-value datasets).
+pub const BACKING_SLACK: u64 = 1 << 20;
+
+/// Refuse a dataset whose claimed size (elements x element size) is not backed by the bytes it
+/// stores, before anything is allocated for it: a chunked dataset may claim 10^9 rows with
+/// nothing written, and reading it would allocate the claim. The stored size counts at most the
+/// file's length (a truncated file may report space that is not there).
+pub fn check_backed(path: &Path, field: &str, ds: &Dataset) -> Result<()> {
+    let elem = ds.dtype().map(|t| t.size() as u64).unwrap_or(8).max(1);
+    let claimed = (ds.size() as u64).saturating_mul(elem);
+    let file_len = std::fs::metadata(ds.filename()).map(|m| m.len()).unwrap_or(u64::MAX);
+    let stored = ds.storage_size().min(file_len);
+    let allowed = stored.saturating_mul(MAX_COMPRESSION_RATIO).saturating_add(BACKING_SLACK);
+    if claimed > allowed {
+        return Err(Error::BadField {
+            path: path.into(),
+            field: field.into(),
+            detail: format!(
+                "claims {} values ({claimed} bytes) but stores only {stored} bytes: more than any compression explains",
+                ds.size()
+            ),
+            hint: Some("the file is truncated, corrupt or made to exhaust memory; copy it again or rewrite it with anndata".into()),
+        });
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use hdf5::{Dataset, Group};
 
-use super::h5util::{encoding_type, str_attr};
+use super::h5util::{check_backed, encoding_type, str_attr};
 use crate::error::{Error, Hdf5Context, Result};
 
 /// A block of rows in CSR form: `indptr` starts at 0 for the block's first row.
@@ -81,6 +81,7 @@ fn ensure_numeric(path: &Path, field: &str, ds: &Dataset) -> Result<()> {
 }
 
 fn read_index_vec(path: &Path, field: &str, ds: &Dataset) -> Result<Vec<u64>> {
+    check_backed(path, field, ds)?;
     let v: Vec<i64> = ds.read_raw::<i64>().map_err(|e| bad(path, field, format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
     v.into_iter()
         .map(|x| u64::try_from(x).map_err(|_| bad(path, field, format!("holds a negative offset ({x})"), None)))
@@ -99,6 +100,7 @@ impl Matrix {
             hdf5::LocationType::Dataset => {
                 let ds = file.dataset(field).h5ctx(|| format!("opening {field}"))?;
                 ensure_numeric(path, field, &ds)?;
+                check_backed(path, field, &ds)?;
                 let shape = ds.shape();
                 if shape.len() != 2 {
                     return Err(bad(path, field, format!("is a {}-dimensional array, expected 2 (cells x genes)", shape.len()), None));
@@ -117,38 +119,22 @@ impl Matrix {
                 let g = file.group(field).h5ctx(|| format!("opening {field}"))?;
                 let enc = encoding_type(&g).or_else(|| str_attr(&g, "h5sparse_format").map(|f| format!("{f}_matrix")));
                 let enc = enc.ok_or_else(|| {
-                    bad(path, field, "is a group without an `encoding-type` attribute", Some("files from anndata older than 0.7 are not supported: rewrite with a current anndata"))
+                    bad(path, field, "is a group without an `encoding-type` attribute, so not a matrix anndata wrote", Some("the formats read are listed in docs/file-formats.md; rewrite the file with a current anndata"))
                 })?;
+                // anndata writes the shape as an attribute `shape`; anndata < 0.7 (h5sparse) as `h5sparse_shape`
                 let shape: Vec<i64> = g
                     .attr("shape")
+                    .or_else(|_| g.attr("h5sparse_shape"))
                     .and_then(|a| a.read_raw::<i64>())
                     .map_err(|_| bad(path, &format!("{field}.attrs['shape']"), "is missing or unreadable", Some(CORRUPT_HINT)))?;
                 if shape.len() != 2 || shape.iter().any(|&s| s < 0) {
                     return Err(bad(path, &format!("{field}.attrs['shape']"), format!("is {shape:?}, expected two sizes"), None));
                 }
                 let (n_rows, n_cols) = (shape[0] as usize, shape[1] as usize);
-                for part in ["data", "indices", "indptr"] {
-                    if !g.link_exists(part) {
-                        return Err(bad(path, &format!("{field}/{part}"), "is missing", Some(CORRUPT_HINT)));
-                    }
-                }
-                let data = g.dataset("data").h5ctx(|| format!("opening {field}/data"))?;
-                ensure_numeric(path, &format!("{field}/data"), &data)?;
-                let indices = g.dataset("indices").h5ctx(|| format!("opening {field}/indices"))?;
-                let indptr_ds = g.dataset("indptr").h5ctx(|| format!("opening {field}/indptr"))?;
-                let indptr = read_index_vec(path, &format!("{field}/indptr"), &indptr_ds)?;
-                let nnz = data.size() as u64;
-                if indices.size() as u64 != nnz {
-                    return Err(bad(path, &format!("{field}/indices"), format!("has {} entries but data has {nnz}", indices.size()), Some(CORRUPT_HINT)));
-                }
-                let dtype = dtype_name(&data);
                 match enc.as_str() {
-                    "csr_matrix" => {
-                        check_indptr(path, field, &indptr, n_rows, nnz)?;
-                        Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csr", storage: Storage::Csr { data, indices, indptr } })
-                    }
+                    "csr_matrix" => Matrix::from_csr_group(path, &g, field, n_rows, n_cols),
                     "csc_matrix" => {
-                        check_indptr(path, field, &indptr, n_cols, nnz)?;
+                        let (data, indices, indptr, dtype) = compressed_parts(path, &g, field, n_cols)?;
                         let storage = csc_to_csr(path, field, &data, &indices, &indptr, n_rows, n_cols)?;
                         Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csc", storage })
                     }
@@ -157,6 +143,13 @@ impl Matrix {
             }
             _ => Err(bad(path, field, "is neither a dataset nor a group", None)),
         }
+    }
+
+    /// A CSR matrix from the `data`, `indices` and `indptr` datasets of `g` (anndata's csr_matrix,
+    /// or Cell Ranger's genes x cells CSC read as cells x genes).
+    pub fn from_csr_group(path: &Path, g: &Group, field: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
+        let (data, indices, indptr, dtype) = compressed_parts(path, g, field, n_rows)?;
+        Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csr", storage: Storage::Csr { data, indices, indptr } })
     }
 
     pub fn nnz_estimate(&self) -> u64 {
@@ -272,6 +265,28 @@ fn read_indices(ds: &Dataset, r: std::ops::Range<usize>) -> hdf5::Result<Vec<i64
     })
 }
 
+/// The three datasets of a compressed sparse matrix, checked: `indptr` has `n_major + 1` valid
+/// offsets and `indices` as many entries as `data`.
+fn compressed_parts(path: &Path, g: &Group, field: &str, n_major: usize) -> Result<(Dataset, Dataset, Vec<u64>, String)> {
+    for part in ["data", "indices", "indptr"] {
+        if !g.link_exists(part) {
+            return Err(bad(path, &format!("{field}/{part}"), "is missing", Some(CORRUPT_HINT)));
+        }
+    }
+    let data = g.dataset("data").h5ctx(|| format!("opening {field}/data"))?;
+    ensure_numeric(path, &format!("{field}/data"), &data)?;
+    let indices = g.dataset("indices").h5ctx(|| format!("opening {field}/indices"))?;
+    let indptr_ds = g.dataset("indptr").h5ctx(|| format!("opening {field}/indptr"))?;
+    let indptr = read_index_vec(path, &format!("{field}/indptr"), &indptr_ds)?;
+    let nnz = data.size() as u64;
+    if indices.size() as u64 != nnz {
+        return Err(bad(path, &format!("{field}/indices"), format!("has {} entries but data has {nnz}", indices.size()), Some(CORRUPT_HINT)));
+    }
+    check_indptr(path, field, &indptr, n_major, nnz)?;
+    let dtype = dtype_name(&data);
+    Ok((data, indices, indptr, dtype))
+}
+
 fn check_indptr(path: &Path, field: &str, indptr: &[u64], n: usize, nnz: u64) -> Result<()> {
     let f = format!("{field}/indptr");
     if indptr.len() != n + 1 {
@@ -284,6 +299,8 @@ fn check_indptr(path: &Path, field: &str, indptr: &[u64], n: usize, nnz: u64) ->
 }
 
 fn csc_to_csr(path: &Path, field: &str, data: &Dataset, indices: &Dataset, indptr: &[u64], n_rows: usize, n_cols: usize) -> Result<Storage> {
+    check_backed(path, &format!("{field}/data"), data)?;
+    check_backed(path, &format!("{field}/indices"), indices)?;
     let vals: Vec<f32> = data.read_raw().map_err(|e| bad(path, &format!("{field}/data"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
     let rows: Vec<i64> = indices.read_raw().map_err(|e| bad(path, &format!("{field}/indices"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
     let mut counts = vec![0u64; n_rows + 1];

@@ -5,10 +5,15 @@
 //! int32 or int64 offsets; dataframes with categorical, string, numeric, bool and nullable
 //! columns; obsm, varm, layers, raw and uns. The matrix is read in blocks of rows.
 //!
+//! Legacy AnnData (anndata < 0.7) and Cell Ranger's HDF5 matrices are read through a current
+//! .h5ad made from them once by [`convert`]; `AnnData::source` names the file actually read.
+//! docs/file-formats.md has the table of every encoding and what scfoundry does with it.
+//!
 //! Writing never touches the input: the output is a copy of the input (all of its content,
 //! whatever anndata version wrote it) to which we add entries, built in a temporary file
 //! next to the destination and renamed into place.
 
+pub mod convert;
 pub mod dataframe;
 pub mod h5util;
 pub mod matrix;
@@ -30,7 +35,12 @@ const HDF5_MAGIC: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
 
 /// An open .h5ad file with its validated shape and names.
 pub struct AnnData {
+    /// The file the user named (for messages and provenance).
     pub path: PathBuf,
+    /// The .h5ad read: `path`, or its converted copy (legacy AnnData, Cell Ranger).
+    pub source: PathBuf,
+    /// What `path` holds.
+    pub layout: convert::Layout,
     pub file: File,
     pub n_obs: usize,
     pub n_vars: usize,
@@ -82,25 +92,15 @@ pub fn check_hdf5_signature(path: &Path) -> Result<()> {
 impl AnnData {
     /// Open and validate: the file exists, is HDF5, has X, and X's shape agrees with obs and var.
     pub fn open(path: &Path) -> Result<AnnData> {
-        check_hdf5_signature(path)?;
-        let file = {
-            let _silence = hdf5::silence_errors(true);
-            File::open(path).map_err(|e| {
-                let detail = first_line(&e.to_string());
-                if detail.contains("lock") {
-                    Error::Locked { path: path.into(), detail }
-                } else {
-                    Error::CorruptFile { path: path.into(), detail }
-                }
-            })?
-        };
+        let (source, layout) = source_of(path)?;
+        let file = open_hdf5(&source)?;
         for group in ["obs", "var"] {
             if !file.link_exists(group) {
                 return Err(Error::BadField {
                     path: path.into(),
                     field: group.into(),
                     detail: "is missing".into(),
-                    hint: Some("this HDF5 file is not an AnnData file (no obs/var dataframes)".into()),
+                    hint: Some("this HDF5 file is neither an AnnData file (no obs/var dataframes) nor a Cell Ranger matrix; the formats read are listed in docs/file-formats.md".into()),
                 });
             }
         }
@@ -126,7 +126,7 @@ impl AnnData {
             return Err(Error::ShapeVar { path: path.into(), n_vars: x.n_cols, var_len: var_names.len() });
         }
         let (n_obs, n_vars) = (x.n_rows, x.n_cols);
-        Ok(AnnData { path: path.into(), file, n_obs, n_vars, obs_names, var_names })
+        Ok(AnnData { path: path.into(), source, layout, file, n_obs, n_vars, obs_names, var_names })
     }
 
     /// Fail on zero cells, zero genes or duplicated gene names.
@@ -227,6 +227,7 @@ impl AnnData {
             [r, c] => (*r, *c),
             _ => return Err(Error::BadField { path: self.path.clone(), field, detail: format!("has shape {shape:?}, expected 2 dimensions"), hint: None }),
         };
+        h5util::check_backed(&self.path, &field, &ds)?;
         let v: Vec<f32> = ds.read_raw().map_err(|e| Error::BadField { path: self.path.clone(), field: field.clone(), detail: format!("cannot be read: {e}"), hint: None })?;
         Ok((v, r, c))
     }
@@ -238,6 +239,27 @@ impl AnnData {
             Err(_) => serde_json::json!({}),
         }
     }
+}
+
+/// Open an HDF5 file for reading, with errors that say whether it is locked or corrupt.
+fn open_hdf5(path: &Path) -> Result<File> {
+    let _silence = hdf5::silence_errors(true);
+    File::open(path).map_err(|e| {
+        let detail = first_line(&e.to_string());
+        if detail.contains("lock") {
+            Error::Locked { path: path.into(), detail }
+        } else {
+            Error::CorruptFile { path: path.into(), detail }
+        }
+    })
+}
+
+/// The .h5ad to read for the file the user named, and what that file is: itself when it is
+/// AnnData, else its converted copy (made now when missing).
+pub fn source_of(path: &Path) -> Result<(PathBuf, convert::Layout)> {
+    check_hdf5_signature(path)?;
+    let file = open_hdf5(path)?;
+    convert::readable(path, &file)
 }
 
 fn first_line(s: &str) -> String {

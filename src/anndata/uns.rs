@@ -3,6 +3,7 @@
 use hdf5::Group;
 use serde_json::{json, Value};
 
+use super::dataframe::Column;
 use super::h5util::{encoding_type, is_bool, is_string, read_bools, read_scalar_string, read_strings};
 
 /// Read a group recursively. Arrays are read whole: call this on `uns`, not on X.
@@ -13,6 +14,23 @@ pub fn read_group(g: &Group) -> Value {
             Ok(hdf5::LocationType::Group) => match g.group(&name) {
                 Ok(sub) => match encoding_type(&sub).as_deref() {
                     Some("dict") | None => read_group(&sub),
+                    Some("categorical" | "nullable-integer" | "nullable-boolean" | "nullable-string-array") => {
+                        let path = std::path::PathBuf::from(g.filename());
+                        match super::dataframe::read_column(&path, g, &name, &name) {
+                            Ok(col) => column_json(&col),
+                            Err(_) => Value::Null,
+                        }
+                    }
+                    Some("dataframe") => {
+                        let path = std::path::PathBuf::from(g.filename());
+                        match super::dataframe::read_dataframe(&path, &sub, &name) {
+                            Ok(df) => {
+                                let cols: serde_json::Map<String, Value> = df.columns.iter().map(|(n, c)| (n.clone(), column_json(c))).collect();
+                                json!({ "encoding-type": "dataframe", "index": df.index, "columns": cols })
+                            }
+                            Err(_) => json!({ "encoding-type": "dataframe" }),
+                        }
+                    }
                     Some(other) => json!({ "encoding-type": other }),
                 },
                 Err(_) => Value::Null,
@@ -28,7 +46,22 @@ pub fn read_group(g: &Group) -> Value {
     Value::Object(map)
 }
 
+/// A dataframe column as a JSON array: missing values are null.
+fn column_json(col: &Column) -> Value {
+    match col {
+        Column::Numeric(v) => json!(v),
+        Column::Bool(v) => json!(v),
+        Column::NullableInt { values, mask } => Value::Array(values.iter().zip(mask).map(|(v, &m)| if m { Value::Null } else { json!(v) }).collect()),
+        Column::NullableBool { values, mask } => Value::Array(values.iter().zip(mask).map(|(v, &m)| if m { Value::Null } else { json!(v) }).collect()),
+        other => Value::Array(other.as_labels().unwrap_or_default().into_iter().map(|l| l.map(Value::String).unwrap_or(Value::Null)).collect()),
+    }
+}
+
 fn read_dataset(ds: &hdf5::Dataset) -> Value {
+    let path = std::path::PathBuf::from(ds.filename());
+    if super::h5util::check_backed(&path, &ds.name(), ds).is_err() {
+        return Value::Null;
+    }
     let scalar = ds.ndim() == 0;
     if is_string(ds) {
         return if scalar {

@@ -7,7 +7,9 @@ use hdf5::{Dataset, File};
 
 use hdf5::types::VarLenUnicode;
 
-use super::h5util::{require_dict, set_encoding, str_array_attr};
+use super::dataframe::{Column, DataFrame};
+use super::h5util::{require_dict, set_encoding, set_str_attr, str_array_attr};
+use super::matrix::CsrBlock;
 use crate::error::{Error, Hdf5Context, Result};
 
 /// An output file under construction. Dropping it without `commit` removes the temporary file.
@@ -18,20 +20,76 @@ pub struct PendingOutput {
 }
 
 impl PendingOutput {
-    /// Copy `input` to a temporary file in `dest`'s folder and open the copy for writing.
+    /// Copy `input` to a temporary file in `dest`'s folder and open the copy for writing. A
+    /// legacy AnnData or Cell Ranger input is represented by its converted copy.
     pub fn create(input: &Path, dest: &Path) -> Result<PendingOutput> {
-        let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.into(), source: e })?;
-        let name = dest.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "out.h5ad".into());
-        let temp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .suffix(".tmp")
-            .tempfile_in(dir)
-            .map_err(|e| Error::Io { path: dir.into(), source: e })?
-            .into_temp_path();
-        std::fs::copy(input, &temp).map_err(|e| Error::Io { path: temp.to_path_buf(), source: e })?;
+        let (source, _) = super::source_of(input)?;
+        let temp = temp_beside(dest)?;
+        std::fs::copy(&source, &temp).map_err(|e| Error::Io { path: temp.to_path_buf(), source: e })?;
         let file = File::open_rw(&temp).h5ctx(|| format!("opening the copy {} for writing", temp.display()))?;
         Ok(PendingOutput { dest: dest.into(), temp, file: Some(file) })
+    }
+
+    /// Start a new AnnData file from nothing, in anndata's current encodings (readable by anndata
+    /// 0.8 through 0.13): for inputs that cannot be copied and extended (legacy AnnData, Cell
+    /// Ranger's HDF5). Fill it with [`write_dataframe`](Self::write_dataframe),
+    /// [`csr_writer`](Self::csr_writer), [`write_dense`](Self::write_dense) and
+    /// [`write_uns`](Self::write_uns), then `commit`.
+    pub fn create_new(dest: &Path) -> Result<PendingOutput> {
+        let temp = temp_beside(dest)?;
+        let file = File::create(&temp).h5ctx(|| format!("creating {}", temp.display()))?;
+        set_encoding(&file, "anndata", "0.1.0").h5ctx(|| "tagging the file".into())?;
+        for g in ["layers", "obsm", "obsp", "uns", "varm", "varp"] {
+            require_dict(&file, g).h5ctx(|| format!("creating {g}"))?;
+        }
+        Ok(PendingOutput { dest: dest.into(), temp, file: Some(file) })
+    }
+
+    /// Write a whole dataframe (anndata's `dataframe` 0.2.0) at `at` ("obs", "var", "raw/var").
+    pub fn write_dataframe(&self, at: &str, df: &DataFrame) -> Result<()> {
+        let ctx = || format!("writing {at}");
+        let g = self.file().create_group(at).h5ctx(ctx)?;
+        set_encoding(&g, "dataframe", "0.2.0").h5ctx(ctx)?;
+        let index_name = if df.index_name.is_empty() { "_index" } else { df.index_name.as_str() };
+        set_str_attr(&g, "_index", index_name).h5ctx(ctx)?;
+        write_string_array(&g, index_name, &df.index).h5ctx(ctx)?;
+        let order: Vec<String> = df.columns.iter().map(|(n, _)| n.clone()).collect();
+        set_column_order(&g, &order).h5ctx(ctx)?;
+        for (name, col) in &df.columns {
+            write_column(&g, name, col).h5ctx(|| format!("writing {at}/{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// A CSR matrix at `at` ("X", "raw/X", "layers/NAME") filled block by block.
+    pub fn csr_writer(&self, at: &str, n_rows: usize, n_cols: usize) -> Result<CsrWriter> {
+        let ctx = || format!("creating {at}");
+        let g = self.file().create_group(at).h5ctx(ctx)?;
+        set_encoding(&g, "csr_matrix", "0.1.0").h5ctx(ctx)?;
+        g.new_attr::<i64>().shape([2]).create("shape").and_then(|a| a.write_raw(&[n_rows as i64, n_cols as i64])).h5ctx(ctx)?;
+        let data = g.new_dataset::<f32>().chunk(CSR_CHUNK).shape(hdf5::Extents::resizable([0usize].into())).create("data").h5ctx(ctx)?;
+        let indices = g.new_dataset::<i32>().chunk(CSR_CHUNK).shape(hdf5::Extents::resizable([0usize].into())).create("indices").h5ctx(ctx)?;
+        Ok(CsrWriter { field: at.into(), group: g, data, indices, indptr: vec![0], n_rows })
+    }
+
+    /// A dense float32 2-D array (anndata's `array` 0.2.0) at `at`.
+    pub fn write_dense(&self, at: &str, values: &[f32], rows: usize, cols: usize) -> Result<()> {
+        let ctx = || format!("writing {at}");
+        let ds = self.file().new_dataset::<f32>().shape([rows, cols]).create(at).h5ctx(ctx)?;
+        ds.write_raw(values).h5ctx(ctx)?;
+        set_encoding(&ds, "array", "0.2.0").h5ctx(ctx)
+    }
+
+    /// Write the members of a JSON object into `uns` (strings, numbers, booleans, arrays of one
+    /// kind, nested objects as dicts; nulls are left out, as anndata cannot store them).
+    pub fn write_uns(&self, value: &serde_json::Value) -> Result<()> {
+        let uns = require_dict(self.file(), "uns").h5ctx(|| "creating uns".into())?;
+        if let serde_json::Value::Object(map) = value {
+            for (k, v) in map {
+                write_json(&uns, k, v).h5ctx(|| format!("writing uns/{k}"))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn file(&self) -> &File {
@@ -58,26 +116,8 @@ impl PendingOutput {
     /// `categories`, -1 marks a missing value.
     pub fn add_obs_categorical(&self, name: &str, codes: &[i32], categories: &[String]) -> Result<()> {
         let obs = self.obs_for(name)?;
-        let ctx = || format!("writing obs/{name}");
-        let g = obs.create_group(name).h5ctx(ctx)?;
-        set_encoding(&g, "categorical", "0.2.0").h5ctx(ctx)?;
-        g.new_attr::<bool>().shape(()).create("ordered").h5ctx(ctx)?.write_scalar(&false).h5ctx(ctx)?;
-        // the narrowest signed integer, as pandas stores codes
-        let n = categories.len();
-        if n < i8::MAX as usize {
-            let c: Vec<i8> = codes.iter().map(|&v| v as i8).collect();
-            g.new_dataset::<i8>().shape([c.len()]).create("codes").h5ctx(ctx)?.write_raw(&c).h5ctx(ctx)?;
-        } else if n < i16::MAX as usize {
-            let c: Vec<i16> = codes.iter().map(|&v| v as i16).collect();
-            g.new_dataset::<i16>().shape([c.len()]).create("codes").h5ctx(ctx)?.write_raw(&c).h5ctx(ctx)?;
-        } else {
-            g.new_dataset::<i32>().shape([codes.len()]).create("codes").h5ctx(ctx)?.write_raw(codes).h5ctx(ctx)?;
-        }
-        let cats: Vec<VarLenUnicode> = categories.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect::<hdf5::Result<_>>().h5ctx(ctx)?;
-        let ds = g.new_dataset::<VarLenUnicode>().shape([cats.len()]).create("categories").h5ctx(ctx)?;
-        ds.write_raw(&cats).h5ctx(ctx)?;
-        set_encoding(&ds, "string-array", "0.2.0").h5ctx(ctx)?;
-        Ok(())
+        let col = Column::Categorical { codes: codes.iter().map(|&c| i64::from(c)).collect(), categories: categories.to_vec(), ordered: false };
+        write_column(&obs, name, &col).h5ctx(|| format!("writing obs/{name}"))
     }
 
     /// Add (or replace) a float32 obs column (anndata's `array` 0.2.0).
@@ -101,11 +141,7 @@ impl PendingOutput {
         if !order.iter().any(|c| c == name) {
             order.push(name.to_string());
         }
-        if obs.attr("column-order").is_ok() {
-            obs.delete_attr("column-order").h5ctx(|| "replacing obs column-order".into())?;
-        }
-        let v: Vec<VarLenUnicode> = order.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect::<hdf5::Result<_>>().h5ctx(|| "obs column-order".into())?;
-        obs.new_attr::<VarLenUnicode>().shape([v.len()]).create("column-order").and_then(|a| a.write_raw(&v)).h5ctx(|| "writing obs column-order".into())?;
+        set_column_order(&obs, &order).h5ctx(|| "writing obs column-order".into())?;
         Ok(obs)
     }
 
@@ -126,4 +162,159 @@ pub fn write_rows(ds: &Dataset, start: usize, values: &[f32], dim: usize) -> Res
     let rows = values.len() / dim;
     let arr = ndarray::ArrayView2::from_shape((rows, dim), values).expect("block shape");
     ds.write_slice(arr, (start..start + rows, ..)).h5ctx(|| format!("writing rows {start}..{}", start + rows))
+}
+
+/// A temporary file in `dest`'s folder (created if missing), removed unless persisted.
+fn temp_beside(dest: &Path) -> Result<tempfile::TempPath> {
+    let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.into(), source: e })?;
+    let name = dest.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "out.h5ad".into());
+    Ok(tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| Error::Io { path: dir.into(), source: e })?
+        .into_temp_path())
+}
+
+/// Stored values a chunk of a CSR matrix written by [`CsrWriter`].
+const CSR_CHUNK: usize = 1 << 16;
+
+/// A CSR matrix being written block by block (rows in order).
+pub struct CsrWriter {
+    field: String,
+    group: hdf5::Group,
+    data: Dataset,
+    indices: Dataset,
+    indptr: Vec<i64>,
+    n_rows: usize,
+}
+
+impl CsrWriter {
+    /// Append a block of rows.
+    pub fn push(&mut self, block: &CsrBlock) -> Result<()> {
+        let start = *self.indptr.last().unwrap_or(&0) as usize;
+        let end = start + block.nnz();
+        let ctx = || format!("writing {} rows {}..{}", self.field, block.start_row, block.start_row + block.n_rows());
+        if end > start {
+            self.data.resize([end]).h5ctx(ctx)?;
+            self.indices.resize([end]).h5ctx(ctx)?;
+            self.data.write_slice(&block.data, start..end).h5ctx(ctx)?;
+            let idx: Vec<i32> = block.indices.iter().map(|&j| j as i32).collect();
+            self.indices.write_slice(&idx, start..end).h5ctx(ctx)?;
+        }
+        self.indptr.extend(block.indptr[1..].iter().map(|&p| (start + p) as i64));
+        Ok(())
+    }
+
+    /// Write the row offsets; every row must have been pushed.
+    pub fn finish(self) -> Result<()> {
+        let ctx = || format!("writing {}/indptr", self.field);
+        if self.indptr.len() != self.n_rows + 1 {
+            return Err(Error::BadField { path: self.group.filename().into(), field: self.field.clone(), detail: format!("{} rows written of {}", self.indptr.len() - 1, self.n_rows), hint: None });
+        }
+        let ds = self.group.new_dataset::<i64>().shape([self.indptr.len()]).create("indptr").h5ctx(ctx)?;
+        ds.write_raw(&self.indptr).h5ctx(ctx)
+    }
+}
+
+/// `column-order` as an array of strings (anndata writes an empty one too).
+fn set_column_order(g: &hdf5::Group, order: &[String]) -> hdf5::Result<()> {
+    if g.attr("column-order").is_ok() {
+        g.delete_attr("column-order")?;
+    }
+    let v: Vec<VarLenUnicode> = order.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect::<hdf5::Result<_>>()?;
+    g.new_attr::<VarLenUnicode>().shape([v.len()]).create("column-order")?.write_raw(&v)
+}
+
+fn vlen(values: &[String]) -> hdf5::Result<Vec<VarLenUnicode>> {
+    values.iter().map(|c| c.parse().map_err(|e| hdf5::Error::from(format!("{e}")))).collect()
+}
+
+/// A 1-D `string-array` 0.2.0 (variable-length UTF-8, as h5py writes).
+fn write_string_array(g: &hdf5::Group, name: &str, values: &[String]) -> hdf5::Result<()> {
+    let v = vlen(values)?;
+    let ds = g.new_dataset::<VarLenUnicode>().shape([v.len()]).create(name)?;
+    ds.write_raw(&v)?;
+    set_encoding(&ds, "string-array", "0.2.0")
+}
+
+fn write_array<T: hdf5::H5Type>(g: &hdf5::Group, name: &str, values: &[T]) -> hdf5::Result<()> {
+    let ds = g.new_dataset::<T>().shape([values.len()]).create(name)?;
+    ds.write_raw(values)?;
+    set_encoding(&ds, "array", "0.2.0")
+}
+
+/// One dataframe column in anndata's encoding for its kind.
+fn write_column(g: &hdf5::Group, name: &str, col: &Column) -> hdf5::Result<()> {
+    match col {
+        Column::Numeric(v) => write_array(g, name, v),
+        Column::Bool(v) => write_array(g, name, v),
+        Column::Strings(v) => write_string_array(g, name, v),
+        Column::Categorical { codes, categories, ordered } => {
+            let cg = g.create_group(name)?;
+            set_encoding(&cg, "categorical", "0.2.0")?;
+            cg.new_attr::<bool>().shape(()).create("ordered")?.write_scalar(ordered)?;
+            // the narrowest signed integer, as pandas stores codes
+            let n = categories.len();
+            if n < i8::MAX as usize {
+                write_array(&cg, "codes", &codes.iter().map(|&v| v as i8).collect::<Vec<_>>())?;
+            } else if n < i16::MAX as usize {
+                write_array(&cg, "codes", &codes.iter().map(|&v| v as i16).collect::<Vec<_>>())?;
+            } else {
+                write_array(&cg, "codes", &codes.iter().map(|&v| v as i32).collect::<Vec<_>>())?;
+            }
+            write_string_array(&cg, "categories", categories)
+        }
+        Column::NullableInt { values, mask } => write_nullable(g, name, "nullable-integer", |cg| write_array(cg, "values", values), mask),
+        Column::NullableBool { values, mask } => write_nullable(g, name, "nullable-boolean", |cg| write_array(cg, "values", values), mask),
+        Column::NullableString { values, mask } => write_nullable(g, name, "nullable-string-array", |cg| write_string_array(cg, "values", values), mask),
+    }
+}
+
+fn write_nullable(g: &hdf5::Group, name: &str, kind: &str, values: impl FnOnce(&hdf5::Group) -> hdf5::Result<()>, mask: &[bool]) -> hdf5::Result<()> {
+    let cg = g.create_group(name)?;
+    set_encoding(&cg, kind, "0.1.0")?;
+    values(&cg)?;
+    write_array(&cg, "mask", mask)
+}
+
+/// One JSON value as an uns element.
+fn write_json(g: &hdf5::Group, name: &str, v: &serde_json::Value) -> hdf5::Result<()> {
+    use serde_json::Value as V;
+    match v {
+        V::Null => Ok(()),
+        V::Bool(b) => {
+            let ds = g.new_dataset::<bool>().shape(()).create(name)?;
+            ds.write_scalar(b)?;
+            set_encoding(&ds, "numeric-scalar", "0.2.0")
+        }
+        V::Number(n) => match n.as_i64() {
+            Some(i) => super::h5util::write_i64(g, name, i),
+            None => super::h5util::write_f64(g, name, n.as_f64().unwrap_or(f64::NAN)),
+        },
+        V::String(s) => super::h5util::write_string(g, name, s),
+        V::Array(items) => {
+            if items.iter().all(|x| x.is_string()) && !items.is_empty() {
+                let s: Vec<String> = items.iter().map(|x| x.as_str().unwrap_or_default().to_string()).collect();
+                write_string_array(g, name, &s)
+            } else if items.iter().all(|x| x.is_boolean()) && !items.is_empty() {
+                write_array(g, name, &items.iter().map(|x| x.as_bool().unwrap_or(false)).collect::<Vec<_>>())
+            } else if items.iter().all(|x| x.is_i64()) {
+                write_array(g, name, &items.iter().map(|x| x.as_i64().unwrap_or(0)).collect::<Vec<_>>())
+            } else if items.iter().all(|x| x.is_number()) {
+                write_array(g, name, &items.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect::<Vec<_>>())
+            } else {
+                // mixed arrays have no anndata encoding: kept as their JSON text
+                super::h5util::write_string(g, name, &v.to_string())
+            }
+        }
+        V::Object(map) => {
+            let sub = require_dict(g, name)?;
+            for (k, x) in map {
+                write_json(&sub, k, x)?;
+            }
+            Ok(())
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! Our reader against files written by anndata 0.8, 0.10 and 0.12 (fixtures made by
-//! scripts/make_anndata_fixtures.py), each compared with the expected.json written beside it.
+//! Our reader against files written by anndata 0.8, 0.10, 0.11, 0.12 and 0.13 with pandas 3
+//! (fixtures made by scripts/make_anndata_fixtures.py), each compared with the expected.json
+//! written beside it.
 
 use scfoundry::anndata::{AnnData, Column};
 use serde_json::Value;
@@ -20,6 +21,12 @@ fn check_column(file: &str, col: &Column, exp: &Value) {
         ("string", Column::Strings(v)) => {
             let ev: Vec<String> = serde_json::from_value(exp["values"].clone()).unwrap();
             assert_eq!(v, &ev, "{file} {name}");
+        }
+        // pandas 3's string dtype: anndata 0.13 writes a nullable-string-array
+        ("string", Column::NullableString { values, mask }) => {
+            let ev: Vec<String> = serde_json::from_value(exp["values"].clone()).unwrap();
+            assert_eq!(values, &ev, "{file} {name}");
+            assert!(mask.iter().all(|m| !m), "{file} {name}: no value is missing");
         }
         ("int" | "float", Column::Numeric(v)) => {
             let ev: Vec<f64> = serde_json::from_value(exp["values"].clone()).unwrap();
@@ -144,6 +151,23 @@ fixtures! {
     anndata_0_12_csc => "v0.12_csc.h5ad",
     anndata_0_12_dense => "v0.12_dense.h5ad",
     anndata_0_12_csr_int64 => "v0.12_csr_int64.h5ad",
+    anndata_0_11_csr => "v0.11_csr.h5ad",
+    anndata_0_11_csc => "v0.11_csc.h5ad",
+    anndata_0_11_dense => "v0.11_dense.h5ad",
+    anndata_0_11_csr_int64 => "v0.11_csr_int64.h5ad",
+    anndata_0_13_csr => "v0.13_csr.h5ad",
+    anndata_0_13_csc => "v0.13_csc.h5ad",
+    anndata_0_13_dense => "v0.13_dense.h5ad",
+    anndata_0_13_csr_int64 => "v0.13_csr_int64.h5ad",
+}
+
+#[test]
+fn anndata_0_13_writes_the_index_as_nullable_strings() {
+    // guard: the 0.13 fixture really has the pandas-3 encoding this reader must handle
+    crate::common::no_hdf5_locking();
+    let f = hdf5::File::open(repo().join("tests/fixtures/anndata/v0.13_csr.h5ad")).unwrap();
+    let g = f.group("obs/_index").unwrap();
+    assert_eq!(scfoundry::anndata::h5util::encoding_type(&g).as_deref(), Some("nullable-string-array"));
 }
 
 #[test]

@@ -47,6 +47,8 @@ impl TestContext {
             .env_remove("SCFOUNDRY_WORKSPACE")
             .env_remove("SCFOUNDRY_MANIFEST")
             .env("SCFOUNDRY_WEIGHTS_DIR", self.dir.path().join("weights-cache"))
+            .env("SCFOUNDRY_CONVERTED_DIR", self.dir.path().join("converted"))
+            .env_remove("SCFOUNDRY_GENOME")
             .env("SCFOUNDRY_NO_PROGRESS", "1");
         for (k, v) in env {
             cmd.env(k, v);

@@ -7,6 +7,7 @@
 mod anndata_compat;
 mod bad_input;
 mod benchmark;
+mod file_formats;
 mod cellama;
 mod common;
 mod finetune;
