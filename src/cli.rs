@@ -361,7 +361,10 @@ pub struct EmbedArgs {
     /// The method (see `scfoundry methods`).
     #[arg(long, short)]
     pub method: String,
-    /// Input .h5ad file; never modified unless --in-place.
+    /// Input file; never modified unless --in-place. AnnData .h5ad from anndata 0.7 to 0.13
+    /// (tested: 0.8, 0.10, 0.11, 0.12, 0.13 with pandas 3), legacy AnnData (< 0.7), or a Cell
+    /// Ranger / Space Ranger .h5 matrix (v2, v3; --genome picks a genome); the last two are read
+    /// through a converted copy. Formats, encodings and departures: docs/file-formats.md.
     #[arg(long, short, value_name = "H5AD")]
     pub data: PathBuf,
     /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).

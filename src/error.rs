@@ -130,7 +130,7 @@ impl Error {
         match self {
             Error::MissingFile { .. } => Some("check the path; relative paths are taken from the current folder".into()),
             Error::NotHdf5 { .. } => Some(
-                "pass an AnnData .h5ad file; a .loom, .csv or 10x .h5 must be converted first, e.g. with scanpy: `sc.read_10x_h5(f).write_h5ad('x.h5ad')`".into(),
+                "pass an AnnData .h5ad or a Cell Ranger .h5 file (docs/file-formats.md); a .loom, .mtx or .csv must be converted first, e.g. with scanpy: `sc.read_loom(f).write_h5ad('x.h5ad')`".into(),
             ),
             Error::CorruptFile { .. } => Some("the file may be truncated (an interrupted copy or download): copy it again and compare its size with the original".into()),
             Error::Locked { .. } => Some(
