@@ -776,8 +776,34 @@ fn build(target: &mut Py, state: Py) -> std::result::Result<(), String> {
     }
 }
 
+/// Small hostile pickles, for the tests of the budgets (here and in tests/it).
+pub mod hostile {
+    /// `x = []; for _ in range(levels): x = [x, x]; {'k': x}` as protocol 2 opcodes (each list
+    /// stored in the memo once and fetched twice): 338 bytes for 40 levels (301 as Python's
+    /// protocol 4 writes it).
+    pub fn shared_reference_bomb(levels: u8) -> Vec<u8> {
+        let mut b = b"\x80\x02}q\x00X\x01\x00\x00\x00kq\x01]q\x02".to_vec();
+        for i in 0..levels {
+            // MARK, GET prev, GET prev, LIST, PUT next
+            b.extend_from_slice(&[b'(', b'h', i + 2, b'h', i + 2, b'l', b'q', i + 3]);
+        }
+        b.extend_from_slice(b"s.");
+        b
+    }
+
+    /// A list nested `n` deep: EMPTY_LIST n times, then APPEND n-1 times.
+    pub fn nested_lists(n: usize) -> Vec<u8> {
+        let mut b = b"\x80\x02".to_vec();
+        b.extend(std::iter::repeat_n(b']', n));
+        b.extend(std::iter::repeat_n(b'a', n - 1));
+        b.push(b'.');
+        b
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::hostile::{nested_lists, shared_reference_bomb};
     use super::*;
 
     #[test]
@@ -850,27 +876,6 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-    }
-
-    /// `x = []; for _ in range(levels): x = [x, x]; {'k': x}` as protocol 2 opcodes (each list
-    /// stored in the memo once and fetched twice): 301 bytes for 40 levels.
-    pub fn shared_reference_bomb(levels: u8) -> Vec<u8> {
-        let mut b = b"\x80\x02}q\x00X\x01\x00\x00\x00kq\x01]q\x02".to_vec();
-        for i in 0..levels {
-            // MARK, GET prev, GET prev, LIST, PUT next
-            b.extend_from_slice(&[b'(', b'h', i + 2, b'h', i + 2, b'l', b'q', i + 3]);
-        }
-        b.extend_from_slice(b"s.");
-        b
-    }
-
-    /// A list nested `n` deep: EMPTY_LIST n times, then APPEND n-1 times.
-    pub fn nested_lists(n: usize) -> Vec<u8> {
-        let mut b = b"\x80\x02".to_vec();
-        b.extend(std::iter::repeat_n(b']', n));
-        b.extend(std::iter::repeat_n(b'a', n - 1));
-        b.push(b'.');
-        b
     }
 
     #[test]
