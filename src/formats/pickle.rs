@@ -749,15 +749,15 @@ pub fn read_pickle_with(b: &[u8], o: PickleOptions) -> std::result::Result<Py, S
 }
 
 /// BUILD of a numpy dtype (byte order) or array (shape, dtype, data) from its state.
-fn build(target: &mut Py, state: Py) -> std::result::Result<(), String> {
-    match (target, state) {
+fn build(target: &mut Py, mut state: Py) -> std::result::Result<(), String> {
+    match (target, &mut state) {
         (Py::Dtype(_, big), Py::Tuple(s)) => {
             if let Some(Py::Str(order)) = s.get(1) {
                 *big = order == ">";
             }
             Ok(())
         }
-        (Py::Array { dtype, shape, items }, Py::Tuple(mut s)) if s.len() == 5 => {
+        (Py::Array { dtype, shape, items }, Py::Tuple(s)) if s.len() == 5 => {
             // (version, shape, dtype, is_fortran, data)
             let Py::Tuple(dims) = &s[1] else { return Err("numpy array state without a shape".into()) };
             let dims = array_shape(dims)?;
