@@ -35,6 +35,18 @@ pub struct Client {
     timeout: Duration,
 }
 
+/// What one transfer did.
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer {
+    /// Bytes received in this attempt.
+    pub received: u64,
+    /// Bytes already in the `.part` that this attempt continued from.
+    pub resumed_from: u64,
+    /// Size of the complete file.
+    pub total: u64,
+    pub seconds: f64,
+}
+
 /// Redirects followed before giving up.
 const MAX_REDIRECTS: usize = 10;
 

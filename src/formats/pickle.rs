@@ -380,39 +380,39 @@ impl Graph {
     /// The value of node `root` as a `Py` tree, built without recursion and charged to the
     /// budget: a shared node is copied each time it is reached, so `x = [x, x]` forty times
     /// deep stops at the budget instead of reaching 2^40 objects. With `uses` (the number of
-    /// references to each node, over-counted, never under), a leaf reached for the last time is
-    /// moved out instead of copied.
-    fn materialise(&mut self, root: usize, mut uses: Option<&mut Vec<u32>>) -> std::result::Result<Py, String> {
+    /// references to each node, over-counted, never under), a leaf that can be reached only one
+    /// way (it and every node above it referenced once) is moved out instead of copied.
+    fn materialise(&mut self, root: usize, uses: Option<&[u32]>) -> std::result::Result<Py, String> {
         enum Work {
-            Visit(usize, usize),
+            /// A node, its depth, and whether it is reached through a shared node.
+            Visit(usize, usize, bool),
             List(usize),
             Tuple(usize),
             Dict(usize),
             Object(String, usize, bool),
         }
-        let mut work = vec![Work::Visit(root, 1)];
+        let mut work = vec![Work::Visit(root, 1, false)];
         let mut out: Vec<Py> = Vec::new();
         while let Some(w) = work.pop() {
             match w {
-                Work::Visit(id, depth) => {
+                Work::Visit(id, depth, shared) => {
                     if depth > self.budget.depth {
                         return Err(format!("the pickle nests containers deeper than {} levels (budget exceeded: nesting depth)", self.budget.depth));
                     }
                     if let Node::Leaf(v) = &self.nodes[id] {
                         let (objects, bytes) = weight(v);
                         self.charge(objects, bytes)?;
-                        let last = uses.as_deref_mut().is_some_and(|u| {
-                            u[id] = u[id].saturating_sub(1);
-                            u[id] == 0
-                        });
+                        // referenced once, through nodes referenced once: reached only now
+                        let last = !shared && uses.is_some_and(|u| u[id] <= 1);
                         let Node::Leaf(v) = &mut self.nodes[id] else { unreachable!() };
                         out.push(if last { std::mem::replace(v, Py::None) } else { v.clone() });
                         continue;
                     }
                     self.charge(1, std::mem::size_of::<Py>())?;
+                    let shared = shared || uses.is_none_or(|u| u[id] > 1);
                     let children = |ids: &mut dyn Iterator<Item = usize>, work: &mut Vec<Work>| {
                         let at = work.len();
-                        work.extend(ids.map(|c| Work::Visit(c, depth + 1)));
+                        work.extend(ids.map(|c| Work::Visit(c, depth + 1, shared)));
                         work[at..].reverse();
                     };
                     match &self.nodes[id] {
@@ -537,7 +537,7 @@ pub fn read_pickle_with(b: &[u8], o: PickleOptions) -> std::result::Result<Py, S
                         Node::Object { args, state, .. } => args.iter().chain(state.iter()).for_each(|&i| add(i)),
                     }
                 }
-                return g.materialise(root, Some(&mut uses));
+                return g.materialise(root, Some(&uses));
             }
             b'(' => marks.push(stack.len()),
             b'0' => {
@@ -778,14 +778,19 @@ fn build(target: &mut Py, mut state: Py) -> std::result::Result<(), String> {
 
 /// Small hostile pickles, for the tests of the budgets (here and in tests/it).
 pub mod hostile {
-    /// `x = []; for _ in range(levels): x = [x, x]; {'k': x}` as protocol 2 opcodes (each list
-    /// stored in the memo once and fetched twice): 338 bytes for 40 levels (301 as Python's
-    /// protocol 4 writes it).
+    /// `x = []; for _ in range(levels): x = [x, x]; {'k': x}` as protocol 2 opcodes, laid out as
+    /// Python's pickler writes it (each list stored in the memo once, then fetched again):
+    /// 338 bytes for 40 levels (301 in protocol 4's shorter opcodes). At most 199 levels.
     pub fn shared_reference_bomb(levels: u8) -> Vec<u8> {
-        let mut b = b"\x80\x02}q\x00X\x01\x00\x00\x00kq\x01]q\x02".to_vec();
-        for i in 0..levels {
-            // MARK, GET prev, GET prev, LIST, PUT next
-            b.extend_from_slice(&[b'(', b'h', i + 2, b'h', i + 2, b'l', b'q', i + 3]);
+        assert!(levels < 200);
+        let mut b = b"\x80\x02}q\xc8X\x01\x00\x00\x00kq\xc9".to_vec();
+        // x_k = EMPTY_LIST, PUT k, MARK, x_(k-1), GET k-1, APPENDS
+        for k in (1..=levels).rev() {
+            b.extend_from_slice(&[b']', b'q', k, b'(']);
+        }
+        b.extend_from_slice(b"]q\x00");
+        for k in 1..=levels {
+            b.extend_from_slice(&[b'h', k - 1, b'e']);
         }
         b.extend_from_slice(b"s.");
         b
@@ -869,7 +874,7 @@ mod tests {
         let o = PickleOptions { opaque: &["torch."], persistent_ids: false, ..Default::default() };
         assert!(read_pickle_with(b, o).unwrap_err().contains("0x51"), "persistent ids are refused unless asked for");
         let o = PickleOptions { opaque: &["torch."], persistent_ids: true, ..Default::default() };
-        match read_pickle_with(b, o).unwrap() {
+        match &read_pickle_with(b, o).unwrap() {
             Py::Object { global, args, .. } => {
                 assert_eq!(global, "torch._utils._rebuild_tensor_v2");
                 assert!(matches!(&args[0], Py::Object { global, .. } if global == "persistent_id"));
