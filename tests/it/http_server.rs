@@ -131,7 +131,13 @@ fn handle(mut s: impl Conn, st: &Mutex<State>) -> std::io::Result<()> {
         head.push(b[0]);
     }
     let head = String::from_utf8_lossy(&head).to_string();
-    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let target = head.split_whitespace().nth(1).unwrap_or("/");
+    // the absolute form (`GET https://host/path`), which servers must accept and ureq sends
+    // through a proxy's tunnel, names the same path
+    let path = match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]).to_string(),
+        None => target.to_string(),
+    };
     let range_start = head
         .lines()
         .find_map(|l| l.to_ascii_lowercase().strip_prefix("range: bytes=").map(|r| r.trim().trim_end_matches('-').to_string()))
