@@ -121,16 +121,21 @@ pub fn closed_port_url(path: &str) -> String {
     format!("http://{addr}{path}")
 }
 
-fn handle(mut s: impl Conn, st: &Mutex<State>) -> std::io::Result<()> {
+/// A request head, up to its blank line (None when the peer closes first).
+fn read_head(s: &mut impl Read) -> std::io::Result<Option<String>> {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if s.read(&mut b)? == 0 {
-            return Ok(());
+            return Ok(None);
         }
         head.push(b[0]);
     }
-    let head = String::from_utf8_lossy(&head).to_string();
+    Ok(Some(String::from_utf8_lossy(&head).to_string()))
+}
+
+fn handle(mut s: impl Conn, st: &Mutex<State>) -> std::io::Result<()> {
+    let Some(head) = read_head(&mut s)? else { return Ok(()) };
     let target = head.split_whitespace().nth(1).unwrap_or("/");
     // the absolute form (`GET https://host/path`), which servers must accept and ureq sends
     // through a proxy's tunnel, names the same path
@@ -242,15 +247,8 @@ impl ConnectProxy {
 }
 
 fn tunnel(mut client: TcpStream, log: &Mutex<Vec<String>>) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if client.read(&mut b)? == 0 {
-            return Ok(());
-        }
-        head.push(b[0]);
-    }
-    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+    let Some(head) = read_head(&mut client)? else { return Ok(()) };
+    let line = head.lines().next().unwrap_or_default().to_string();
     log.lock().unwrap().push(line.clone());
     let mut words = line.split_whitespace();
     let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
