@@ -347,6 +347,14 @@ pub enum WeightsCommand {
         /// Seconds to wait for a connection, or for more data, before giving up.
         #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
+        /// Refuse entries that weights.toml pins no sha256 for and that this weights folder has
+        /// not pinned locally (at their first download): nothing unverifiable is downloaded.
+        #[arg(long)]
+        require_pinned: bool,
+        /// Download again and accept a changed file for entries without a sha256 in weights.toml,
+        /// replacing the local pin recorded at their first download.
+        #[arg(long)]
+        repin: bool,
     },
     /// Print where each entry's file lives in the weights folder (present or not).
     Path {

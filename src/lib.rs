@@ -2,7 +2,7 @@
 //!
 //! A newcomer's map: `cli.rs` (flags) -> `commands/<command>.rs` (one file per command) ->
 //! `methods/<method>.rs` (one file per method; declared in the top-level `methods/*.toml`);
-//! `anndata/` reads and writes .h5ad; `runner/` runs tasks and writes trace.txt; `gpu/` is the
+//! `anndata/` reads and writes .h5ad; `formats/` reads shared formats (pickles) as data; `runner/` runs tasks and writes trace.txt; `gpu/` is the
 //! GPU runtime (device choice, allocators, out-of-memory back-off).
 
 pub mod anndata;
@@ -11,6 +11,7 @@ pub mod commands;
 pub mod download;
 pub mod error;
 pub mod executor;
+pub mod formats;
 pub mod gpu;
 pub mod linalg;
 pub mod methods;

@@ -62,10 +62,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Weights(a) => match &a.command {
             WeightsCommand::List { method, hash } => commands::weights::list(&s, method.as_deref(), *hash),
             WeightsCommand::Verify { names } => commands::weights::verify(&s, names),
-            WeightsCommand::Pull { names, force, timeout } => commands::weights::pull(
+            WeightsCommand::Pull { names, force, timeout, require_pinned, repin } => commands::weights::pull(
                 &s,
                 names,
-                &commands::weights::PullOptions { force: *force, timeout: std::time::Duration::from_secs(*timeout) },
+                &commands::weights::PullOptions {
+                    force: *force,
+                    timeout: std::time::Duration::from_secs(*timeout),
+                    require_pinned: *require_pinned,
+                    repin: *repin,
+                },
             ),
             WeightsCommand::Path { names } => commands::weights::path(&s, names),
         },

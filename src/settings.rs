@@ -30,6 +30,25 @@ impl EnvVars {
     pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
     /// Fault injection for tests of failure handling: the project step of this shard exits 1.
     pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
+    /// A PEM file of CA certificates `weights pull` trusts besides its bundled and the system's
+    /// roots (as curl and pip; behind a TLS-inspecting proxy, the proxy's CA).
+    pub const SSL_CERT_FILE: &'static str = "SSL_CERT_FILE";
+    /// Folders (`:`-separated) of PEM files of CA certificates, trusted as SSL_CERT_FILE.
+    pub const SSL_CERT_DIR: &'static str = "SSL_CERT_DIR";
+    /// The proxy for https urls (`http://host:port`), chosen again on every redirect hop;
+    /// the lowercase form wins, as in curl.
+    pub const HTTPS_PROXY: &'static str = "HTTPS_PROXY";
+    pub const HTTPS_PROXY_LOWER: &'static str = "https_proxy";
+    /// The proxy for http urls.
+    pub const HTTP_PROXY: &'static str = "HTTP_PROXY";
+    pub const HTTP_PROXY_LOWER: &'static str = "http_proxy";
+    /// The proxy for either scheme when the scheme's own variable is not set.
+    pub const ALL_PROXY: &'static str = "ALL_PROXY";
+    pub const ALL_PROXY_LOWER: &'static str = "all_proxy";
+    /// Hosts reached without a proxy: comma-separated names (with their subdomains), IPs,
+    /// networks (`10.0.0.0/8`), each with an optional `:port`, or `*`.
+    pub const NO_PROXY: &'static str = "NO_PROXY";
+    pub const NO_PROXY_LOWER: &'static str = "no_proxy";
 }
 
 pub const CONFIG_FILE: &str = "scfoundry.toml";

@@ -122,7 +122,7 @@ pub enum Status {
     Missing,
     /// Present, size as pinned (or no pinned size), not yet hashed.
     Present,
-    /// Present and its sha256 matches the pin.
+    /// Present and its sha256 matches the pin (weights.toml's, or the folder's local pin).
     Verified,
     /// Present, no pinned sha256 to check against.
     Unpinned,
@@ -178,6 +178,79 @@ fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
         .unwrap_or(0)
 }
 
+/// The file of local pins in a weights folder (see `LocalPins`).
+pub const LOCAL_PINS_FILE: &str = "local-pins.toml";
+
+/// A sha256 this weights folder trusts for an entry that weights.toml does not pin: the hash of
+/// the first download (trust on first use), or of a file a user brought in by hand.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalPin {
+    pub sha256: String,
+    pub size: u64,
+    /// Where the bytes came from (the url, or the file imported).
+    pub source: String,
+    /// When the pin was recorded (RFC 3339).
+    pub pinned_at: String,
+}
+
+/// `<weights dir>/local-pins.toml`: one `[pins."<id>"]` table per locally pinned entry. It lives
+/// in the weights folder because the pins describe its files, whichever workspace uses them.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalPins {
+    #[serde(default)]
+    pub pins: BTreeMap<String, LocalPin>,
+}
+
+impl LocalPins {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(LOCAL_PINS_FILE)
+    }
+
+    /// The pins of a weights folder (none when the file does not exist).
+    pub fn load(dir: &Path) -> Result<LocalPins> {
+        let path = LocalPins::path(dir);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| Error::Config {
+                path: path.clone(),
+                detail: e.message().to_string(),
+                hint: Some("this file holds the sha256 of unpinned weights as first downloaded; fix or delete the broken table (its entries are then trusted again on their next download)".into()),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(LocalPins::default()),
+            Err(e) => Err(Error::Io { path, source: e }),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&LocalPin> {
+        self.pins.get(id)
+    }
+
+    /// Record (or replace) the pin of `id` and write the file (a temporary file renamed over it).
+    pub fn record(dir: &Path, id: &str, pin: LocalPin) -> Result<()> {
+        let mut pins = LocalPins::load(dir)?;
+        pins.pins.insert(id.to_string(), pin);
+        let path = LocalPins::path(dir);
+        let io = |e: std::io::Error| Error::Io { path: path.clone(), source: e };
+        let text = format!(
+            "# sha256 of weights that weights.toml does not pin, trusted on first download (or import).\n# A later download that differs is refused; `scfoundry weights pull --repin ID` accepts a new one.\n{}",
+            toml::to_string(&pins).expect("pins serialise")
+        );
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(io)?;
+        tmp.persist(&path).map_err(|e| io(e.error))?;
+        Ok(())
+    }
+}
+
+/// The sha256 an entry is held to: weights.toml's, else this folder's local pin.
+pub fn pinned_sha256(dir: &Path, id: &str, e: &Entry) -> Result<Option<String>> {
+    if let Some(s) = &e.sha256 {
+        return Ok(Some(s.clone()));
+    }
+    Ok(LocalPins::load(dir)?.get(id).map(|p| p.sha256.clone()))
+}
+
 /// sha256 of a file, streamed.
 pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<String> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
@@ -207,7 +280,7 @@ pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u
             return Ok(Status::WrongSize { expected, found: meta.len() });
         }
     }
-    let Some(pinned) = &e.sha256 else { return Ok(Status::Unpinned) };
+    let Some(pinned) = &pinned_sha256(dir, id, e)? else { return Ok(Status::Unpinned) };
     let stamp_path = dir.join(".verified").join(format!("{id}.json"));
     if let Ok(text) = std::fs::read_to_string(&stamp_path) {
         if let Ok(s) = serde_json::from_str::<Stamp>(&text) {

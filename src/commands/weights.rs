@@ -9,7 +9,7 @@ use crate::download::Client;
 use crate::error::{suggest, Error};
 use crate::progress::{self, warn, Reporter};
 use crate::settings::Settings;
-use crate::weights::{check, sha256_file, write_stamp, Manifest, Status};
+use crate::weights::{check, sha256_file, write_stamp, LocalPin, LocalPins, Manifest, Status};
 
 fn size(n: Option<u64>) -> String {
     match n {
@@ -101,6 +101,10 @@ pub fn path(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
 pub struct PullOptions {
     pub force: bool,
     pub timeout: Duration,
+    /// Refuse entries pinned neither in weights.toml nor in the folder's local pins.
+    pub require_pinned: bool,
+    /// Download again and replace the local pins of the entries named (a new upstream release).
+    pub repin: bool,
 }
 
 /// `scfoundry weights pull NAME...`: download, verify and place the entries (resuming partial
@@ -131,8 +135,27 @@ pub fn pull(s: &Settings, names: &[String], opts: &PullOptions) -> anyhow::Resul
             archives[slot].1.push(m);
         }
     }
+    if opts.require_pinned {
+        let pins = LocalPins::load(&s.weights_dir)?;
+        let downloads = plain.iter().chain(archives.iter().map(|(a, _)| a));
+        let unpinned: Vec<&String> = downloads.filter(|id| manifest.weights[*id].sha256.is_none() && pins.get(id).is_none()).collect();
+        if let Some(first) = unpinned.first() {
+            let list: Vec<&str> = unpinned.iter().map(|i| i.as_str()).collect();
+            return Err(Error::Download {
+                id: (*first).clone(),
+                detail: format!(
+                    "--require-pinned: weights.toml pins no sha256 for {} and {} holds no local pin for it; nothing was downloaded",
+                    list.join(", "),
+                    LocalPins::path(&s.weights_dir).display()
+                ),
+                hint: Some("pull it once without --require-pinned where the network is trusted (its sha256 is then pinned locally), or add `sha256` to the manifest".into()),
+            }
+            .into());
+        }
+    }
     let rep = progress::for_settings(s.quiet, s.progress);
-    let puller = Puller { s, manifest: &manifest, client: Client::new(opts.timeout), force: opts.force, rep: rep.as_ref() };
+    let client = Client::new(opts.timeout)?;
+    let puller = Puller { s, manifest: &manifest, client, force: opts.force || opts.repin, repin: opts.repin, rep: rep.as_ref() };
     std::fs::create_dir_all(&s.weights_dir).map_err(|e| Error::Io { path: s.weights_dir.clone(), source: e })?;
     let mut failures: Vec<anyhow::Error> = Vec::new();
     for id in &plain {
@@ -170,6 +193,7 @@ struct Puller<'a> {
     manifest: &'a Manifest,
     client: Client,
     force: bool,
+    repin: bool,
     rep: &'a dyn Reporter,
 }
 
@@ -261,16 +285,39 @@ impl Puller<'_> {
                 });
             }
         }
+        let dir = &self.s.weights_dir;
+        let local = if e.sha256.is_none() { LocalPins::load(dir)?.get(id).cloned() } else { None };
+        if let Some(pin) = local.as_ref().filter(|p| p.sha256 != found && !self.repin) {
+            return Err(Error::Download {
+                id: id.into(),
+                detail: format!(
+                    "the downloaded file's sha256 is {found}, but this weights folder pinned {} at its first download ({}, in {})",
+                    pin.sha256,
+                    pin.pinned_at,
+                    LocalPins::path(dir).display()
+                ),
+                hint: Some(format!(
+                    "the bytes at {} changed since then (a new upstream release, or a tampered download): nothing was replaced, the new bytes are kept in {}; if the change is expected, accept it with `scfoundry weights pull --repin {id}`",
+                    e.url,
+                    part.display()
+                )),
+            });
+        }
         std::fs::rename(&part, &dest).map_err(|err| Error::Io { path: dest.clone(), source: err })?;
-        write_stamp(&self.s.weights_dir, id, &dest, &found);
-        if e.sha256.is_none() {
-            warn(&format!(
-                "{id}: cannot be verified: weights.toml pins no sha256 (revision {}); the downloaded file's sha256 {found} is recorded in {}",
-                e.revision,
-                self.s.weights_dir.join(".verified").join(format!("{id}.json")).display()
-            ));
-        } else {
+        write_stamp(dir, id, &dest, &found);
+        if e.sha256.is_some() {
             self.rep.note(&format!("{id}: verified, {}", dest.display()));
+        } else if local.as_ref().is_some_and(|p| p.sha256 == found) {
+            self.rep.note(&format!("{id}: matches its local pin, {}", dest.display()));
+        } else {
+            let pinned_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            LocalPins::record(dir, id, LocalPin { sha256: found.clone(), size: got, source: e.url.clone(), pinned_at })?;
+            let replaced = local.map(|p| format!(" (replacing {})", p.sha256)).unwrap_or_default();
+            warn(&format!(
+                "{id}: cannot be verified: weights.toml pins no sha256 (revision {}); trusting this download: its sha256 {found} is now pinned in {}{replaced}, and a later download that differs is refused",
+                e.revision,
+                LocalPins::path(dir).display()
+            ));
         }
         Ok(())
     }

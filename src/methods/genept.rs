@@ -5,7 +5,7 @@
 //!
 //! The table: a pickled dict {gene symbol: vector}, the text-embedding-ada-002 embedding (1536-d)
 //! of each gene's NCBI summary (`GenePT_gene_embedding_ada_text.pickle` in the pinned Zenodo zip
-//! GenePT_emebdding_v2.zip). It is read as data by `geneformer::read_pickle` (nothing in it is
+//! GenePT_emebdding_v2.zip). It is read as data by `formats::pickle::read_pickle` (nothing in it is
 //! executed); a vector may be a numpy array (pickled by `_reconstruct` or, protocol 5,
 //! `_frombuffer`; float64 or float32) or a list of numbers.
 //!
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::methods::geneformer::{read_pickle, Py};
+use crate::formats::pickle::{read_pickle, Py};
 
 /// The weights entry (the pinned zip, extracted beside itself by `weights pull`).
 pub const ARCHIVE_ENTRY: &str = "genept-embeddings-v2";
@@ -90,7 +90,6 @@ fn kind(v: &Py) -> &'static str {
         Py::Dtype(..) => "a dtype",
         Py::Array { .. } => "a numpy array",
         Py::Object { .. } => "an object",
-        Py::Mark => "a mark",
     }
 }
 
@@ -106,10 +105,7 @@ impl Table {
 
     pub fn from_pickle(bytes: &[u8]) -> std::result::Result<Table, String> {
         let v = read_pickle(bytes).map_err(|e| format!("not readable as a data pickle: {e}"))?;
-        let items = match v {
-            Py::Dict(items) => items,
-            other => return Err(format!("holds {}, not a dict", kind(&other))),
-        };
+        let items = v.into_dict().map_err(|other| format!("holds {}, not a dict", kind(&other)))?;
         if items.is_empty() {
             return Err("is an empty dict".into());
         }
@@ -117,10 +113,7 @@ impl Table {
         let mut vectors = Vec::new();
         let mut dim = None;
         for (k, v) in items {
-            let gene = match k {
-                Py::Str(g) => g,
-                other => return Err(format!("has a key that is {}, not a gene symbol", kind(&other))),
-            };
+            let gene = k.into_string().map_err(|other| format!("has a key that is {}, not a gene symbol", kind(&other)))?;
             let x = vector(&v).map_err(|e| format!("the value of `{gene}` is {e}, not a vector of numbers"))?;
             match dim {
                 None => dim = Some(x.len()),
@@ -250,8 +243,8 @@ mod tests {
         assert!(vector(&Py::Str("x".into())).is_err());
         let short = Py::Array { dtype: "f8".into(), shape: vec![2], items: vec![Py::Float(0.0)] };
         assert!(vector(&short).unwrap_err().contains("holding 1 values"));
-        assert_eq!(crate::methods::geneformer::f16_to_f64(0x3c00), 1.0);
-        assert_eq!(crate::methods::geneformer::f16_to_f64(0xc000), -2.0);
+        assert_eq!(crate::formats::pickle::f16_to_f64(0x3c00), 1.0);
+        assert_eq!(crate::formats::pickle::f16_to_f64(0xc000), -2.0);
     }
 
     #[test]

@@ -52,7 +52,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use super::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
-use crate::methods::geneformer::{read_pickle_with, PickleOptions, Py};
+use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
 
 /// The weights entries a run reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scprint-medium-v1.5"];
@@ -457,7 +457,7 @@ pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)>
     let prefix = pkl.trim_end_matches("data.pkl").to_string();
     let mut bytes = Vec::new();
     zip.by_name(&pkl).map_err(|e| bad(e.to_string()))?.read_to_end(&mut bytes).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true }).map_err(|e| bad(format!("cannot be read as data: {e}")))?;
+    let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true, ..Default::default() }).map_err(|e| bad(format!("cannot be read as data: {e}")))?;
     let Py::Dict(items) = &root else {
         return Err(bad("is not a dict: a Lightning checkpoint is {'state_dict', 'hyper_parameters', ...}".into()));
     };

@@ -11,7 +11,7 @@
 //! `src/scvi/model/base/_archesmixin.py` (`prepare_query_anndata`).
 //!
 //! The saved model is read as data: `model.pt` is a zip whose `data.pkl` is read by our pickle
-//! reader (`geneformer::read_pickle_with`; the pandas frames of the training history and the
+//! reader (`formats::pickle::read_pickle_with`; the pandas frames of the training history and the
 //! torch tensors are kept opaque, never rebuilt), the tensors of `model_state_dict` by candle's
 //! torch reader. From `attr_dict` come `init_params_` (SCVI's arguments and the VAE keyword
 //! arguments: n_hidden, n_latent, n_layers, latent_distribution, gene_likelihood, and
@@ -51,7 +51,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::geneformer::{read_pickle_with, PickleOptions, Py};
+use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
 use super::scvi::{BatchNorm, FcLayers, Linear, ZEncoder};
 use crate::error::{Error, Result};
 
@@ -166,7 +166,7 @@ impl SavedModel {
         let name = zip.file_names().find(|n| n.ends_with("data.pkl")).map(String::from).ok_or_else(|| bad(&file, "has no data.pkl: not written by torch.save", None))?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut zip.by_name(&name).map_err(|e| bad(&file, e.to_string(), None))?, &mut bytes).map_err(|e| Error::Io { path: file.clone(), source: e })?;
-        let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true }).map_err(|e| bad(&file, format!("cannot be read as data: {e}"), None))?;
+        let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true, ..Default::default() }).map_err(|e| bad(&file, format!("cannot be read as data: {e}"), None))?;
         Self::from_pickle(&file, &root)
     }
 

@@ -160,7 +160,7 @@ pub fn protein_embedding_genes(path: &Path) -> Result<Vec<String>> {
 
 /// The species' first token row in species_offsets.pkl (a pickled dict {species: int}).
 pub fn species_offset(path: &Path, species: &str) -> Result<i64> {
-    use crate::methods::geneformer::{read_pickle, Py};
+    use crate::formats::pickle::{read_pickle, Py};
     let bytes = std::fs::read(path).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { Error::MissingFile { path: path.into() } } else { Error::Io { path: path.into(), source: e } })?;
     let bad = |detail: String| Error::BadField {
         path: path.into(),
@@ -169,9 +169,9 @@ pub fn species_offset(path: &Path, species: &str) -> Result<i64> {
         hint: Some("species_offsets.pkl is a pickled dict {species: first token row}, as upstream's figshare file; see docs/uce.md".into()),
     };
     let v = read_pickle(&bytes).map_err(|e| bad(format!("not a data pickle: {e}")))?;
-    let Py::Dict(items) = v else { return Err(bad("is not a pickled dict".into())) };
+    let Py::Dict(items) = &v else { return Err(bad("is not a pickled dict".into())) };
     let mut keys = Vec::new();
-    for (k, v) in &items {
+    for (k, v) in items {
         if let Py::Str(s) = k {
             if s == species {
                 return match v {

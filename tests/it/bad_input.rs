@@ -175,3 +175,23 @@ fn out_is_the_input() {
     Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
     embed_fails(&ctx, "t.h5ad", &["--out", "t.h5ad"]).stderr_has("is the input file").stderr_has("--in-place");
 }
+
+/// Hostile pickles through `embed -m genept` (its gene table is a pickle), the child's memory
+/// capped at 2 GiB: each fails with exit 1 and a message naming the file and the budget, not
+/// killed by the allocator or a stack overflow. Before the budgets, the shared-reference bomb
+/// aborted with `memory allocation of 144 bytes failed` and the nested lists overflowed the stack.
+#[test]
+fn hostile_pickles_fail_cleanly_under_a_memory_cap() {
+    use scfoundry::formats::pickle::hostile::{nested_lists, shared_reference_bomb};
+    use scfoundry::methods::genept::TABLE_FILE;
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    for (name, bytes, budget) in [("bomb", shared_reference_bomb(40), "budget exceeded: a file this size"), ("deep", nested_lists(1_000_000), "nesting depth")] {
+        let dir = ctx.path(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(TABLE_FILE), &bytes).unwrap();
+        let r = ctx.run_capped(&["embed", "-m", "genept", "-d", "t.h5ad", "--model-dir", dir.to_str().unwrap()], &[], 2 << 30);
+        r.user_error().stderr_has(&format!("{name}/{TABLE_FILE}")).stderr_has(budget).has_hint();
+        assert!(!ctx.path("t.genept.h5ad").exists());
+    }
+}

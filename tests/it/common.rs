@@ -41,6 +41,30 @@ impl TestContext {
     }
     /// As `run`, with extra environment variables (e.g. SCFOUNDRY_MANIFEST).
     pub fn run_env(&self, args: &[&str], env: &[(&str, &Path)]) -> Run {
+        Run::from(self.command(args, env).output().unwrap())
+    }
+    /// As `run_env`, with the child's data segment capped at `bytes` (RLIMIT_DATA, which
+    /// covers malloc's heap and mmaps; MALLOC_ARENA_MAX=2 so glibc's per-thread arenas do not
+    /// eat the cap): a hostile input must fail cleanly under it, not be killed.
+    pub fn run_capped(&self, args: &[&str], env: &[(&str, &Path)], bytes: u64) -> Run {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = self.command(args, env);
+        cmd.env("MALLOC_ARENA_MAX", "2");
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
+                if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Run::from(cmd.output().unwrap())
+    }
+    /// The command for scfoundry in the temp folder, its environment isolated: no workspace,
+    /// manifest, proxy or extra CA from the caller's environment.
+    fn command(&self, args: &[&str], env: &[(&str, &Path)]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.args(args)
             .current_dir(self.dir.path())
@@ -50,10 +74,13 @@ impl TestContext {
             .env("SCFOUNDRY_CONVERTED_DIR", self.dir.path().join("converted"))
             .env_remove("SCFOUNDRY_GENOME")
             .env("SCFOUNDRY_NO_PROGRESS", "1");
+        for var in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
+            cmd.env_remove(var);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
-        Run::from(cmd.output().unwrap())
+        cmd
     }
     /// A copy of a demo dataset in the temp folder.
     pub fn demo(&self, name: &str) -> PathBuf {

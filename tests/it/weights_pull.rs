@@ -1,7 +1,9 @@
 //! `weights pull|verify|path` against a real HTTP/1.1 server on loopback (tests/it/http_server.rs):
 //! success, an interrupted transfer then a resume, a server that ignores Range, a wrong
 //! checksum, 404, a server that is down, a slow server with --timeout, archives (a tar.gz with
-//! a `../evil` member or an escaping symlink is refused; a wheel-like zip with member entries).
+//! a `../evil` member or an escaping symlink is refused; a wheel-like zip with member entries),
+//! hostile archives (link chains, hard links through them, device files), local pins of
+//! unpinned entries, and HTTPS with a private CA, through a CONNECT proxy and past it.
 //! The manifest is a temporary file named by $SCFOUNDRY_MANIFEST.
 
 use std::io::Write;
@@ -366,4 +368,218 @@ fn loopback_speed() {
     let line = r.stderr.lines().find(|l| l.contains("received")).unwrap_or_default().to_string();
     eprintln!("loopback 64 MiB: {line} (whole command incl. sha256: {:.2} s)", t.elapsed().as_secs_f64());
     assert!(Path::new(&p.weights("toy/big.bin")).is_file());
+}
+
+/// One member of a hand-made archive; names and link targets are written as given (an
+/// attacker's tool does not check them).
+enum M<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a [u8]),
+    Sym(&'a str, &'a str),
+    Hard(&'a str, &'a str),
+    CharDevice(&'a str),
+}
+
+fn raw_tar_gz(members: &[M]) -> Vec<u8> {
+    use tar::EntryType as T;
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(gz);
+    for m in members {
+        let (name, ty, data, link): (&str, T, &[u8], &str) = match m {
+            M::Dir(n) => (n, T::Directory, b"", ""),
+            M::File(n, d) => (n, T::Regular, d, ""),
+            M::Sym(n, t) => (n, T::Symlink, b"", t),
+            M::Hard(n, t) => (n, T::Link, b"", t),
+            M::CharDevice(n) => (n, T::Char, b"", ""),
+        };
+        let mut h = tar::Header::new_old();
+        let old = h.as_old_mut();
+        old.name[..name.len()].copy_from_slice(name.as_bytes());
+        old.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_size(data.len() as u64);
+        h.set_mode(if matches!(m, M::Dir(_)) { 0o755 } else { 0o644 });
+        h.set_entry_type(ty);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+    b.into_inner().unwrap().finish().unwrap()
+}
+
+fn raw_zip(members: &[M]) -> Vec<u8> {
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default();
+    for m in members {
+        match m {
+            M::Dir(n) => w.add_directory(*n, opts).unwrap(),
+            M::File(n, d) => {
+                w.start_file(*n, opts).unwrap();
+                w.write_all(d).unwrap();
+            }
+            M::Sym(n, t) => w.add_symlink(*n, *t, opts).unwrap(),
+            M::Hard(..) | M::CharDevice(_) => unreachable!("zip has no hard links or devices"),
+        }
+    }
+    w.finish().unwrap().into_inner()
+}
+
+/// The chain of the security review: two links that each stay inside alone, and a file
+/// written through the second, which the kernel resolves to three folders above the target.
+const CHAIN: &[M<'static>] = &[
+    M::Dir("m/"),
+    M::Dir("m/a/"),
+    M::Dir("m/a/b/"),
+    M::Dir("m/a/b/c/"),
+    M::Dir("m/a/b/c/d/"),
+    M::Sym("m/a/b/c/d/up", "../../../.."),
+    M::Sym("m/a/b/c/d/up2", "up/../../../.."),
+    M::File("m/a/b/c/d/up2/outside/target.txt", b"written outside"),
+];
+
+/// Hostile archives, each served with its right sha256 for `weights pull`: every one exits 1
+/// naming the member, and nothing is written (or read) outside the weights folder. Before the
+/// member-by-member checks, the link chains made `weights pull` exit 0 and write
+/// `outside/target.txt` beside the weights folder, and the hard link copied an outside file in.
+#[test]
+fn hostile_archives_are_refused_and_write_nothing_outside() {
+    let server = Server::start();
+    let hard_chain: Vec<M> = vec![
+        M::Dir("m/"),
+        M::Dir("m/a/b/c/d/"),
+        M::Sym("m/a/b/c/d/up", "../../../.."),
+        M::Sym("m/a/b/c/d/up2", "up/../../../.."),
+        M::Hard("m/stolen.txt", "m/a/b/c/d/up2/outside/secret.txt"),
+    ];
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("chain-tar", "tar.gz", raw_tar_gz(CHAIN), "unsafe archive member \"m/a/b/c/d/up2/outside/target.txt\": passes through the link member m/a/b/c/d/up2"),
+        ("chain-zip", "zip", raw_zip(CHAIN), "unsafe archive member \"m/a/b/c/d/up2/outside/target.txt\": passes through the link member m/a/b/c/d/up2"),
+        ("chain-links-only", "tar.gz", raw_tar_gz(&CHAIN[..7]), "unsafe archive member \"m/a/b/c/d/up2\": link to up/../../../.., outside the folder"),
+        ("hard-chain", "tar.gz", raw_tar_gz(&hard_chain), "hard link to m/a/b/c/d/up2/outside/secret.txt, which is not a regular file extracted earlier"),
+        ("absolute-tar", "tar.gz", raw_tar_gz(&[M::File("ok.txt", b"fine"), M::File("/tmp/evil", b"x")]), "unsafe archive member \"/tmp/evil\": absolute path"),
+        ("dotdot-zip", "zip", raw_zip(&[M::File("ok.txt", b"fine"), M::File("../evil", b"x")]), "unsafe archive member \"../evil\": `..` in the path"),
+        ("absolute-hard", "tar.gz", raw_tar_gz(&[M::Hard("zero", "/dev/zero")]), "unsafe archive member \"zero\": hard link: absolute path"),
+        ("device-link", "tar.gz", raw_tar_gz(&[M::Sym("zero", "/dev/zero")]), "unsafe archive member \"zero\": link to the absolute path /dev/zero"),
+        ("device-link-up", "zip", raw_zip(&[M::Sym("a/zero", "../../../../../../../../../../dev/zero")]), "outside the folder"),
+        ("device", "tar.gz", raw_tar_gz(&[M::CharDevice("null")]), "unsafe archive member \"null\": a device file or fifo"),
+        ("over-link", "tar.gz", raw_tar_gz(&[M::Sym("x", "."), M::File("x", b"through")]), "has the name of an earlier link member x"),
+    ];
+    let files: Vec<String> = cases.iter().map(|(id, kind, _, _)| format!("{id}/{id}.{kind}")).collect();
+    let mut entries = Vec::new();
+    for ((id, kind, bytes, _), file) in cases.iter().zip(&files) {
+        server.serve(&format!("/{id}"), bytes.clone());
+        let mut e = Entry::pinned(id, file, server.url(&format!("/{id}")), bytes);
+        e.archive = Some(kind);
+        entries.push(e);
+    }
+    let p = Pull::new(&entries);
+    std::fs::create_dir_all(p.ctx.path("outside")).unwrap();
+    std::fs::write(p.ctx.path("outside/secret.txt"), b"secret").unwrap();
+    for (id, _, _, message) in &cases {
+        p.run(&["weights", "pull", id]).failed().stderr_has(message).has_hint();
+        let outside: Vec<_> = std::fs::read_dir(p.ctx.path("outside")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(outside, vec![std::ffi::OsString::from("secret.txt")], "{id} wrote outside");
+        let placed: Vec<_> = std::fs::read_dir(p.weights(id)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| !n.starts_with(id)).collect();
+        assert!(placed.is_empty(), "{id}: {placed:?} placed from a refused archive");
+    }
+    assert!(!p.weights("hard-chain/m").exists());
+}
+
+/// An archive with no sha256: extracted with a warning naming its sha256, which is pinned in
+/// the weights folder's local-pins.toml; a later download that differs is refused naming both
+/// hashes and `--repin`, which accepts it. `--require-pinned` refuses unpinned entries before
+/// any download. Before local pins, the changed archive was extracted without a word.
+#[test]
+fn unpinned_archives_are_pinned_on_first_use() {
+    let server = Server::start();
+    let first = raw_tar_gz(&[M::Dir("model/"), M::File("model/w.bin", b"first weights")]);
+    let second = raw_tar_gz(&[M::Dir("model/"), M::File("model/w.bin", b"changed weights")]);
+    server.serve("/a.tar.gz", first.clone());
+    server.serve("/b.bin", b"plain".to_vec());
+    let mut a = Entry::pinned("toy-tofu", "t/model.tar.gz", server.url("/a.tar.gz"), &first);
+    a.sha256 = None;
+    a.size = None;
+    a.archive = Some("tar.gz");
+    let mut b = Entry::pinned("toy-other", "o/b.bin", server.url("/b.bin"), b"plain");
+    b.sha256 = None;
+    let p = Pull::new(&[a, b]);
+    // --require-pinned: refused outright, nothing asked of the server
+    p.run(&["weights", "pull", "--require-pinned", "toy-tofu"]).failed().stderr_has("--require-pinned: weights.toml pins no sha256 for toy-tofu").has_hint();
+    assert!(server.requests().is_empty());
+    // first use: extracted, warned, pinned
+    let r = p.run(&["weights", "pull", "toy-tofu"]);
+    r.success().stderr_has(&format!("its sha256 {} is now pinned in", hex_sha(&first)));
+    assert_eq!(std::fs::read(p.weights("t/model/w.bin")).unwrap(), b"first weights");
+    let pins = std::fs::read_to_string(p.weights("local-pins.toml")).unwrap();
+    assert!(pins.contains("[pins.toy-tofu]") && pins.contains(&hex_sha(&first)), "{pins}");
+    p.run(&["weights", "verify", "toy-tofu"]).success();
+    // pinned now: --require-pinned lets it through (already verified, nothing downloaded)
+    let n = server.requests().len();
+    p.run(&["weights", "pull", "--require-pinned", "toy-tofu"]).success();
+    assert_eq!(server.requests().len(), n);
+    // the served file changes: refused, both hashes and the way to accept it named
+    server.serve("/a.tar.gz", second.clone());
+    let r = p.run(&["weights", "pull", "--force", "toy-tofu"]);
+    r.failed().stderr_has(&hex_sha(&second)).stderr_has(&format!("pinned {} at its first download", hex_sha(&first))).stderr_has("--repin toy-tofu");
+    assert_eq!(std::fs::read(p.weights("t/model.tar.gz")).unwrap(), first, "the pinned archive was not replaced");
+    // accepted on purpose
+    p.run(&["weights", "pull", "--repin", "toy-tofu"]).success().stderr_has(&format!("(replacing {})", hex_sha(&first)));
+    assert!(std::fs::read_to_string(p.weights("local-pins.toml")).unwrap().contains(&hex_sha(&second)));
+    // --require-pinned names the other, still unpinned entry
+    p.run(&["weights", "pull", "--require-pinned", "geneformer"]).failed().stderr_has("no sha256 for toy-other");
+}
+
+/// HTTPS with a private CA: refused with a hint naming the cause and SSL_CERT_FILE/SSL_CERT_DIR
+/// without it (before, the hint said "check the network"); accepted with the CA given by
+/// SSL_CERT_FILE, then by SSL_CERT_DIR; through a CONNECT proxy given by HTTPS_PROXY (which sees
+/// the CONNECT); NO_PROXY bypassing the proxy (which sees nothing); and a redirect from a plain
+/// http host reached directly to the https host reached through the proxy (chosen per hop).
+#[test]
+fn https_with_a_private_ca_through_a_proxy() {
+    let (ca, cert, key) = crate::http_server::private_ca();
+    let server = crate::http_server::Server::start_tls(&cert, &key);
+    let body = payload(50_000, 11);
+    server.serve("/w.bin", body.clone());
+    let front = Server::start();
+    front.redirect("/r.bin", &server.url_at("localhost", "/w.bin"));
+    let entries = [
+        Entry::pinned("toy-tls", "tls/w.bin", server.url("/w.bin"), &body),
+        Entry::pinned("toy-redirected", "tls/r.bin", front.url("/r.bin"), &body),
+    ];
+    let p = Pull::new(&entries);
+    let ca_file = p.ctx.path("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    std::fs::create_dir_all(p.ctx.path("certs")).unwrap();
+    std::fs::write(p.ctx.path("certs/corp-ca.pem"), &ca).unwrap();
+    let m = p.manifest.clone();
+    let run = |args: &[&str], env: &[(&str, &Path)]| {
+        let mut all = vec![("SCFOUNDRY_MANIFEST", m.as_path())];
+        all.extend_from_slice(env);
+        p.ctx.run_env(args, &all)
+    };
+    // no CA: refused, the hint names the cause and the variables
+    run(&["weights", "pull", "toy-tls"], &[])
+        .failed()
+        .stderr_has("not signed by an authority scfoundry trusts (UnknownIssuer)")
+        .stderr_has("SSL_CERT_FILE")
+        .stderr_has("SSL_CERT_DIR");
+    // SSL_CERT_FILE, then SSL_CERT_DIR
+    run(&["weights", "pull", "toy-tls"], &[("SSL_CERT_FILE", &ca_file)]).success();
+    assert_eq!(std::fs::read(p.weights("tls/w.bin")).unwrap(), body);
+    run(&["weights", "pull", "--force", "toy-tls"], &[("SSL_CERT_DIR", &p.ctx.path("certs"))]).success();
+    // a file that holds no certificate is an error, not a silent fallback
+    run(&["weights", "pull", "--force", "toy-tls"], &[("SSL_CERT_FILE", &p.manifest)]).failed().stderr_has("$SSL_CERT_FILE names this, but it holds no PEM certificate");
+    // through a CONNECT proxy
+    let proxy = crate::http_server::ConnectProxy::start();
+    let proxy_url = proxy.url();
+    let via = Path::new(&proxy_url);
+    run(&["weights", "pull", "--force", "toy-tls"], &[("SSL_CERT_FILE", &ca_file), ("HTTPS_PROXY", via)]).success();
+    assert_eq!(proxy.seen(), vec![format!("CONNECT 127.0.0.1:{} HTTP/1.1", server.addr.port())]);
+    // NO_PROXY: straight to the server
+    run(&["weights", "pull", "--force", "toy-tls"], &[("SSL_CERT_FILE", &ca_file), ("https_proxy", via), ("NO_PROXY", Path::new("localhost,127.0.0.1"))]).success();
+    assert_eq!(proxy.seen().len(), 1, "{:?}", proxy.seen());
+    // a redirect: the http hop is direct (no http proxy), the https hop goes through the proxy
+    let before = front.requests().len();
+    run(&["weights", "pull", "toy-redirected"], &[("SSL_CERT_FILE", &ca_file), ("HTTPS_PROXY", via)]).success();
+    assert_eq!(std::fs::read(p.weights("tls/r.bin")).unwrap(), body);
+    assert_eq!(front.requests().len(), before + 1);
+    assert_eq!(proxy.seen().last().unwrap(), &format!("CONNECT localhost:{} HTTP/1.1", server.addr.port()));
 }

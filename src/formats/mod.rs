@@ -1,0 +1,3 @@
+//! File formats shared by several methods, read as data (nothing in them is run).
+
+pub mod pickle;
