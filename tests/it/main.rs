@@ -10,6 +10,7 @@ mod benchmark;
 mod file_formats;
 mod cellama;
 mod common;
+mod docs;
 mod finetune;
 mod geneformer;
 mod gpu;
