@@ -85,6 +85,9 @@ eval "$slurm_env"
 "$venv/bin/python" scripts/check_registry.py
 cargo build --release --locked
 cargo test --release --locked
+# Fuzzing (tests/fuzz/main.rs): each target mutates the fixtures for a bounded time, one at a
+# time (they share the panic hook), and prints its executions.
+SCFOUNDRY_FUZZ_SECONDS="${SCFOUNDRY_FUZZ_SECONDS:-60}" cargo test --release --locked --test fuzz -- --ignored --nocapture --test-threads=1
 
 # The `cuda` feature must keep compiling. A cold CUDA build compiles candle's kernels with nvcc
 # (measured here: about 70 minutes of wall time for the whole cold build on a loaded 2-core

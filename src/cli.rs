@@ -728,6 +728,16 @@ pub struct TransferArgs {
     pub exec: ExecutorArgs,
 }
 
+/// A finite number: NaN and infinities are refused when the command line is read.
+fn parse_finite<T: std::str::FromStr + Into<f64> + Copy>(s: &str) -> Result<T, String> {
+    let v: T = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v.into().is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` is not a finite number"))
+    }
+}
+
 fn parse_fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if (0.0..=1.0).contains(&v) {
@@ -763,7 +773,7 @@ pub struct IntegrateArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// harmony: diversity penalty theta (default 2; larger mixes batches more).
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", value_parser = parse_finite::<f32>)]
     pub theta: Option<f32>,
     /// seurat, scvi_denovo: read the expression (scvi_denovo: raw counts) from layers[NAME]
     /// instead of X.
@@ -920,10 +930,10 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub unfreeze_layers: u64,
     /// AdamW learning rate.
-    #[arg(long, value_name = "X", default_value_t = 1e-3)]
+    #[arg(long, value_name = "X", default_value_t = 1e-3, value_parser = parse_finite::<f64>)]
     pub lr: f64,
     /// AdamW decoupled weight decay.
-    #[arg(long, value_name = "X", default_value_t = 0.01)]
+    #[arg(long, value_name = "X", default_value_t = 0.01, value_parser = parse_finite::<f64>)]
     pub weight_decay: f64,
     /// Stop after N epochs without a lower validation loss (0: never stop early); the best
     /// epoch's weights are saved.

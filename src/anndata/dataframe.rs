@@ -46,9 +46,18 @@ impl Column {
             Column::NullableString { .. } => "nullable-string",
         }
     }
-    /// Values as labels (categorical or string columns): `None` for missing values.
+    /// Values as labels (categorical, string or integer columns): `None` for missing values. A
+    /// numeric column is labels when every value is a whole number (NaN is missing), as pandas
+    /// stores an int64 column or an integer column that held NaN.
     pub fn as_labels(&self) -> Option<Vec<Option<String>>> {
         match self {
+            Column::Numeric(v) => {
+                if v.iter().all(|x| x.is_nan() || (x.is_finite() && x.fract() == 0.0)) {
+                    Some(v.iter().map(|&x| if x.is_nan() { None } else { Some(format!("{}", x as i64)) }).collect())
+                } else {
+                    None
+                }
+            }
             Column::Categorical { codes, categories, .. } => Some(
                 codes.iter().map(|&c| if c < 0 { None } else { categories.get(c as usize).cloned() }).collect(),
             ),

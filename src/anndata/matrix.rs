@@ -31,6 +31,38 @@ impl CsrBlock {
     pub fn nnz(&self) -> usize {
         self.data.len()
     }
+
+    /// Columns in increasing order within each row, duplicates summed, as scipy's
+    /// `sum_duplicates()`: a CSR matrix may legally hold either (anndata writes what scipy had),
+    /// and every reader downstream expects neither. Rows already canonical are left as they are.
+    pub fn canonical(mut self) -> CsrBlock {
+        let ok = (0..self.n_rows()).all(|i| self.row(i).0.windows(2).all(|w| w[0] < w[1]));
+        if ok {
+            return self;
+        }
+        let mut indptr = vec![0usize];
+        let (mut indices, mut data) = (Vec::with_capacity(self.indices.len()), Vec::with_capacity(self.data.len()));
+        let mut pairs: Vec<(u32, f32)> = Vec::new();
+        for i in 0..self.n_rows() {
+            let (idx, val) = self.row(i);
+            pairs.clear();
+            pairs.extend(idx.iter().copied().zip(val.iter().copied()));
+            pairs.sort_by_key(|p| p.0);
+            for &(j, v) in &pairs {
+                if indices.len() > *indptr.last().unwrap() && *indices.last().unwrap() == j {
+                    *data.last_mut().unwrap() += v;
+                } else {
+                    indices.push(j);
+                    data.push(v);
+                }
+            }
+            indptr.push(indices.len());
+        }
+        self.indptr = indptr;
+        self.indices = indices;
+        self.data = data;
+        self
+    }
 }
 
 /// How the matrix is stored.
@@ -222,12 +254,12 @@ impl Matrix {
                     out_idx.push(j as u32);
                 }
                 let ip = indptr[start..=end].iter().map(|&p| (p - a as u64) as usize).collect();
-                Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals })
+                Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals }.canonical())
             }
             Storage::InMemory { indptr, indices, data } => {
                 let (a, b) = (indptr[start] as usize, indptr[end] as usize);
                 let ip = indptr[start..=end].iter().map(|&p| (p as usize) - a).collect();
-                Ok(CsrBlock { start_row: start, indptr: ip, indices: indices[a..b].to_vec(), data: data[a..b].to_vec() })
+                Ok(CsrBlock { start_row: start, indptr: ip, indices: indices[a..b].to_vec(), data: data[a..b].to_vec() }.canonical())
             }
         }
     }

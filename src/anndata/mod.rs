@@ -46,6 +46,8 @@ pub struct AnnData {
     pub n_vars: usize,
     pub obs_names: Vec<String>,
     pub var_names: Vec<String>,
+    /// Whether X is stored (anndata writes none when X is None; the counts are then in a layer).
+    pub has_x: bool,
 }
 
 /// Check that `path` exists and starts with the HDF5 signature (at 0, 512, 1024, ...).
@@ -104,29 +106,30 @@ impl AnnData {
                 });
             }
         }
-        if !file.link_exists("X") {
-            return Err(Error::BadField {
-                path: path.into(),
-                field: "X".into(),
-                detail: "is missing: the file holds no expression matrix".into(),
-                hint: Some(
-                    "anndata writes X unless it is None; if the counts live in a layer, pass `--layer NAME`".into(),
-                ),
-            });
-        }
         let obs = file.group("obs").h5ctx(|| "opening obs".into())?;
         let var = file.group("var").h5ctx(|| "opening var".into())?;
         let obs_names = dataframe::read_index(path, &obs, "obs")?;
         let var_names = dataframe::read_index(path, &var, "var")?;
-        let x = Matrix::open(path, &file, "X")?;
-        if x.n_rows != obs_names.len() {
-            return Err(Error::ShapeObs { path: path.into(), n_obs: x.n_rows, obs_len: obs_names.len() });
-        }
-        if x.n_cols != var_names.len() {
-            return Err(Error::ShapeVar { path: path.into(), n_vars: x.n_cols, var_len: var_names.len() });
-        }
-        let (n_obs, n_vars) = (x.n_rows, x.n_cols);
-        Ok(AnnData { path: path.into(), source, layout, file, n_obs, n_vars, obs_names, var_names })
+        let has_x = file.link_exists("X");
+        let (n_obs, n_vars) = if has_x {
+            let x = Matrix::open(path, &file, "X")?;
+            if x.n_rows != obs_names.len() {
+                return Err(Error::ShapeObs { path: path.into(), n_obs: x.n_rows, obs_len: obs_names.len() });
+            }
+            if x.n_cols != var_names.len() {
+                return Err(Error::ShapeVar { path: path.into(), n_vars: x.n_cols, var_len: var_names.len() });
+            }
+            (x.n_rows, x.n_cols)
+        } else {
+            // X may be None when the counts live in a layer (read with --layer); without any
+            // layer there is nothing to read at all
+            let layers = file.group("layers").and_then(|g| g.member_names()).unwrap_or_default();
+            if layers.is_empty() {
+                return Err(missing_x(path, &layers));
+            }
+            (obs_names.len(), var_names.len())
+        };
+        Ok(AnnData { path: path.into(), source, layout, file, n_obs, n_vars, obs_names, var_names, has_x })
     }
 
     /// Fail on zero cells, zero genes or duplicated gene names.
@@ -153,6 +156,7 @@ impl AnnData {
     /// The expression matrix: X, or `layers/NAME` when a layer is named.
     pub fn matrix(&self, layer: Option<&str>) -> Result<Matrix> {
         let field = match layer {
+            None if !self.has_x => return Err(missing_x(&self.path, &self.group_keys("layers"))),
             None => "X".to_string(),
             Some(name) => {
                 let field = format!("layers/{name}");
@@ -241,12 +245,27 @@ impl AnnData {
     }
 }
 
+fn missing_x(path: &Path, layers: &[String]) -> Error {
+    Error::BadField {
+        path: path.into(),
+        field: "X".into(),
+        detail: "is missing: the file holds no expression matrix".into(),
+        hint: Some(if layers.is_empty() {
+            "anndata writes X unless it is None, and this file has no layers either; write the counts to X or to a layer".into()
+        } else {
+            format!("X is None in this file; read a layer with `--layer NAME` (layers: {})", layers.join(", "))
+        }),
+    }
+}
+
 /// Open an HDF5 file for reading, with errors that say whether it is locked or corrupt.
 fn open_hdf5(path: &Path) -> Result<File> {
     let _silence = hdf5::silence_errors(true);
     File::open(path).map_err(|e| {
         let detail = first_line(&e.to_string());
-        if detail.contains("lock") {
+        // HDF5's own words for a lock held elsewhere ("unable to lock the file", "flock");
+        // not a bare "lock", which a truncated file's "sblock->base_addr" also holds
+        if !detail.contains("truncated file") && (detail.contains("lock the file") || detail.contains("flock") || detail.contains("file locking")) {
             Error::Locked { path: path.into(), detail }
         } else {
             Error::CorruptFile { path: path.into(), detail }

@@ -195,3 +195,121 @@ fn hostile_pickles_fail_cleanly_under_a_memory_cap() {
         assert!(!ctx.path("t.genept.h5ad").exists());
     }
 }
+
+/// A CSR matrix may legally hold a column twice within a row, or its columns out of order
+/// (scipy sums duplicates on conversion): embed reads it as the summed, sorted matrix instead of
+/// panicking in the PCA code (exit 101 before).
+#[test]
+fn csr_with_duplicate_and_unsorted_columns_reads_as_scipy_sums_them() {
+    let ctx = TestContext::new();
+    let t = Tiny::counts(30, 12);
+    t.write(&ctx.path("plain.h5ad"));
+    t.write(&ctx.path("dups.h5ad"));
+    {
+        // split each row's first stored value into two entries of the same column, and reverse
+        // the row's column order
+        let f = hdf5::File::open_rw(ctx.path("dups.h5ad")).unwrap();
+        let g = f.group("X").unwrap();
+        let data: Vec<f32> = g.dataset("data").unwrap().read_raw().unwrap();
+        let indices: Vec<i32> = g.dataset("indices").unwrap().read_raw().unwrap();
+        let indptr: Vec<i32> = g.dataset("indptr").unwrap().read_raw().unwrap();
+        let (mut d2, mut i2, mut p2) = (vec![], vec![], vec![0i32]);
+        for r in 0..indptr.len() - 1 {
+            let (a, b) = (indptr[r] as usize, indptr[r + 1] as usize);
+            let mut row: Vec<(i32, f32)> = indices[a..b].iter().copied().zip(data[a..b].iter().copied()).collect();
+            if let Some(&(j, v)) = row.first() {
+                row[0].1 = v - 1.0;
+                row.push((j, 1.0));
+            }
+            row.reverse();
+            for (j, v) in row {
+                i2.push(j);
+                d2.push(v);
+            }
+            p2.push(i2.len() as i32);
+        }
+        for n in ["data", "indices", "indptr"] {
+            g.unlink(n).unwrap();
+        }
+        g.new_dataset::<f32>().shape([d2.len()]).create("data").unwrap().write_raw(&d2).unwrap();
+        g.new_dataset::<i32>().shape([i2.len()]).create("indices").unwrap().write_raw(&i2).unwrap();
+        g.new_dataset::<i32>().shape([p2.len()]).create("indptr").unwrap().write_raw(&p2).unwrap();
+    }
+    ctx.run(&["embed", "-m", "pca", "-d", "plain.h5ad", "--n-comps", "4", "-o", "a.h5ad"]).success();
+    ctx.run(&["embed", "-m", "pca", "-d", "dups.h5ad", "--n-comps", "4", "-o", "b.h5ad"]).success();
+    let (a, _) = crate::common::read_obsm(&ctx.path("a.h5ad"), "X_pca");
+    let (b, _) = crate::common::read_obsm(&ctx.path("b.h5ad"), "X_pca");
+    assert_eq!(a, b, "duplicates summed and columns sorted give the plain matrix's embedding");
+}
+
+/// A truncated file is reported as truncated, not as locked by another process.
+#[test]
+fn truncated_file_is_not_called_locked() {
+    let ctx = TestContext::new();
+    let bytes = std::fs::read(crate::common::repo().join("demo/pbmc68k_counts.h5ad")).unwrap();
+    std::fs::write(ctx.path("cut.h5ad"), &bytes[..100_000]).unwrap();
+    let r = embed_fails(&ctx, "cut.h5ad", &[]);
+    r.stderr_has("cut.h5ad: cannot be read as HDF5").stderr_has("truncated");
+    assert!(!r.stderr.contains("locked"), "{}", r.stderr);
+}
+
+/// X may be None when the counts are in a layer: `--layer counts` reads it; without --layer the
+/// error names the layers.
+#[test]
+fn no_x_but_a_layer() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(20, 8);
+    t.write_x = false;
+    t.write(&ctx.path("nox.h5ad"));
+    {
+        let f = hdf5::File::open_rw(ctx.path("nox.h5ad")).unwrap();
+        let layers = f.create_group("layers").unwrap();
+        crate::common::enc(&layers, "dict", "0.1.0");
+        let ds = layers.new_dataset::<f32>().shape([20, 8]).create("counts").unwrap();
+        ds.write_raw(&t.x).unwrap();
+        crate::common::enc(&ds, "array", "0.2.0");
+    }
+    embed_fails(&ctx, "nox.h5ad", &[]).stderr_has("X: is missing").stderr_has("--layer NAME` (layers: counts)");
+    ctx.run(&["embed", "-m", "pca", "-d", "nox.h5ad", "--layer", "counts", "--n-comps", "3"]).success();
+}
+
+/// A plain int64 obs column is labels (batch and label keys), as pandas users store them.
+#[test]
+fn integer_columns_are_labels() {
+    let ctx = TestContext::new();
+    let t = Tiny::counts(120, 10);
+    t.write(&ctx.path("ints.h5ad"));
+    {
+        let f = hdf5::File::open_rw(ctx.path("ints.h5ad")).unwrap();
+        let obs = f.group("obs").unwrap();
+        let batch: Vec<i64> = (0..120).map(|i| (i % 2) as i64).collect();
+        let label: Vec<i64> = (0..120).map(|i| (i % 3) as i64 + 10).collect();
+        for (name, v) in [("batch", &batch), ("label", &label)] {
+            let ds = obs.new_dataset::<i64>().shape([120]).create(name).unwrap();
+            ds.write_raw(v).unwrap();
+            crate::common::enc(&ds, "array", "0.2.0");
+        }
+        obs.delete_attr("column-order").unwrap();
+        let names: Vec<hdf5::types::VarLenUnicode> = ["batch", "label"].iter().map(|s| s.parse().unwrap()).collect();
+        obs.new_attr::<hdf5::types::VarLenUnicode>().shape([2]).create("column-order").unwrap().write_raw(&names).unwrap();
+    }
+    ctx.run(&["embed", "-m", "pca", "-d", "ints.h5ad", "--n-comps", "4", "-o", "p.h5ad"]).success();
+    ctx.run(&["integrate", "-m", "harmony", "-d", "p.h5ad", "--batch-key", "batch", "-o", "h.h5ad"]).success();
+    ctx.run(&["benchmark", "-d", "h.h5ad", "--embedding", "X_pca,X_harmony", "--label-key", "label", "--batch-key", "batch", "--metrics", "silhouette_label,silhouette_batch", "-o", "bench"]).success();
+    ctx.run(&["transfer", "-m", "pca", "-r", "ints.h5ad", "--query", "ints.h5ad", "--label-key", "label", "--n-comps", "4", "-o", "t.h5ad"]).success();
+}
+
+/// Numeric options refuse NaN and infinities when the command line is read (before: harmony ran
+/// with theta 2, finetune blamed "another version of scfoundry").
+#[test]
+fn non_finite_option_values_are_refused() {
+    let ctx = TestContext::new();
+    Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    for args in [
+        vec!["integrate", "-m", "harmony", "-d", "t.h5ad", "--batch-key", "b", "--theta", "nan"],
+        vec!["finetune", "-m", "pca", "-d", "t.h5ad", "--label-key", "c", "--lr", "nan"],
+        vec!["finetune", "-m", "pca", "-d", "t.h5ad", "--label-key", "c", "--weight-decay", "inf"],
+    ] {
+        ctx.run(&args).user_error().stderr_has("is not a finite number");
+    }
+}
