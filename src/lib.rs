@@ -21,5 +21,7 @@ pub mod plots;
 pub mod progress;
 pub mod registry;
 pub mod runner;
+pub mod lifecycle;
+pub mod paths;
 pub mod settings;
 pub mod weights;

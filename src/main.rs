@@ -42,6 +42,7 @@ fn report(err: &anyhow::Error) {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
+    scfoundry::lifecycle::install();
     let g = &cli.global;
     if let Some(genome) = &g.genome {
         // read by anndata::convert here and in the task processes this run starts

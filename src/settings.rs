@@ -28,6 +28,10 @@ impl EnvVars {
     /// Where converted copies of legacy AnnData and Cell Ranger files are kept (default
     /// `~/.cache/scfoundry/converted-v1`).
     pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
+    /// Set by the local runner on the task processes it starts, whose stdin is then a pipe from
+    /// the runner: when it closes (the runner died), the task removes its unfinished output and
+    /// exits (see `lifecycle`).
+    pub const PARENT_PIPE: &'static str = "SCFOUNDRY_PARENT_PIPE";
     /// Fault injection for tests of failure handling: the project step of this shard exits 1.
     pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
     /// A PEM file of CA certificates `weights pull` trusts besides its bundled and the system's

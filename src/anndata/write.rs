@@ -152,7 +152,9 @@ impl PendingOutput {
             drop(f);
         }
         let dest = self.dest.clone();
+        let temp_path = self.temp.to_path_buf();
         self.temp.persist(&dest).map_err(|e| Error::Io { path: dest.clone(), source: e.error })?;
+        crate::lifecycle::unregister(&temp_path);
         Ok(dest)
     }
 }
@@ -164,17 +166,25 @@ pub fn write_rows(ds: &Dataset, start: usize, values: &[f32], dim: usize) -> Res
     ds.write_slice(arr, (start..start + rows, ..)).h5ctx(|| format!("writing rows {start}..{}", start + rows))
 }
 
-/// A temporary file in `dest`'s folder (created if missing), removed unless persisted.
+/// A temporary file in `dest`'s folder (created if missing), removed unless persisted, and
+/// removed too if the process is interrupted (`lifecycle`). Its name, `.{name}.{host}.{boot}.{pid}.XXXXXX.tmp`,
+/// says who owns it; leftovers of killed runs on this host are swept first, with a note.
 fn temp_beside(dest: &Path) -> Result<tempfile::TempPath> {
     let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.into(), source: e })?;
     let name = dest.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "out.h5ad".into());
-    Ok(tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
+    let prefix = format!(".{name}.");
+    for p in crate::lifecycle::sweep(dir, &prefix) {
+        eprintln!("note: removed {}, the unfinished output of a run that was killed", p.display());
+    }
+    let temp = tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}.", crate::lifecycle::owner_tag()))
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(|e| Error::Io { path: dir.into(), source: e })?
-        .into_temp_path())
+        .into_temp_path();
+    crate::lifecycle::register(&temp);
+    Ok(temp)
 }
 
 /// Stored values a chunk of a CSR matrix written by [`CsrWriter`].

@@ -206,11 +206,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         (Some(o), false) => o.clone(),
         (None, false) => default_output(&args.data, &m.name),
     };
-    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::path::absolute(b)) {
-        (Ok(x), Ok(y)) => x == y || std::fs::canonicalize(b).map(|z| z == x).unwrap_or(false),
-        _ => false,
-    };
-    if !args.in_place && same(&args.data, &out) {
+    if !args.in_place && crate::paths::same_file(&args.data, &out) {
         return Err(Error::BadOption {
             option: "--out".into(),
             detail: format!("{} is the input file", out.display()),

@@ -79,6 +79,20 @@ pub fn default_out(data: &Path, method: &str) -> PathBuf {
 }
 
 /// Default prediction output: `<stem>.finetune.h5ad` beside the file.
+/// `--predict-out` must not be an input: finetune never modifies its inputs.
+fn refuse_overwriting(inputs: &[&Path], out: &Path) -> Result<()> {
+    for input in inputs {
+        if crate::paths::same_file(input, out) {
+            return Err(Error::BadOption {
+                option: "--predict-out".into(),
+                detail: format!("{} is the input file {}; finetune never modifies its inputs", out.display(), input.display()),
+                hint: Some("choose another --predict-out (default: <predict>.finetune.h5ad beside it)".into()),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub fn default_predict_out(data: &Path) -> PathBuf {
     let stem = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "data".into());
     data.with_file_name(format!("{stem}.finetune.h5ad"))
@@ -263,6 +277,10 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     if out.is_file() {
         return Err(Error::BadOption { option: "--out".into(), detail: format!("{} is a file; finetune writes a folder", out.display()), hint: Some("choose a folder name for --out".into()) }.into());
     }
+    if let Some(p) = &a.predict {
+        let inputs: Vec<&Path> = std::iter::once(p.as_path()).chain(a.data.as_deref()).collect();
+        refuse_overwriting(&inputs, &a.predict_out.clone().unwrap_or_else(|| default_predict_out(p)))?;
+    }
     let opts = FinetuneOptions {
         label_key: label_key.clone(),
         epochs: a.epochs,
@@ -299,6 +317,7 @@ fn run_predict_only(s: &Settings, a: &FinetuneArgs, model: &Path, pipeline: Opti
     let predict = a.predict.clone().expect("clap requires --predict with --model");
     AnnData::open(&predict)?.check_usable()?;
     let out = a.predict_out.clone().unwrap_or_else(|| default_predict_out(&predict));
+    refuse_overwriting(&[&predict], &out)?;
     let label_key = a.label_key.clone().unwrap_or_else(|| saved.label_key.clone());
     let opts = FinetuneOptions {
         label_key,

@@ -90,13 +90,6 @@ fn read_f32_file(path: &Path, rows: usize, dim: usize) -> Result<Vec<f32>, Error
     Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::path::absolute(b)) {
-        (Ok(x), Ok(y)) => x == y || std::fs::canonicalize(b).map(|z| z == x).unwrap_or(false),
-        _ => false,
-    }
-}
-
 pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     let t0 = Instant::now();
     let m = match &a.method {
@@ -237,7 +230,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
 
     let out = a.out.clone().unwrap_or_else(|| default_output(&a.query));
     for (input, what) in [(&a.query, "query"), (&a.reference, "reference")] {
-        if same_file(input, &out) {
+        if crate::paths::same_file(input, &out) {
             return Err(Error::BadOption {
                 option: "--out".into(),
                 detail: format!("{} is the {what} file; transfer never modifies its inputs", out.display()),

@@ -212,7 +212,9 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     let submit_ms = chrono::Utc::now().timestamp_millis();
     let started = Instant::now();
     let mut cmd = Command::new(exe);
-    cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::null());
+    // stdin is a pipe the task watches: if this process dies, the pipe closes and the task
+    // removes its unfinished output and exits (lifecycle.rs)
+    cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::piped()).env(crate::settings::EnvVars::PARENT_PIPE, "1");
     // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
     let _slot = match spec.gpu {
         Some(n) => {
@@ -224,6 +226,8 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     };
     let mut child = cmd.spawn().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let pid = child.id();
+    // held open until the task ends (`wait` would close a stdin it still owns)
+    let _parent_pipe = child.stdin.take();
     let status = child.wait().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let duration_ms = started.elapsed().as_millis() as u64;
     let exit = status.code().unwrap_or(128 + 9);

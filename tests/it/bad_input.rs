@@ -263,8 +263,7 @@ fn no_x_but_a_layer() {
     t.write(&ctx.path("nox.h5ad"));
     {
         let f = hdf5::File::open_rw(ctx.path("nox.h5ad")).unwrap();
-        let layers = f.create_group("layers").unwrap();
-        crate::common::enc(&layers, "dict", "0.1.0");
+        let layers = f.group("layers").or_else(|_| f.create_group("layers")).unwrap();
         let ds = layers.new_dataset::<f32>().shape([20, 8]).create("counts").unwrap();
         ds.write_raw(&t.x).unwrap();
         crate::common::enc(&ds, "array", "0.2.0");
@@ -312,4 +311,24 @@ fn non_finite_option_values_are_refused() {
     ] {
         ctx.run(&args).user_error().stderr_has("is not a finite number");
     }
+}
+
+/// Outputs that resolve to an input are refused before any work, as the OS will resolve them:
+/// `nosuchdir/../in.h5ad` is in.h5ad once nosuchdir is made (before: replaced the input), and
+/// finetune's --predict-out may not be --predict (before: no check at all).
+#[test]
+fn outputs_resolving_to_an_input_are_refused() {
+    let ctx = TestContext::new();
+    let t = Tiny::counts(30, 8).with_obs("cell_type", (0..30).map(|i| format!("t{}", i % 3)).collect()).with_obs("batch", (0..30).map(|i| format!("b{}", i % 2)).collect());
+    t.write(&ctx.path("in.h5ad"));
+    let before = sha256(&ctx.path("in.h5ad"));
+    ctx.run(&["embed", "-m", "pca", "-d", "in.h5ad", "--n-comps", "3", "--out", "nosuchdir/../in.h5ad"]).user_error().stderr_has("is the input file");
+    ctx.run(&["embed", "-m", "pca", "-d", "in.h5ad", "--n-comps", "3", "-o", "p.h5ad"]).success();
+    let p_before = sha256(&ctx.path("p.h5ad"));
+    ctx.run(&["integrate", "-m", "harmony", "-d", "p.h5ad", "--batch-key", "batch", "--out", "x/y/../../p.h5ad"]).user_error().stderr_has("is the input file");
+    ctx.run(&["transfer", "-m", "pca", "-r", "in.h5ad", "--query", "p.h5ad", "--label-key", "cell_type", "--n-comps", "3", "--out", "nosuchdir/../p.h5ad"]).failed().stderr_has("is the query file");
+    ctx.run(&["finetune", "-m", "pca", "-d", "in.h5ad", "--label-key", "cell_type", "--n-comps", "3", "--epochs", "1", "-o", "ft", "--predict", "p.h5ad", "--predict-out", "p.h5ad"]).user_error().stderr_has("finetune never modifies its inputs");
+    ctx.run(&["finetune", "-m", "pca", "-d", "in.h5ad", "--label-key", "cell_type", "--n-comps", "3", "--epochs", "1", "-o", "ft", "--predict", "p.h5ad", "--predict-out", "nosuchdir/../in.h5ad"]).user_error().stderr_has("finetune never modifies its inputs");
+    assert_eq!(before, sha256(&ctx.path("in.h5ad")), "in.h5ad was modified");
+    assert_eq!(p_before, sha256(&ctx.path("p.h5ad")), "p.h5ad was modified");
 }

@@ -9,7 +9,9 @@ fn named_tests(page: &str) -> Vec<(String, String)> {
     for (i, _) in text.match_indices(".rs::") {
         let file: String = text[..i].chars().rev().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<Vec<_>>().into_iter().rev().collect();
         let name: String = text[i + 5..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        out.push((file, name));
+        if !file.is_empty() && !name.is_empty() {
+            out.push((file, name));
+        }
     }
     out
 }

@@ -24,6 +24,7 @@ mod registry;
 mod runner;
 mod sccello;
 mod langcell;
+mod lifecycle;
 mod scgpt;
 mod scvi_denovo;
 mod scvi_pretrained;
