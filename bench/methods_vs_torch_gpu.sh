@@ -3,7 +3,7 @@
 # the same architecture, same cells, same batches, measured one after the other in one run.
 # Opt-in: CI has no GPU. BENCHMARKS.md "Issue #9 models on the H200" has the results.
 #
-#   bench/issue9_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
+#   bench/methods_vs_torch_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
 #
 # Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
 # Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
@@ -11,14 +11,14 @@
 # is stopped after STEP_TIMEOUT seconds (default 240) so one hang cannot eat a whole device call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-${OUT:-/tmp/scfoundry-issue9}}
+OUT=${1:-${OUT:-/tmp/scfoundry-methods-gpu}}
 shift || true
 MODELS=("$@")
 [[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae scprint cellfm)
 mkdir -p "$OUT"
 BIN=${BIN:-dist/cuda/scfoundry}
 export SCFOUNDRY_NO_PROGRESS=1
-G=$(mktemp -d /tmp/scfoundry-i9.XXXX)
+G=$(mktemp -d /tmp/scfoundry-mg.XXXX)
 : >"$OUT/results.jsonl"
 # run SIDE MODEL CMD...: log the command, keep its JSON line(s)
 run() {
