@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #5 on the device in one call: the fused attention kernel checked against the plain
+# The transformer encoders on a GPU machine in one run: the fused attention kernel checked against the plain
 # reference, geneformer's embed on the GPU in f32 and bf16 (the small parity checkpoint of
 # tests/fixtures/geneformer/v1; compare the h5ad files with its reference.json afterwards), then
 # bench/encoder_throughput.sh (scfoundry packed and padded, PyTorch file order and sorted).
