@@ -1,4 +1,4 @@
-// The packed attention kernels alone, on the device, without the rest of scfoundry: each
+// The packed attention kernels alone, on a GPU, without the rest of scfoundry: each
 // kernel's answer against a plain f32 reference (one thread a query row, two passes over the
 // keys), and its speed in useful TFLOP/s (4 * head_dim * sum over cells of len^2 * heads, real
 // tokens only), at the four encoder shapes with real token lengths.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kept kernels in the encoder, on the device: the fused encoder checked against candle's ops
+# The kept kernels in the encoder, on a GPU: the fused encoder checked against candle's ops
 # and the attention against the plain reference at the four encoder shapes (--check, first
 # batch), with the Hopper attention kernel and with the portable one
 # (SCFOUNDRY_ATTENTION=portable), then, given the binary before, an A/B of it (A) and the binary

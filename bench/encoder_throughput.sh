@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Encoder throughput on the device: scfoundry's encoder (packed cells with variable-length
+# Encoder throughput on a GPU: scfoundry's encoder (packed cells with variable-length
 # attention, methods/packed_bert.rs; and, for comparison, candle-transformers' BERT over padded
 # batches sorted by length, `--padded`) against PyTorch's nn.TransformerEncoder run as upstream code runs it
 # (batches padded to their longest cell with a key-padding mask; file order and sorted), bf16,

@@ -1,4 +1,4 @@
-// The encoder's in-place layer norm alone, on the device: the kept kernel
+// The encoder's in-place layer norm alone, on a GPU: the kept kernel
 // (src/gpu/kernels/encoder_ops.cu layer_norm_bf16_pP) against variants and against an in-place
 // copy of the same bytes (the memory bound), at the four encoder shapes' largest batches (rows =
 // tokens of the longest batch, d = the model width). Each variant's output is compared with the
