@@ -1,13 +1,13 @@
-// The packed attention kernels alone, on the device, without the rest of scfoundry: each
+// The packed attention kernels alone, on a GPU, without the rest of scfoundry: each
 // kernel's answer against a plain f32 reference (one thread a query row, two passes over the
 // keys), and its speed in useful TFLOP/s (4 * head_dim * sum over cells of len^2 * heads, real
-// tokens only), at the four shapes of issue #5 with real token lengths.
+// tokens only), at the four encoder shapes with real token lengths.
 //
 //   scripts/build-cuda.sh                                        # builds dist/cuda/attention_kernels
 //   dist/cuda/attention_kernels bench/token_lengths_wu2020.txt   # on an sm_90 GPU
 //
 // Kernels: varlen_attention.cu (mma.sync, every GPU since sm_80) and varlen_attention_sm90.cu
-// (wgmma, Hopper; tiles by TMA, and by cp.async as before session 18), with and without maxima
+// (wgmma, Hopper; tiles by TMA, and by cp.async the kernel before TMA), with and without maxima
 // fixed by the first key tile.
 #include "../src/gpu/kernels/varlen_attention_sm90.cu"
 #include "../src/gpu/kernels/varlen_attention.cu"
@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     sm90::attention<2, 96, 2, false>(qkv, out, cu, heads, scale_log2);
 }
 
-// the portable kernel as it was before session 17 (exact online softmax on every tile)
+// the portable kernel with the exact online softmax on every tile (before maxima were fixed)
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
     portable_exact_max(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ cu,
                        const int heads, const float scale_log2) {

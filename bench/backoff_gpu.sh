@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The out-of-memory back-off with batches by tokens, on the device: scGPT at full size (random
+# The out-of-memory back-off with batches by tokens, on a GPU: scGPT at full size (random
 # weights in the upstream format, bench/fullsize_checkpoints.py) embeds the 700 demo cells in bf16
 # once freely, then under --gpu-memory-limit a third of the way from the loaded model to the
 # free run's peak, so that batches are refused and the token budget halves (gpu/backoff.rs).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput rows of sccello and langcell on the device: scfoundry's own encoder
+# Throughput rows of sccello and langcell on a GPU: scfoundry's own encoder
 # (`__bench-encoder --arch`, cells sorted by length) against the same architecture in PyTorch
 # (bench/bert_cell_torch.py; file order as upstream runs cells, and sorted), bf16, random
 # weights, the released shapes, token lengths of real cells (+1 for <cls>, cut at 2,048).

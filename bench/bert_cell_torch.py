@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch side of the scCello / LangCell throughput rows (torch only: no transformers, numpy
-or h5py, as on the device).
+or h5py, as on the GPU machine).
 
 Builds the released architecture in plain torch with random weights: BERT embeddings (word +
 position + the one token-type row, LayerNorm eps 1e-12), post-norm encoder layers with ReLU

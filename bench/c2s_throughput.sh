@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cell2Sentence throughput on the device: scfoundry's GPT-NeoX (methods/c2s.rs; cells sorted by
+# Cell2Sentence throughput on a GPU: scfoundry's GPT-NeoX (methods/c2s.rs; cells sorted by
 # prompt length, right-padded) against a torch-only GPT-NeoX run as upstream runs it
 # (bench/c2s_torch.py: left padding, attention mask, sdpa; file order and sorted), full-size
 # Pythia-160M and -410M shapes, random weights, batch 8 (upstream's), prompt token counts from

@@ -1,9 +1,9 @@
-"""The bf16 matrix ceiling as PyTorch measures it (what ANCHORS.md's ~790 TFLOP/s is): square
+"""The bf16 matrix ceiling as PyTorch measures it (about 790 TFLOP/s on an H200): square
 torch.matmul at n = 4,096, 8,192 and 16,384, a quarter of a second of products a timing at
 ~790 TFLOP/s (at most 200 products), the best of 3 timings; the ceiling is the fastest size.
 The same measurement as `scfoundry __bench-encoder --arch gemm`, for the same call.
 
-    python3 bench/ceiling_torch.py        # on the device; one JSON line
+    python3 bench/ceiling_torch.py        # on a GPU machine; one JSON line
 """
 import json
 import time

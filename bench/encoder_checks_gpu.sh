@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The kept kernels in the encoder, on the device: the fused encoder checked against candle's ops
-# and the attention against the plain reference at the four shapes of issue #5 (--check, first
+# The kept kernels in the encoder, on a GPU: the fused encoder checked against candle's ops
+# and the attention against the plain reference at the four encoder shapes (--check, first
 # batch), with the Hopper attention kernel and with the portable one
 # (SCFOUNDRY_ATTENTION=portable), then, given the binary before, an A/B of it (A) and the binary
-# after (B) through bench/ab_encoder_gpu.sh. (Session 17 wrote it as bench/fixed_max_gpu.sh, for
+# after (B) through bench/ab_encoder_gpu.sh. (Formerly bench/fixed_max_gpu.sh, for
 # the attention with maxima fixed by the first key tile.)
 #
 #   bash bench/encoder_checks_gpu.sh OUT_DIR [BINARY_BEFORE]      # needs dist/cuda/scfoundry (after)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Encoder throughput on the device: scfoundry's encoder (packed cells with variable-length
+# Encoder throughput on a GPU: scfoundry's encoder (packed cells with variable-length
 # attention, methods/packed_bert.rs; and, for comparison, candle-transformers' BERT over padded
 # batches sorted by length, `--padded`) against PyTorch's nn.TransformerEncoder run as upstream code runs it
 # (batches padded to their longest cell with a key-padding mask; file order and sorted), bf16,
@@ -27,7 +27,7 @@ yes 1072 | head -200 > "$uce"
 # model's own, ReLU for all four: Geneformer's pretraining config sets hidden_act "relu", as our
 # parity fixtures do; scGPT and UCE use nn.TransformerEncoderLayer's default). Geneformer V1
 # runs 100 cells a batch on both sides: its method default (methods/geneformer.toml, upstream's
-# forward_batch_size); 64 until session 20.
+# forward_batch_size); 64 before 2026-12-03.
 shapes=(
   "geneformer_v1 6 256 4 512 2048 100 2048 $real 0 relu"
   "scgpt 12 512 8 512 1200 64 2048 $real 0 relu"
@@ -36,7 +36,7 @@ shapes=(
 )
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
 # the bf16 matrix ceiling the useful TFLOP/s are held against, ours and PyTorch's, measured in
-# this call before and after the encoders (issue #5's target is half of it)
+# this call before and after the encoders (the target is half of it)
 ceiling() {
   local line
   line=$(timeout 120 "$bin" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths "$real" 2>"$out/ceiling.err") || line="{\"tool\":\"scfoundry\",\"error\":\"$(tail -1 "$out/ceiling.err" | tr -d '"')\"}"

@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--order", default="file")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--activation", default="gelu", choices=["gelu", "relu"], help="feed-forward activation (relu for all four issue #5 models: Geneformer's config.json, scGPT and UCE)")
+    ap.add_argument("--activation", default="gelu", choices=["gelu", "relu"], help="feed-forward activation (relu for all four encoder models: Geneformer's config.json, scGPT and UCE)")
     ap.add_argument("--pad-to", type=int, default=0, help="pad every batch to this length (UCE pads every cell to 1536 by design)")
     a = ap.parse_args()
     torch.manual_seed(0)

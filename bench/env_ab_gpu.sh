@@ -2,7 +2,7 @@
 # One scfoundry binary under several environments (the switches of its GPU paths:
 # SCFOUNDRY_EVENT_TRACKING, SCFOUNDRY_FUSED_NORM, SCFOUNDRY_ATTENTION, SCFOUNDRY_GEMM_TUNE, ...),
 # interleaved round by round so that the card's clock, which moves between calls, moves all of
-# them alike: `__bench-encoder` at issue #5's full shapes (bench/issue5_shapes.sh),
+# them alike: `__bench-encoder` at the four full-size encoder shapes (bench/encoder_shapes.sh),
 # the bf16 matrix ceiling before and after. Prints one line a run, then each shape's mean useful
 # TFLOP/s per variant and its ratio to the first variant.
 #
@@ -18,7 +18,7 @@ mkdir -p "$OUT"; rm -f "$OUT"/*.jsonl; export SCFOUNDRY_NO_PROGRESS=1
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 ONLY=${ONLY:-geneformer_v1,scgpt}
 real=bench/token_lengths_wu2020.txt; uce="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$uce"
-source bench/issue5_shapes.sh
+source bench/encoder_shapes.sh
 ceiling() { timeout 120 "$BIN" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $real 2>>"$OUT/err.txt" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('ceiling', round(d['ceiling_tflops'],1), 'half', round(d['half_ceiling_tflops'],1))"; }
 # run ENVLIST ARGS...: the binary under the variant's environment (BIN=path in the list runs
 # another binary, for an A/B against an earlier build; --flag=value replaces the shape's --flag,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Full-size checkpoints with random weights, in the upstream file formats, for the device check
-of issue #5 ("run the full-size configurations with random weights on the device to check shapes
+"""Full-size checkpoints with random weights, in the upstream file formats, for the GPU check
+("run the full-size configurations with random weights on a GPU to check shapes
 and memory"): the real weights cannot be downloaded on these machines.
 
     python3 bench/fullsize_checkpoints.py OUT_DIR      # needs torch; bench/fullsize_gpu.sh runs it

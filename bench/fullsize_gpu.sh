@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #5's full-size check on the device: scGPT (whole-human shape), UCE (33 layers) and
+# The full-size check on a GPU machine: scGPT (whole-human shape), UCE (33 layers) and
 # Geneformer V1 and V2 at their released sizes with random weights in the upstream file formats
 # (bench/fullsize_checkpoints.py), each run through `scfoundry embed` on the GPU in f32 and bf16.
 # Reports per run: exit code, wall time, the output's shape, host peak RSS and the GPU memory

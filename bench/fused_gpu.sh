@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The fused encoder path (src/gpu/fused_encoder.rs) on the device in one call: correctness
+# The fused encoder path (src/gpu/fused_encoder.rs) on a GPU machine in one run: correctness
 # against candle's ops (--check), a per-step profile of one layer (--profile) and throughput,
-# fused (with each attention kernel) and unfused, at the four full-size shapes of issue #5 (bf16,
+# fused (with each attention kernel) and unfused, at the four full-size encoder shapes (bf16,
 # random weights, real token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
 #
 #   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
@@ -24,7 +24,7 @@ shapes=(
   "uce_33l 33 1280 20 5120 1536 16 256 $U relu"
 )
 : > "$OUT/fused.jsonl"
-# the bf16 matrix ceiling in this call (issue #5's target is half of it)
+# the bf16 matrix ceiling in this call (the target is half of it)
 timeout 120 "$B" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths $L 2>&1 | tee "$OUT/ceiling.json" | tail -1
 for s in "${shapes[@]}"; do
   read -r name Ly d h f maxlen batch cells lengths act <<<"$s"

@@ -3,7 +3,7 @@
 // the layer-norm kernel it replaces (encoder_ops.cu layer_norm_bf16, on the same rows) and
 // against a device-to-device copy of the bytes it must move (A and x read, x written), at the
 // shapes of Geneformer V1 (N = 256; k = 256 and 512) with the token count of its longest batch in
-// issue #5's benchmark, and short counts for the edges (a block partly past the end, one row).
+// the encoder benchmark, and short counts for the edges (a block partly past the end, one row).
 //
 //   scripts/build-cuda.sh                        # builds dist/cuda/gemm_layer_norm_kernels
 //   dist/cuda/gemm_layer_norm_kernels            # on an sm_90 GPU

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 19's device call: what lies between the kernels of a batch. Checks first (the fused
+# What lies between the kernels of a batch. Checks first (the fused
 # product + norm harness, whose kernel takes its output map apart from its residual's; the fused
 # encoder and attention against their references, with cudarc's event tracking off and on;
 # geneformer's embed on the GPU against transformers), then the A/B of bench/env_ab_gpu.sh: the
 # binary before (BEFORE), this binary with cudarc's event tracking on, and as it is; V1 and
 # scGPT three rounds, V2 and UCE two. At commit 2de08cb the call also ran programmatic dependent
 # launch and the attention kernel's carveout as variants (SCFOUNDRY_PDL, SCFOUNDRY_ATTENTION_CARVEOUT,
-# removed since; BENCHMARKS.md, session 19).
+# removed since; BENCHMARKS.md, "GPU: transformer encoders", what we tried).
 #
 #   bash bench/launch_gaps_gpu.sh OUT_DIR BINARY BEFORE [HARNESS]
 set -u

@@ -1,6 +1,6 @@
-// The encoder's in-place layer norm alone, on the device: the kept kernel
+// The encoder's in-place layer norm alone, on a GPU: the kept kernel
 // (src/gpu/kernels/encoder_ops.cu layer_norm_bf16_pP) against variants and against an in-place
-// copy of the same bytes (the memory bound), at the issue #5 shapes' largest batches (rows =
+// copy of the same bytes (the memory bound), at the four encoder shapes' largest batches (rows =
 // tokens of the longest batch, d = the model width). Each variant's output is compared with the
 // kept kernel's on the same random rows. Prints registers a thread, blocks an SM, us a launch
 // and TB/s (2 x rows x d x 2 bytes: one read, one write).

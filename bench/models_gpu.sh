@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The transformer models' `embed` on the GPU against the CPU, in one device call: each model's
+# The transformer models' `embed` on the GPU against the CPU, in one run: each model's
 # committed parity fixture (small configurations, seeded random weights) embeds its fixture cells
 # on the CPU in f32, then with --device cuda in f32 and in --precision bf16; the script prints the
 # largest relative difference per cell (GPU vs CPU) for each. The fixtures' heads are narrower

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch side of Novae's throughput row: the inference path of novae's GraphEncoder
 (torch_geometric GAT(v2=True, edge_dim=1, act="ELU") + AttentionAggregation) written in plain
-torch (the device has torch only: no torch_geometric, no numpy), at the full size of
+torch (the GPU machine has torch only: no torch_geometric, no numpy), at the full size of
 novae/model.py's defaults (embedding 100, hidden 128, 10 layers, 8 heads, output 64), random
 weights, on the graph `scfoundry __bench-encoder --arch novae --graph-out FILE` wrote (the same
 synthetic slide, the same 2-hop subgraphs, batches of the same cells in the same order).

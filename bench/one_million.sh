@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Score one million synthetic cells x 50 dimensions with `scfoundry benchmark` and report the
-# peak memory (issue #3: within 24 GB). Needs python3 with numpy + h5py for the generator.
+# peak memory (the target: within 24 GB). Needs python3 with numpy + h5py for the generator.
 #
 #   bench/one_million.sh SCFOUNDRY_BINARY [WORKDIR] [CELLS]
 #

@@ -1,8 +1,8 @@
 // Programmatic dependent launch (PDL) alone, without scfoundry: does it run on this machine, does
 // the dependent kernel see the writes of the kernel before it, and what does it save a kernel
-// boundary. Session 19 measured PDL in the encoder at +0.5% on Geneformer V1 on one device
-// machine, then binaries with it hung on the next ones (BENCHMARKS.md, session 19; the code is
-// in commit 2de08cb). This harness asks the question in a few seconds, case by case, from the
+// boundary. PDL in the encoder measured +0.5-1.4% on Geneformer V1 on one H200 machine, then
+// binaries with it hung on others of the same kind (BENCHMARKS.md, "GPU: transformer encoders";
+// the code is in commit 2de08cb). This harness asks the question in a few seconds, case by case, from the
 // safest to the least safe, and stops at the first case that does not finish in 10 s (a hung
 // stream cannot be recovered in-process): the case it names is the cause.
 //

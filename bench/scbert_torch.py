@@ -2,7 +2,7 @@
 """PyTorch side of the scBERT throughput comparison (`scfoundry __bench-encoder --arch scbert`).
 
 A PerformerLM of scBERT's released shape (github.com/TencentAILabHealthcare/scBERT, predict.py
-and its vendored performer_pytorch; rebuilt here in plain torch because the device has torch
+and its vendored performer_pytorch; rebuilt here in plain torch because the GPU machine has torch
 only): token embedding over 7 bins plus a (seq_len x dim) gene2vec table; `depth` pre-LayerNorm
 layers of FAVOR+ self-attention (q/k/v without bias to heads x dim_head, softmax-kernel random
 features from a fixed (nb_features x dim_head) projection, queries stabilised by their row max,

@@ -2,7 +2,7 @@
 """PyTorch side of the SCimilarity throughput comparison (`scfoundry __bench-scimilarity`).
 
 The encoder of the same shape as upstream's nn_models.Encoder (github.com/Genentech/scimilarity,
-rebuilt here because the device has torch only): per hidden layer Dropout, Linear, BatchNorm1d,
+rebuilt here because the GPU machine has torch only): per hidden layer Dropout, Linear, BatchNorm1d,
 PReLU; then Linear to the latent size; F.normalize(p=2, dim=1). Random weights (Linear normal
 sd 0.02), eval mode, torch.inference_mode, float32 (as upstream's CellEmbedding runs it).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch side of the scPRINT throughput row (torch only: no numpy, scprint or simpler-flash,
-as on the device).
+as on the GPU machine).
 
 Builds the cell-embedding path of scPRINT (github.com/cantinilab/scPRINT, PyPI scprint 2.3.8,
 model/model.py and model/encoders.py; simpler-flash 1.0.7's FlashTransformer) in plain torch with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pretrained-scVI embedding throughput on the device: scfoundry's path (`__bench-scvi`:
+# Pretrained-scVI embedding throughput on a GPU: scfoundry's path (`__bench-scvi`:
 # PretrainedScvi::embed, batch copied to the GPU, log1p, encoder, q_m back) against the same
 # encoder in plain PyTorch (bench/scvi_torch.py), float32, random weights, 100,000 synthetic
 # cells of raw counts.

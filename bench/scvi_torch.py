@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch side of the pretrained-scVI throughput comparison (`scfoundry __bench-scvi`).
 
-Builds scvi-tools' scVI encoder at the same shape, in plain torch (the device has torch only):
+Builds scvi-tools' scVI encoder at the same shape, in plain torch (the GPU machine has torch only):
 per layer Linear -> BatchNorm1d(eps 1e-3, eval: running mean 0, variance 1) -> ReLU -> Dropout
 (off in eval), then q_m = Linear(n_hidden, n_latent) and q_v = exp(Linear(...)) + 1e-4, as
 scvi.nn.Encoder; random weights, eval mode, torch.inference_mode, float32. Cells are the same

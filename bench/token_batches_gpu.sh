@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Batches by cells against batches by tokens (gpu/backoff.rs TokenBudget), on the device in one
-# call: the fused encoder at issue #5's full-size shapes whose cells differ in length (Geneformer
+# Batches by cells against batches by tokens (gpu/backoff.rs TokenBudget), on a GPU machine in one
+# run: the fused encoder at the full-size encoder shapes whose cells differ in length (Geneformer
 # V1 and V2, scGPT; UCE's cells all hold 1,024 genes), bf16, random weights, real token lengths.
 # `cells`: --batch cells a batch (what every loop did before); `tokensK`: --batch cells of the
 # longest length make the budget, shorter cells fill it up to K x --batch cells. Each variant runs

@@ -5,7 +5,7 @@
 #   scripts/build-cuda.sh            # -> dist/cuda/scfoundry
 #   scripts/build-cuda.sh --check    # cargo check only (what CI runs when SCFOUNDRY_CI_CUDA=1)
 #
-# How (cuda/README.md has the reasons):
+# How (docs/gpu.md has the reasons):
 #   1. the CUDA 13.0 compiler and runtime come from PyPI wheels (ci/requirements-cuda.txt) in
 #      ~/.cache/scfoundry/cuda-venv; 13.0 exactly, since a 13.0 driver cannot JIT newer PTX;
 #   2. candle-core 0.11.1 and cudarc 0.19.10 are copied from cargo's registry into
@@ -100,7 +100,7 @@ if [[ $CUDA_COMPUTE_CAP == 90 ]]; then
   echo "build-cuda: dist/cuda/layer_norm_kernels"
   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/gemm_layer_norm_kernels bench/gemm_layer_norm_kernels.cu
   echo "build-cuda: dist/cuda/gemm_layer_norm_kernels"
-  # programmatic dependent launch alone (BENCHMARKS.md, session 19): as machine code, and as PTX
+  # programmatic dependent launch alone (bench/README.md, "Kernel harnesses"): as machine code, and as PTX
   # the driver compiles at load, as scfoundry's own kernels are loaded
   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -L"$CU/lib" -o dist/cuda/pdl_check bench/pdl_check.cu
   nvcc -gencode arch=compute_90a,code=compute_90a -O3 -L"$CU/lib" -o dist/cuda/pdl_check_ptx bench/pdl_check.cu

@@ -16,7 +16,7 @@ entries cost more than one uniform draw):
     counts          NB(mean = lib_c * mu_g * type_tg * batch_bg, dispersion theta = 0.6)
 
 With 3000 genes this gives ~6% non-zero entries, a median of ~170 genes and ~290 counts per
-cell (as in shared/ANCHORS.md). Every block of 4096 cells has its own seeded stream, so a
+cell. Every block of 4096 cells has its own seeded stream, so a
 file of N cells is the first N cells of any larger file with the same other arguments.
 
 Written directly with h5py in anndata's on-disk encoding, in bounded memory (one block at a

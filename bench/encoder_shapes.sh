@@ -1,4 +1,4 @@
-# Issue #5's full shapes as `__bench-encoder` arguments, "name|arguments", as
+# The four full-size encoder shapes as `__bench-encoder` arguments, "name|arguments", as
 # bench/encoder_throughput.sh runs them; sourced by bench/env_ab_gpu.sh (which bench/ab_encoder_gpu.sh runs)
 # (set $real and $uce, the token-length files, first).
 # shellcheck shell=bash disable=SC2034

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue #5 on the device in one call: the fused attention kernel checked against the plain
+# The transformer encoders on a GPU machine in one run: the fused attention kernel checked against the plain
 # reference, geneformer's embed on the GPU in f32 and bf16 (the small parity checkpoint of
 # tests/fixtures/geneformer/v1; compare the h5ad files with its reference.json afterwards), then
 # bench/encoder_throughput.sh (scfoundry packed and padded, PyTorch file order and sorted).
 #
-#   bash bench/issue5_gpu.sh OUT_DIR      # needs dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch
+#   bash bench/encoders_vs_torch_gpu.sh OUT_DIR      # needs dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: issue5_gpu.sh OUT_DIR}
+OUT=${1:?usage: encoders_vs_torch_gpu.sh OUT_DIR}
 mkdir -p "$OUT"
 B=$PWD/${BIN:-dist/cuda/scfoundry}; L=bench/token_lengths_wu2020.txt; export SCFOUNDRY_NO_PROGRESS=1
 (timeout 60 "$B" __bench-encoder --arch bert --layers 2 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $L --cells 64 --batch 16 --dtype bf16 --check --repeat 1; echo "rc=$?") > "$OUT/quick.txt" 2>&1

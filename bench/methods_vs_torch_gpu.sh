@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Device throughput rows of issue #9's models: scfoundry (candle, CUDA) against a PyTorch model of
+# GPU throughput rows of scbert, scfoundation, cellplm, novae, scprint and cellfm: scfoundry (candle, CUDA) against a PyTorch model of
 # the same architecture, same cells, same batches, measured one after the other in one run.
-# Opt-in: CI has no GPU. BENCHMARKS.md "Issue #9 models on the H200" has the results.
+# Opt-in: CI has no GPU. BENCHMARKS.md "GPU: per-method throughput" has the results.
 #
-#   bench/issue9_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
+#   bench/methods_vs_torch_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
 #
 # Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
 # Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
 # whole output in OUT_DIR/log.txt. A failing command is logged and the script goes on; each command
-# is stopped after STEP_TIMEOUT seconds (default 240) so one hang cannot eat a whole device call.
+# is stopped after STEP_TIMEOUT seconds (default 240) so one hang cannot eat a whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-${OUT:-/tmp/scfoundry-issue9}}
+OUT=${1:-${OUT:-/tmp/scfoundry-methods-gpu}}
 shift || true
 MODELS=("$@")
 [[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae scprint cellfm)
 mkdir -p "$OUT"
 BIN=${BIN:-dist/cuda/scfoundry}
 export SCFOUNDRY_NO_PROGRESS=1
-G=$(mktemp -d /tmp/scfoundry-i9.XXXX)
+G=$(mktemp -d /tmp/scfoundry-mg.XXXX)
 : >"$OUT/results.jsonl"
 # run SIDE MODEL CMD...: log the command, keep its JSON line(s)
 run() {
