@@ -33,8 +33,14 @@ fn main() -> ExitCode {
 /// `error:`, then each cause, then the first hint found in the chain.
 fn report(err: &anyhow::Error) {
     eprintln!("error: {err}");
+    // a cause already spelled out by the line above (an I/O error after its path) is not repeated
+    let mut last = err.to_string();
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        let text = cause.to_string();
+        if !last.contains(&text) {
+            eprintln!("  caused by: {text}");
+        }
+        last = text;
     }
     if let Some(hint) = err.chain().find_map(|c| c.downcast_ref::<Error>().and_then(Error::hint).or_else(|| c.downcast_ref::<scfoundry::gpu::GpuError>().and_then(scfoundry::gpu::GpuError::hint))) {
         eprintln!("hint: {hint}");

@@ -47,6 +47,32 @@ pub fn same_file(input: &Path, out: &Path) -> bool {
     }
 }
 
+/// An output file (`--out`, `--predict-out`) must not be an existing folder: checked before
+/// any work.
+pub fn check_output_file(out: &Path, option: &str) -> crate::error::Result<()> {
+    if out.is_dir() {
+        return Err(crate::error::Error::BadOption {
+            option: option.into(),
+            detail: format!("{} is a folder; {option} names the output file", out.display()),
+            hint: Some(format!("pass a file name, e.g. {}", out.join("out.h5ad").display())),
+        });
+    }
+    Ok(())
+}
+
+/// An output folder (`benchmark --out`, `geometry --out`) must not be an existing file:
+/// checked before any work.
+pub fn check_output_dir(out: &Path, option: &str) -> crate::error::Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(crate::error::Error::BadOption {
+            option: option.into(),
+            detail: format!("{} is a file; {option} names the folder for the results", out.display()),
+            hint: Some("pass a folder that does not exist yet or holds earlier results".into()),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

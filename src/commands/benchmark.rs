@@ -443,6 +443,7 @@ pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
     // the input is checked before any run folder exists; the task reads it again
     drop(prepare(&args.data, &opts, args.seed)?);
     let out_dir = args.out.clone().unwrap_or_else(|| default_out(&args.data, "benchmark"));
+    crate::paths::check_output_dir(&out_dir, "--out")?;
     let run = executor::create_run(s, &args.exec, &out_dir, "benchmark")?;
     let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec::new(&run, format!("BENCHMARK ({tag})"), "benchmark", "benchmark", &args.data, &out_dir, args.seed, options_params(&opts), s.quiet, s.progress)?;

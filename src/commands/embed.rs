@@ -206,6 +206,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         (Some(o), false) => o.clone(),
         (None, false) => default_output(&args.data, &m.name),
     };
+    crate::paths::check_output_file(&out, "--out")?;
     if !args.in_place && crate::paths::same_file(&args.data, &out) {
         return Err(Error::BadOption {
             option: "--out".into(),

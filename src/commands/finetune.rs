@@ -81,6 +81,7 @@ pub fn default_out(data: &Path, method: &str) -> PathBuf {
 /// Default prediction output: `<stem>.finetune.h5ad` beside the file.
 /// `--predict-out` must not be an input: finetune never modifies its inputs.
 fn refuse_overwriting(inputs: &[&Path], out: &Path) -> Result<()> {
+    crate::paths::check_output_file(out, "--predict-out")?;
     for input in inputs {
         if crate::paths::same_file(input, out) {
             return Err(Error::BadOption {

@@ -112,6 +112,7 @@ pub fn run(s: &Settings, a: &GeometryArgs) -> anyhow::Result<ExitStatus> {
     // the input is checked before any run folder exists; the task reads it again
     drop(load(&a.data, &opts)?);
     let out_dir = a.out.clone().unwrap_or_else(|| default_out(&a.data, "geometry"));
+    crate::paths::check_output_dir(&out_dir, "--out")?;
     let run = executor::create_run(s, &a.exec, &out_dir, "geometry")?;
     let tag = a.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec::new(&run, format!("GEOMETRY ({tag})"), "geometry", "geometry", &a.data, &out_dir, a.seed, options_params(&opts), s.quiet, s.progress)?;

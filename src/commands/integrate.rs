@@ -201,6 +201,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         (Some(o), false) => o.clone(),
         (None, false) => default_output(&args.data, &m.name),
     };
+    crate::paths::check_output_file(&out_path, "--out")?;
     if !args.in_place && crate::paths::same_file(&args.data, &out_path) {
         return Err(Error::BadOption { option: "--out".into(), detail: format!("{} is the input file", out_path.display()), hint: Some("pass --in-place to replace the input on purpose".into()) }.into());
     }

@@ -229,6 +229,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     drop((rad, qad, qobs));
 
     let out = a.out.clone().unwrap_or_else(|| default_output(&a.query));
+    crate::paths::check_output_file(&out, "--out")?;
     for (input, what) in [(&a.query, "query"), (&a.reference, "reference")] {
         if crate::paths::same_file(input, &out) {
             return Err(Error::BadOption {

@@ -332,3 +332,23 @@ fn outputs_resolving_to_an_input_are_refused() {
     assert_eq!(before, sha256(&ctx.path("in.h5ad")), "in.h5ad was modified");
     assert_eq!(p_before, sha256(&ctx.path("p.h5ad")), "p.h5ad was modified");
 }
+
+/// An output of the wrong kind (a folder for a file, a file for a folder) is refused before any
+/// work, once (before: after the computation, the I/O error printed twice).
+#[test]
+fn outputs_of_the_wrong_kind_are_refused_before_any_work() {
+    let ctx = TestContext::new();
+    Tiny::counts(100, 8).with_obs("cell_type", (0..100).map(|i| format!("t{}", i % 2)).collect()).with_obs("batch", (0..100).map(|i| format!("b{}", i % 3)).collect()).write(&ctx.path("t.h5ad"));
+    std::fs::create_dir(ctx.path("adir")).unwrap();
+    std::fs::write(ctx.path("afile"), b"keep me").unwrap();
+    let r = ctx.run(&["embed", "-m", "pca", "-d", "t.h5ad", "--n-comps", "3", "-o", "adir"]);
+    r.user_error().stderr_has("adir is a folder; --out names the output file");
+    assert!(!ctx.path("runs").exists(), "no run was started");
+    ctx.run(&["embed", "-m", "pca", "-d", "t.h5ad", "--n-comps", "3", "-o", "p.h5ad"]).success();
+    for cmd in [vec!["benchmark", "-d", "p.h5ad", "--embedding", "X_pca", "--label-key", "cell_type", "--batch-key", "batch", "-o", "afile"], vec!["geometry", "-d", "p.h5ad", "--embedding", "X_pca", "-o", "afile"]] {
+        let r = ctx.run(&cmd);
+        r.user_error().stderr_has("afile is a file; --out names the folder");
+        assert!(!r.stderr.contains("caused by"), "{}", r.stderr);
+    }
+    assert_eq!(std::fs::read(ctx.path("afile")).unwrap(), b"keep me");
+}
