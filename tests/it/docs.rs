@@ -27,3 +27,22 @@ fn reliability_page_names_real_tests() {
         }
     }
 }
+
+/// A table generated from a test's own cases: the page must hold it between
+/// `<!-- generated: NAME -->` and `<!-- end: NAME -->`. With SCFOUNDRY_UPDATE_DOCS=1 the page is
+/// rewritten instead (then review and commit it).
+pub fn check_generated(page: &str, name: &str, table: &str) {
+    let path = repo().join(page);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (open, close) = (format!("<!-- generated: {name} -->\n"), format!("<!-- end: {name} -->"));
+    let start = text.find(&open).unwrap_or_else(|| panic!("{page} has no `{}` marker", open.trim())) + open.len();
+    let end = text[start..].find(&close).unwrap_or_else(|| panic!("{page} has no `{close}` marker")) + start;
+    if text[start..end] == *table {
+        return;
+    }
+    if std::env::var_os("SCFOUNDRY_UPDATE_DOCS").is_some() {
+        std::fs::write(&path, format!("{}{table}{}", &text[..start], &text[end..])).unwrap();
+        return;
+    }
+    panic!("{page}: the `{name}` table is not the one its test generates (SCFOUNDRY_UPDATE_DOCS=1 rewrites it):\n{table}");
+}

@@ -462,6 +462,11 @@ fn hostile_archives_are_refused_and_write_nothing_outside() {
         ("device", "tar.gz", raw_tar_gz(&[M::CharDevice("null")]), "unsafe archive member \"null\": a device file or fifo"),
         ("over-link", "tar.gz", raw_tar_gz(&[M::Sym("x", "."), M::File("x", b"through")]), "has the name of an earlier link member x"),
     ];
+    let mut table = String::from("| case | archive | `weights pull` exits 1 and says |\n|---|---|---|\n");
+    for (id, kind, _, message) in &cases {
+        table.push_str(&format!("| `{id}` | {kind} | {} |\n", message.replace('|', "\\|")));
+    }
+    crate::docs::check_generated("docs/reliability.md", "hostile-archives", &table);
     let files: Vec<String> = cases.iter().map(|(id, kind, _, _)| format!("{id}/{id}.{kind}")).collect();
     let mut entries = Vec::new();
     for ((id, kind, bytes, _), file) in cases.iter().zip(&files) {
