@@ -23,11 +23,11 @@ use crate::anndata::write::PendingOutput;
 use crate::anndata::AnnData;
 use crate::cli::FinetuneArgs;
 use crate::commands::embed::resolve_method_params;
-use crate::commands::task::{verified_weights, TaskDevice};
+use crate::tasks::runtime::{verified_weights, TaskDevice};
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
 use crate::executor::{self, nextflow};
-use crate::methods::finetune::{self as ft, Cached, Features, Head, LoadHook, TrainOptions};
+use crate::nn::finetune::{self as ft, Cached, Features, Head, LoadHook, TrainOptions};
 use crate::progress::{reporter, warn};
 use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
@@ -208,7 +208,7 @@ fn preflight_layers(s: &Settings, method: &str, params: &Map<String, Value>, unf
 
 fn resolve_device(s: &Settings, method: &str, a: &FinetuneArgs) -> anyhow::Result<crate::gpu::DeviceSpec> {
     let spec = s.device_spec(&a.device)?;
-    if !crate::methods::runs_on_cuda(method) {
+    if !s.registry.get(method)?.cuda {
         if spec.kind == crate::gpu::DeviceKind::Cuda {
             warn(&format!("{method} runs on the CPU only; --device cuda is ignored"));
         }
@@ -227,7 +227,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     }
     let (method, data, label_key) = (a.method.clone().unwrap_or_default(), a.data.clone().unwrap_or_default(), a.label_key.clone().unwrap_or_default());
     let m = check_method(s, &method)?;
-    let mut params = resolve_method_params(s, &m, "finetune", &a.batch, &a.knobs);
+    let mut params = resolve_method_params(&s.registry, &m, "finetune", &a.batch, &a.knobs);
     let honours = m.honoured("finetune");
     let batch_size = params.remove("batch_size").and_then(|v| v.as_u64()).unwrap_or(64);
     let predict_batch_size = match a.predict_batch_size {
@@ -459,7 +459,7 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             } else {
                 let map = pca::align_genes(fit, fit_var, &ad.var_names);
                 let m = fit.hvg_genes.len();
-                if map.present_fraction(m) < crate::commands::task::DEFAULT_MIN_GENE_OVERLAP {
+                if map.present_fraction(m) < crate::tasks::embed::pca::DEFAULT_MIN_GENE_OVERLAP {
                     return Err(Error::BadField {
                         path: ad.path.clone(),
                         field: "var_names".into(),
@@ -478,19 +478,19 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             Ok((Inputs::Emb(t), all))
         }
         Backbone::Cellama { top, features, .. } => {
-            let obs = crate::commands::task::obs_strings(ad, features, notes)?;
+            let obs = crate::tasks::runtime::obs_strings(ad, features, notes)?;
             let mut out = Vec::with_capacity(n);
             for (s, e) in x.blocks(1_000_000) {
                 let b = x.read_rows(s, e)?;
-                out.extend(crate::commands::task::cellama_sentences(&b, &ad.var_names, &obs, *top));
+                out.extend(crate::tasks::embed::cellama::cellama_sentences(&b, &ad.var_names, &obs, *top));
             }
             Ok((Inputs::Sentences(out), all))
         }
         Backbone::Geneformer { model, column } => {
             use crate::methods::geneformer::GeneTable;
-            let ids = crate::commands::task::gene_ids(ad, column)?;
+            let ids = crate::tasks::runtime::gene_ids(ad, column)?;
             let table = GeneTable::new(&ids, &model.dict)?;
-            let totals = crate::commands::task::cell_totals(ad, &x, notes)?;
+            let totals = crate::tasks::runtime::cell_totals(ad, &x, notes)?;
             let mut cells = Vec::with_capacity(n);
             for (s, e) in x.blocks(1_000_000) {
                 let b = x.read_rows(s, e)?;
@@ -507,7 +507,7 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             Ok((Inputs::Tokens(cells), usable))
         }
         Backbone::Scgpt { model, gene_col } => {
-            let names = crate::commands::task::scgpt_gene_names(ad, gene_col)?;
+            let names = crate::tasks::embed::scgpt::scgpt_gene_names(ad, gene_col)?;
             let gene_ids = crate::methods::scgpt::match_genes(&names, &model.vocab);
             if gene_ids.iter().all(Option::is_none) {
                 return Err(Error::BadField { path: ad.path.clone(), field: "var_names".into(), detail: "none of the genes is in scGPT's vocabulary".into(), hint: Some("pass --gene-col with the var column of gene symbols".into()) });
@@ -830,7 +830,7 @@ fn predict_file(spec: &TaskSpec, bb: &Backbone, head: &Head, classes: &[String],
     if let Some(a) = accuracy {
         prov.insert("accuracy".into(), json!(a));
     }
-    crate::commands::task::write_json_dict(&uns, "scfoundry_finetune", &prov).h5ctx(|| "writing uns/scfoundry_finetune".into())?;
+    crate::tasks::runtime::write_json_dict(&uns, "scfoundry_finetune", &prov).h5ctx(|| "writing uns/scfoundry_finetune".into())?;
     drop(uns);
     pending.commit()?;
     Ok(format!(

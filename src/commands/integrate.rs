@@ -6,11 +6,9 @@
 //! `uns['scfoundry_integrate']` (provenance). The work is one task (`task`), run where
 //! `--executor` says; the input is checked here first.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::anndata::write::{write_rows, PendingOutput};
@@ -25,27 +23,7 @@ use crate::progress::warn;
 use crate::registry::Kind;
 use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
-
-/// What the task needs besides data, output, method and seed (the spec's params).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IntegrateOptions {
-    pub embedding: String,
-    pub batch_key: Vec<String>,
-    pub theta: Option<f32>,
-    #[serde(default)]
-    pub layer: Option<String>,
-    #[serde(default)]
-    pub log_normalized: bool,
-    #[serde(default)]
-    pub dims: Option<usize>,
-    #[serde(default)]
-    pub k_weight: Option<usize>,
-    /// scvi_denovo's options (absent in specs written before it existed).
-    #[serde(default)]
-    pub scvi: crate::cli::ScviArgs,
-    #[serde(default)]
-    pub batch_size: Option<u64>,
-}
+use crate::tasks::integrate::{batch_codes, batch_levels, IntegrateOptions};
 
 /// The embedding and the batch codes, checked.
 struct Loaded {
@@ -79,58 +57,6 @@ fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
     Ok(Loaded { ad, z, n, d, codes, n_batches })
 }
 
-/// The batch codes of each key (levels sorted), checked: present, categorical, no missing
-/// value, more than one batch.
-pub(crate) fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
-    batch_levels(ad, batch_key).map(|(c, n, _)| (c, n))
-}
-
-/// [`batch_codes`] with the level names of each key.
-fn batch_levels(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>, Vec<Vec<String>>)> {
-    let obs = ad.obs()?;
-    let mut codes: Vec<Vec<u32>> = Vec::new();
-    let mut n_batches = Vec::new();
-    let mut all_levels = Vec::new();
-    for key in batch_key {
-        let col = obs.column(key).ok_or_else(|| Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{key}"),
-            detail: "is missing".into(),
-            hint: Some(format!("obs columns in this file: {}", obs.names().join(", "))),
-        })?;
-        let labels = col.as_labels().ok_or_else(|| Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{key}"),
-            detail: format!("is a {} column; a batch key must be categorical, string or integer", col.kind()),
-            hint: None,
-        })?;
-        if let Some(i) = labels.iter().position(Option::is_none) {
-            return Err(Error::BadField {
-                path: ad.path.clone(),
-                field: format!("obs/{key}"),
-                detail: format!("has no value for cell {i} ({})", ad.obs_names[i]),
-                hint: Some("give every cell a batch, or drop the cells without one".into()),
-            }
-            .into());
-        }
-        let levels: BTreeSet<&str> = labels.iter().map(|l| l.as_deref().unwrap()).collect();
-        let levels: Vec<&str> = levels.into_iter().collect();
-        n_batches.push(levels.len());
-        codes.push(labels.iter().map(|l| levels.binary_search(&l.as_deref().unwrap()).unwrap() as u32).collect());
-        all_levels.push(levels.iter().map(|l| l.to_string()).collect());
-    }
-    if n_batches.iter().all(|&b| b < 2) {
-        return Err(Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{}", batch_key.join(",")),
-            detail: "holds a single batch: there is nothing to integrate".into(),
-            hint: Some("pass the column that separates the batches with --batch-key".into()),
-        }
-        .into());
-    }
-    drop(obs);
-    Ok((codes, n_batches, all_levels))
-}
 
 pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     let m = s.registry.get(&args.method)?.clone();
@@ -278,7 +204,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
     prov.insert("run_id".into(), json!(spec.run_id));
     prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
-    crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
+    crate::tasks::runtime::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
     drop(uns);
     out.commit()?;
     let summary = format!(
@@ -438,7 +364,7 @@ fn task_seurat(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResu
     prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
     prov.insert("run_id".into(), json!(spec.run_id));
     prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
-    crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
+    crate::tasks::runtime::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
     drop(uns);
     out.commit()?;
     let summary = format!(
