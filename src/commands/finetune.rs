@@ -34,7 +34,10 @@ use crate::settings::Settings;
 use crate::weights::{self, Manifest};
 
 /// Methods `finetune` can train on.
-pub const METHODS: &[&str] = &["pca", "cellama", "geneformer", "scgpt"];
+/// The methods `finetune` trains a head on (the table's entries that say so).
+pub fn methods() -> Vec<&'static str> {
+    crate::tasks::table::names(|m| m.finetunes())
+}
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const PROVENANCE_FILE: &str = "finetune.json";
 
@@ -144,11 +147,11 @@ pub fn read_labels(ad: &AnnData, key: &str) -> Result<Labels> {
 
 fn check_method(s: &Settings, name: &str) -> anyhow::Result<crate::registry::Method> {
     let m = s.registry.get(name)?.clone();
-    if !METHODS.contains(&m.name.as_str()) || !m.implemented {
+    if !methods().contains(&m.name.as_str()) || !m.implemented {
         return Err(Error::BadOption {
             option: "--method".into(),
             detail: format!("{} cannot be fine-tuned in this version", m.name),
-            hint: Some(format!("fine-tune one of: {}", METHODS.join(", "))),
+            hint: Some(format!("fine-tune one of: {}", methods().join(", "))),
         }
         .into());
     }
@@ -156,39 +159,22 @@ fn check_method(s: &Settings, name: &str) -> anyhow::Result<crate::registry::Met
 }
 
 /// Check the weights a method needs before any run folder exists.
-fn preflight_weights(s: &Settings, method: &str, params: &Map<String, Value>) -> anyhow::Result<()> {
-    match method {
-        "cellama" => drop(verified_weights(method, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?),
-        "scgpt" => drop(verified_weights(method, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?),
-        "geneformer" => match params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-            Some(d) => drop(crate::methods::geneformer::Dictionaries::find(Path::new(d))?),
-            None => drop(verified_weights(method, &s.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES)?),
-        },
-        _ => {}
-    }
+fn preflight_weights(s: &Settings, method: &str, params: &Map<String, Value>, data: &Path) -> anyhow::Result<()> {
+    let Some(entry) = crate::tasks::table::get(method) else { return Ok(()) };
+    let model_dir = params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(Path::new);
+    entry.check(&crate::tasks::method::Preflight { method, weights_dir: &s.weights_dir, params, model_dir, data })?;
     Ok(())
 }
 
 /// More `--unfreeze-layers` than the model runs is a user error before any run folder exists
 /// (the loading hook checks again in the task). A config it cannot read is left to the task.
 fn preflight_layers(s: &Settings, method: &str, params: &Map<String, Value>, unfreeze: u64) -> anyhow::Result<()> {
-    use crate::methods::{cellama, geneformer, scgpt};
     if unfreeze == 0 {
         return Ok(());
     }
-    let (path, key, left_out) = match method {
-        "cellama" => (cellama::model_dir(&s.weights_dir, &Manifest::load()?).join("config.json"), "num_hidden_layers", 0),
-        "scgpt" => (scgpt::model_dir(&s.weights_dir, &Manifest::load()?).join("args.json"), "nlayers", 0),
-        "geneformer" => {
-            let dir = match param_str(params, "model_dir") {
-                Some(d) => PathBuf::from(d),
-                None => geneformer::model_dir(&s.weights_dir, &Manifest::load()?),
-            };
-            // emb_layer -1 reads the second-to-last layer: the last one is not run
-            let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1);
-            (dir.join("config.json"), "num_hidden_layers", emb_layer.unsigned_abs())
-        }
-        _ => return Ok(()),
+    let Some(entry) = crate::tasks::table::get(method) else { return Ok(()) };
+    let Some(crate::tasks::method::LayerCount { path, key, left_out }) = entry.layer_count(&s.weights_dir, params)? else {
+        return Ok(());
     };
     let Some(n) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()).and_then(|v| v.get(key).and_then(Value::as_u64)) else {
         return Ok(());
@@ -238,8 +224,9 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         None => batch_size * 4,
     };
-    if a.unfreeze_layers > 0 && m.name == "pca" {
-        warn("pca has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained");
+    let unfreezes = crate::tasks::table::get(&m.name).is_some_and(|e| e.unfreezes());
+    if a.unfreeze_layers > 0 && !unfreezes {
+        warn(&format!("{} has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained", m.name));
     }
     if a.predict.is_some() && a.exec.executor == crate::cli::ExecutorKind::Nextflow {
         return Err(Error::BadOption {
@@ -249,7 +236,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         .into());
     }
-    preflight_weights(s, &m.name, &params)?;
+    preflight_weights(s, &m.name, &params, &data)?;
     preflight_layers(s, &m.name, &params, a.unfreeze_layers)?;
     // the input is checked before any run folder exists; the task reads it again
     let ad = AnnData::open(&data)?;
@@ -266,7 +253,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     let opts = FinetuneOptions {
         label_key: label_key.clone(),
         epochs: a.epochs,
-        unfreeze_layers: if m.name == "pca" { 0 } else { a.unfreeze_layers },
+        unfreeze_layers: if unfreezes { a.unfreeze_layers } else { 0 },
         lr: a.lr,
         weight_decay: a.weight_decay,
         patience: a.patience,

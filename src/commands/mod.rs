@@ -8,7 +8,6 @@ pub mod finetune;
 pub mod geometry;
 pub mod init;
 pub mod integrate;
-pub mod integrate_scvi;
 pub mod methods;
 pub mod trace;
 pub mod transfer;

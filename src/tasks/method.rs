@@ -8,6 +8,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::anndata::AnnData;
+use crate::cli::IntegrateArgs;
+use crate::tasks::integrate::IntegrateOptions;
 use crate::error::{Error, Result};
 use crate::runner::{Step, TaskResult, TaskSpec};
 
@@ -75,19 +77,44 @@ pub trait Method: Sync {
         false
     }
 
+    /// Whether `finetune --unfreeze-layers` trains some of the method's encoder layers.
+    fn unfreezes(&self) -> bool {
+        false
+    }
+
+    /// Where the method's encoder states its layer count, for `finetune --unfreeze-layers`;
+    /// `None` when it has no such file.
+    fn layer_count(&self, _weights_dir: &Path, _params: &Map<String, Value>) -> Result<Option<LayerCount>> {
+        Ok(None)
+    }
+
     /// Whether this is an integration method (`scfoundry integrate`).
     fn integrates(&self) -> bool {
         false
     }
+
+    /// Checks of `integrate`'s options for this method (warnings for those it ignores).
+    fn check_integrate_options(&self, _args: &IntegrateArgs) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Checks of `integrate`'s input, before any run folder exists.
+    fn check_integrate_data(&self, _data: &Path, _opts: &IntegrateOptions) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The task of `integrate`; `None` for a method that does not integrate.
+    fn integrate(&self, _spec: &TaskSpec) -> Option<anyhow::Result<TaskResult>> {
+        None
+    }
 }
 
-/// An integration method: `scfoundry integrate` runs it (`commands/integrate.rs`).
-pub struct Integration;
-
-impl Method for Integration {
-    fn integrates(&self) -> bool {
-        true
-    }
+/// A model config's layer count: the file, its key, and the layers at the end that a run
+/// does not use.
+pub struct LayerCount {
+    pub path: std::path::PathBuf,
+    pub key: &'static str,
+    pub left_out: u64,
 }
 
 /// A task's method parameters as the adapter's typed struct. The commands put every default

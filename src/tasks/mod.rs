@@ -26,7 +26,7 @@ pub fn run(spec_path: &Path) -> anyhow::Result<()> {
     let outcome: anyhow::Result<TaskResult> = match spec.command.as_str() {
         "embed" => method.and_then(|m| m.embed(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
         "transfer" => method.and_then(|m| m.transfer(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
-        "integrate" if spec.step == Step::Embed => crate::commands::integrate::task(&spec),
+        "integrate" if spec.step == Step::Embed => method.and_then(|m| m.integrate(&spec)).unwrap_or_else(|| Err(not_here().into())),
         "benchmark" if spec.step == Step::Embed => crate::commands::benchmark::task(&spec),
         "geometry" if spec.step == Step::Embed => crate::commands::geometry::task(&spec),
         "finetune" if spec.step == Step::Embed => crate::commands::finetune::task(&spec, dir),

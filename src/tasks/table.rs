@@ -4,7 +4,8 @@
 //! docs page, its tests and one line here.
 
 use crate::tasks::embed::*;
-use crate::tasks::method::{Integration, Method};
+use crate::tasks::integrate::{harmony::Harmony, scvi_denovo::ScviDenovo, seurat::Seurat};
+use crate::tasks::method::Method;
 
 /// Every implemented method, by name.
 pub static METHODS: &[(&str, &dyn Method)] = &[
@@ -14,7 +15,7 @@ pub static METHODS: &[(&str, &dyn Method)] = &[
     ("cellplm", &cellplm::CellPlmMethod),
     ("geneformer", &geneformer::GeneformerMethod),
     ("genept", &genept::GenePt),
-    ("harmony", &Integration),
+    ("harmony", &Harmony),
     ("langcell", &cls_encoder::ClsEncoderMethod(crate::nn::cls_encoder::Arch::Langcell)),
     ("novae", &novae::NovaeMethod),
     ("pca", &pca::Pca),
@@ -25,8 +26,8 @@ pub static METHODS: &[(&str, &dyn Method)] = &[
     ("scimilarity", &scimilarity::Scimilarity),
     ("scprint", &scprint::ScPrintMethod),
     ("scvi", &scvi::ScviMethod),
-    ("scvi_denovo", &Integration),
-    ("seurat", &Integration),
+    ("scvi_denovo", &ScviDenovo),
+    ("seurat", &Seurat),
     ("uce", &uce::UceMethod),
 ];
 

@@ -145,7 +145,7 @@ fn regressions(name: &str, check: impl Fn(&[u8])) {
 
 fn pickle_check(b: &[u8]) {
     let _ = scfoundry::formats::pickle::read_pickle(b);
-    let _ = scfoundry::formats::pickle::read_pickle_with(b, scfoundry::formats::pickle::PickleOptions { opaque: &["torch."], persistent_ids: true });
+    let _ = scfoundry::formats::pickle::read_pickle_with(b, scfoundry::formats::pickle::PickleOptions { opaque: &["torch."], persistent_ids: true, budget: None });
 }
 
 fn pickle_seeds() -> Vec<Vec<u8>> {

@@ -157,6 +157,15 @@ impl Method for Cellama {
         true
     }
 
+    fn unfreezes(&self) -> bool {
+        true
+    }
+
+    fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let path = cellama::model_dir(weights_dir, &Manifest::load()?).join("config.json");
+        Ok(Some(crate::tasks::method::LayerCount { path, key: "num_hidden_layers", left_out: 0 }))
+    }
+
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         one_step(step, || embed_cellama(spec, task_dir))
     }

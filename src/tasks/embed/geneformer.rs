@@ -138,6 +138,20 @@ impl Method for GeneformerMethod {
         true
     }
 
+    fn unfreezes(&self) -> bool {
+        true
+    }
+
+    fn layer_count(&self, weights_dir: &Path, params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let dir = match params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+            Some(d) => PathBuf::from(d),
+            None => crate::methods::geneformer::model_dir(weights_dir, &Manifest::load()?),
+        };
+        // emb_layer -1 reads the second-to-last layer: the last one is not run
+        let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1);
+        Ok(Some(crate::tasks::method::LayerCount { path: dir.join("config.json"), key: "num_hidden_layers", left_out: emb_layer.unsigned_abs() }))
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         match pf.model_dir {
             Some(d) => crate::methods::geneformer::Dictionaries::find(d).map(drop),

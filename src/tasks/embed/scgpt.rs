@@ -132,6 +132,15 @@ impl Method for ScgptMethod {
         true
     }
 
+    fn unfreezes(&self) -> bool {
+        true
+    }
+
+    fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let path = crate::methods::scgpt::model_dir(weights_dir, &Manifest::load()?).join("args.json");
+        Ok(Some(crate::tasks::method::LayerCount { path, key: "nlayers", left_out: 0 }))
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         verified_weights(pf.method, pf.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES).map(drop)
     }

@@ -313,3 +313,27 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
         ..Default::default()
     })
 }
+
+/// scvi_denovo: the table's entry.
+pub struct ScviDenovo;
+
+impl crate::tasks::method::Method for ScviDenovo {
+    fn integrates(&self) -> bool {
+        true
+    }
+
+    fn check_integrate_options(&self, args: &crate::cli::IntegrateArgs) -> anyhow::Result<()> {
+        if args.log_normalized || args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
+            crate::progress::warn("--log-normalized, --dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them (it trains on raw counts)");
+        }
+        Ok(())
+    }
+
+    fn check_integrate_data(&self, data: &Path, opts: &IntegrateOptions) -> anyhow::Result<()> {
+        check(data, opts)
+    }
+
+    fn integrate(&self, spec: &TaskSpec) -> Option<anyhow::Result<TaskResult>> {
+        Some(spec.options().map_err(Into::into).and_then(|o: IntegrateOptions| task(spec, &o)))
+    }
+}

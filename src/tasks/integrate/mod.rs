@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 use crate::anndata::AnnData;
 use crate::error::Error;
 
+pub mod harmony;
+pub mod scvi_denovo;
+pub mod seurat;
+
 /// What the task needs besides data, output, method and seed (the spec's params).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IntegrateOptions {
