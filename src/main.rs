@@ -48,7 +48,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         std::env::set_var(scfoundry::settings::EnvVars::GENOME, genome);
     }
     if let Commands::Task { spec } = &cli.command {
-        return scfoundry::tasks::run(spec).map(|()| ExitStatus::Success);
+        let command_tasks: &[(&str, scfoundry::tasks::CommandTask)] = &[
+            ("benchmark", |spec, _| commands::benchmark::task(spec)),
+            ("geometry", |spec, _| commands::geometry::task(spec)),
+            ("finetune", commands::finetune::task),
+        ];
+        return scfoundry::tasks::run(spec, command_tasks).map(|()| ExitStatus::Success);
     }
     if let Commands::Init(a) = &cli.command {
         return commands::init::init(&a.dir, g.weights_dir.as_deref(), g.quiet);
