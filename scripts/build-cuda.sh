@@ -79,14 +79,17 @@ trap 'cp "$CACHE/Cargo.lock.cuda-backup" "$ROOT/Cargo.lock"' EXIT
 PATCH_ARGS=(--config "patch.crates-io.cudarc.path=\"${PATCHED[cudarc]}\""
             --config "patch.crates-io.candle-core.path=\"${PATCHED[candle-core]}\"")
 if [[ $MODE == check ]]; then
-  cargo check --release --features cuda "${PATCH_ARGS[@]}" --bin scfoundry
+  cargo check --release --features cuda "${PATCH_ARGS[@]}" --bin scfoundry --bin scfoundry-bench
   exit 0
 fi
-cargo build --release --features cuda "${PATCH_ARGS[@]}" --bin scfoundry
+cargo build --release --features cuda "${PATCH_ARGS[@]}" --bin scfoundry --bin scfoundry-bench
 mkdir -p dist/cuda
-cp "$CARGO_TARGET_DIR/release/scfoundry" dist/cuda/scfoundry.tmp
-strip dist/cuda/scfoundry.tmp
-mv dist/cuda/scfoundry.tmp dist/cuda/scfoundry
+# scfoundry-bench: the encoder benchmarks (`__bench-*`), built with the same flags
+for b in scfoundry scfoundry-bench; do
+  cp "$CARGO_TARGET_DIR/release/$b" dist/cuda/$b.tmp
+  strip dist/cuda/$b.tmp
+  mv dist/cuda/$b.tmp dist/cuda/$b
+done
 echo "build-cuda: dist/cuda/scfoundry ($(du -h dist/cuda/scfoundry | cut -f1)); needs: $(ldd dist/cuda/scfoundry | awk '{print $1}' | tr '\n' ' ')"
 # The attention kernels, the layer norm and the fused product + layer norm alone
 # (bench/attention_kernels.cu, bench/layer_norm_kernels.cu, bench/gemm_layer_norm_kernels.cu,

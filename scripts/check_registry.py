@@ -23,7 +23,6 @@ FAMILIES = {
     "baseline", "transformer", "mlp", "vae", "text-embedding",
     "language-model", "graph", "integration",
 }
-DEVICES = {"cpu", "gpu"}
 INPUT_VALUES = {"raw_counts", "log_normalized"}
 INPUT_GENES = {"symbols", "ensembl", "any"}
 COMMANDS = ("embed", "transfer", "finetune", "integrate")
@@ -38,7 +37,7 @@ METHOD_KEYS = {
     "description": (True, (str,)),
     "paper": (True, (str,)),
     "repository": (True, (str,)),
-    "device": (True, (str,)),
+    "cuda": (True, (bool,)),
     "parameters": (True, (int,)),
     "parameters_note": (False, (str,)),
     "cost_tier": (True, (int,)),
@@ -85,8 +84,9 @@ EXPECTED_COST_TIER = {
 }
 NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "pca", "harmony", "seurat"}
 FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64, "novae": 256}
-# Methods with code in src/methods/ (keep in step with src/commands/task.rs).
-IMPLEMENTED = {"pca", "cellama", "harmony", "geneformer", "scgpt", "scvi_denovo", "seurat", "uce", "c2s", "scvi", "scimilarity", "genept", "sccello", "langcell", "scbert", "scfoundation", "cellplm", "novae", "scprint", "cellfm"}
+# Methods with code: the entries of the method table (src/tasks/table.rs), one per line.
+TABLE = Path(__file__).resolve().parent.parent / "src" / "tasks" / "table.rs"
+IMPLEMENTED = set(re.findall(r'^\s*\("([a-z0-9_]+)",', TABLE.read_text(), re.M))
 
 EXPECTED_KNOBS = {
     ("novae", "--radius"): 0,
@@ -125,7 +125,7 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
         problems.append(f"{where}: name '{name}' differs from the file stem '{path.stem}'")
     if isinstance(name, str) and name != name.lower():
         problems.append(f"{where}: name must be lowercase")
-    for key, allowed in (("kind", KINDS), ("family", FAMILIES), ("device", DEVICES),
+    for key, allowed in (("kind", KINDS), ("family", FAMILIES),
                          ("input_values", INPUT_VALUES), ("input_genes", INPUT_GENES)):
         if key in m and m[key] not in allowed:
             problems.append(f"{where}: {key} '{m[key]}' not one of {sorted(allowed)}")
@@ -141,7 +141,9 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
     if m.get("parameters") == 0 and "parameters_note" not in m:
         problems.append(f"{where}: parameters = 0 needs a parameters_note saying why")
     if m.get("implemented") is True and name not in IMPLEMENTED:
-        problems.append(f"{where}: implemented = true, but scfoundry has no code for {name} (IMPLEMENTED: {sorted(IMPLEMENTED)})")
+        problems.append(f"{where}: implemented = true, but src/tasks/table.rs has no entry for {name}")
+    if m.get("implemented") is False and name in IMPLEMENTED:
+        problems.append(f"{where}: implemented = false, but src/tasks/table.rs has an entry for {name}")
     if name == "pca" and m.get("implemented") is not True:
         problems.append(f"{where}: pca must be implemented = true")
     for w in m.get("weights", []):

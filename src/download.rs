@@ -56,7 +56,7 @@ const MAX_REDIRECTS: usize = 10;
 /// $SSL_CERT_DIR (`:`-separated), as curl and pip take them. A variable that names nothing
 /// usable is an error, not a silent fallback.
 pub fn tls_config() -> Result<Arc<rustls::ClientConfig>> {
-    use crate::settings::EnvVars;
+    use crate::env::EnvVars;
     use rustls_pki_types::{pem::PemObject, CertificateDer};
     let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
@@ -112,7 +112,7 @@ pub struct Proxies {
 
 impl Proxies {
     pub fn from_env() -> Proxies {
-        use crate::settings::EnvVars as E;
+        use crate::env::EnvVars as E;
         let var = |names: &[&str]| names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()));
         let all = var(&[E::ALL_PROXY_LOWER, E::ALL_PROXY]);
         Proxies {
@@ -218,7 +218,7 @@ impl Client {
         let text = t.to_string();
         let low = text.to_lowercase();
         if let Some(cause) = certificate_cause(&text) {
-            use crate::settings::EnvVars;
+            use crate::env::EnvVars;
             return Error::Network {
                 id: id.into(),
                 url: url.into(),

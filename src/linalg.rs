@@ -310,7 +310,7 @@ pub fn top_eigh(a: &[f64], m: usize, n: usize, seed: u64) -> (Vec<f64>, Vec<f64>
                         row.iter_mut().for_each(|x| *x = -*x);
                     }
                 }
-                if std::env::var_os("SCFOUNDRY_PROFILE").is_some() {
+                if std::env::var_os(crate::env::EnvVars::PROFILE).is_some() {
                     eprintln!("profile: Lanczos converged after {k} steps (m = {m}, n = {n})");
                 }
                 result = Some((vals[..n].to_vec(), out));

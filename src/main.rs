@@ -55,7 +55,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         std::env::set_var(scfoundry::settings::EnvVars::GENOME, genome);
     }
     if let Commands::Task { spec } = &cli.command {
-        return commands::task::run(spec);
+        let command_tasks: &[(&str, scfoundry::tasks::CommandTask)] = &[
+            ("benchmark", |spec, _| commands::benchmark::task(spec)),
+            ("geometry", |spec, _| commands::geometry::task(spec)),
+            ("finetune", commands::finetune::task),
+        ];
+        return scfoundry::tasks::run(spec, command_tasks).map(|()| ExitStatus::Success);
     }
     if let Commands::Init(a) = &cli.command {
         return commands::init::init(&a.dir, g.weights_dir.as_deref(), g.quiet);
@@ -90,10 +95,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Config(a) => commands::config::run(&s, a),
         Commands::Trace(a) => commands::trace::run(a),
         Commands::Doctor(a) => commands::doctor::run(&s, a),
-        Commands::BenchEncoder(a) => commands::bench_encoder::run(a),
-        Commands::BenchScvi(a) => commands::bench_scvi::run(a),
-        Commands::BenchScimilarity(a) => commands::bench_scimilarity::run(a),
-        Commands::BenchCellplm(a) => commands::bench_cellplm::run(a),
         Commands::Init(_) | Commands::Task { .. } => unreachable!(),
     }
 }

@@ -21,13 +21,6 @@ pub enum Kind {
     Integration,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    Cpu,
-    Gpu,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Batch {
@@ -67,7 +60,9 @@ pub struct Method {
     pub description: String,
     pub paper: String,
     pub repository: String,
-    pub device: Device,
+    /// Whether the method has a CUDA path (`--device cuda`); the others run on the CPU and
+    /// warn when asked for a GPU.
+    pub cuda: bool,
     pub parameters: u64,
     #[serde(default)]
     pub parameters_note: Option<String>,

@@ -8,52 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::registry::Registry;
 
-/// Every environment variable scfoundry reads, declared once.
-pub struct EnvVars;
-impl EnvVars {
-    /// The workspace folder (instead of searching upwards from the current folder).
-    pub const WORKSPACE: &'static str = "SCFOUNDRY_WORKSPACE";
-    /// The weights folder, shared between workspaces.
-    pub const WEIGHTS_DIR: &'static str = "SCFOUNDRY_WEIGHTS_DIR";
-    /// Set to any value to turn progress bars off (as `--quiet` does for bars).
-    pub const NO_PROGRESS: &'static str = "SCFOUNDRY_NO_PROGRESS";
-    /// A weights manifest file used instead of the compiled-in weights.toml: for tests (a
-    /// loopback server) and for mirrors (the same entries with other urls).
-    pub const MANIFEST: &'static str = "SCFOUNDRY_MANIFEST";
-    /// The folder with scfoundry's Nextflow pipeline (main.nf), for `--executor nextflow`.
-    pub const PIPELINE: &'static str = "SCFOUNDRY_PIPELINE";
-    /// The genome to read from a Cell Ranger matrix with several (set by `--genome`, and passed
-    /// on to task processes).
-    pub const GENOME: &'static str = "SCFOUNDRY_GENOME";
-    /// Where converted copies of legacy AnnData and Cell Ranger files are kept (default
-    /// `~/.cache/scfoundry/converted-v1`).
-    pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
-    /// Set by the local runner on the task processes it starts, whose stdin is then a pipe from
-    /// the runner: when it closes (the runner died), the task removes its unfinished output and
-    /// exits (see `lifecycle`).
-    pub const PARENT_PIPE: &'static str = "SCFOUNDRY_PARENT_PIPE";
-    /// Fault injection for tests of failure handling: the project step of this shard exits 1.
-    pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
-    /// A PEM file of CA certificates `weights pull` trusts besides its bundled and the system's
-    /// roots (as curl and pip; behind a TLS-inspecting proxy, the proxy's CA).
-    pub const SSL_CERT_FILE: &'static str = "SSL_CERT_FILE";
-    /// Folders (`:`-separated) of PEM files of CA certificates, trusted as SSL_CERT_FILE.
-    pub const SSL_CERT_DIR: &'static str = "SSL_CERT_DIR";
-    /// The proxy for https urls (`http://host:port`), chosen again on every redirect hop;
-    /// the lowercase form wins, as in curl.
-    pub const HTTPS_PROXY: &'static str = "HTTPS_PROXY";
-    pub const HTTPS_PROXY_LOWER: &'static str = "https_proxy";
-    /// The proxy for http urls.
-    pub const HTTP_PROXY: &'static str = "HTTP_PROXY";
-    pub const HTTP_PROXY_LOWER: &'static str = "http_proxy";
-    /// The proxy for either scheme when the scheme's own variable is not set.
-    pub const ALL_PROXY: &'static str = "ALL_PROXY";
-    pub const ALL_PROXY_LOWER: &'static str = "all_proxy";
-    /// Hosts reached without a proxy: comma-separated names (with their subdomains), IPs,
-    /// networks (`10.0.0.0/8`), each with an optional `:port`, or `*`.
-    pub const NO_PROXY: &'static str = "NO_PROXY";
-    pub const NO_PROXY_LOWER: &'static str = "no_proxy";
-}
+pub use crate::env::EnvVars;
 
 pub const CONFIG_FILE: &str = "scfoundry.toml";
 
@@ -223,9 +178,23 @@ impl Settings {
         } else if let Some(dir) = workspace.as_ref().and_then(|w| w.config.weights.dir.as_ref().map(|d| w.root.join(d))) {
             (dir, "workspace scfoundry.toml")
         } else {
-            (crate::weights::default_dir(), "default")
+            (default_dir(), "default")
         };
         let progress = !quiet && std::env::var_os(EnvVars::NO_PROGRESS).is_none();
         Ok(Settings { workspace, weights_dir, weights_dir_source, quiet, progress, registry })
     }
+}
+
+/// The default weights folder when neither flag, environment nor workspace names one.
+pub fn default_dir() -> PathBuf {
+    cache_base().join("weights-v1")
+}
+
+/// scfoundry's folder in the user's cache: `$XDG_CACHE_HOME/scfoundry`, else `~/.cache/scfoundry`.
+pub fn cache_base() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("scfoundry")
 }

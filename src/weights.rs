@@ -55,13 +55,13 @@ impl Manifest {
 
     /// The manifest in effect: `$SCFOUNDRY_MANIFEST` if set (tests, mirrors), else the built-in.
     pub fn load() -> Result<Manifest> {
-        let Some(p) = std::env::var_os(crate::settings::EnvVars::MANIFEST) else { return Ok(Manifest::builtin()) };
+        let Some(p) = std::env::var_os(crate::env::EnvVars::MANIFEST) else { return Ok(Manifest::builtin()) };
         let path = PathBuf::from(p);
         let text = std::fs::read_to_string(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
         parse_manifest(&text).map_err(|detail| Error::Config {
             path,
             detail,
-            hint: Some(format!("${} names this manifest; unset it to use the built-in weights.toml", crate::settings::EnvVars::MANIFEST)),
+            hint: Some(format!("${} names this manifest; unset it to use the built-in weights.toml", crate::env::EnvVars::MANIFEST)),
         })
     }
 
@@ -300,19 +300,7 @@ pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u
     Ok(Status::Verified)
 }
 
-/// The default weights folder when neither flag, environment nor workspace names one.
-pub fn default_dir() -> PathBuf {
-    cache_base().join("weights-v1")
-}
-
-/// scfoundry's folder in the user's cache: `$XDG_CACHE_HOME/scfoundry`, else `~/.cache/scfoundry`.
-pub fn cache_base() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("scfoundry")
-}
+pub use crate::settings::{cache_base, default_dir};
 
 #[cfg(test)]
 mod tests {

@@ -30,7 +30,7 @@ use super::h5util::{check_backed, is_string, read_bytes_as, read_strings, split_
 use super::matrix::Matrix;
 use super::write::PendingOutput;
 use crate::error::{Error, Hdf5Context, Result};
-use crate::settings::EnvVars;
+use crate::env::EnvVars;
 
 /// Bumped when a conversion's output changes, so older cached copies are not reused.
 const CONVERTER_VERSION: &str = "1";

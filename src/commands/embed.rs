@@ -22,11 +22,11 @@ pub fn default_output(data: &Path, method: &str) -> PathBuf {
 
 /// Warn about options the method does not honour; return the method parameters in effect.
 pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String, Value> {
-    resolve_method_params(s, m, "embed", &args.batch, &args.knobs)
+    resolve_method_params(&s.registry, m, "embed", &args.batch, &args.knobs)
 }
 
 /// As `resolve_params`, for any command (`embed`, `transfer`) and its batch and knob options.
-pub fn resolve_method_params(s: &Settings, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> Map<String, Value> {
+pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> Map<String, Value> {
     let mut params = Map::new();
     let honoured = m.honoured(command);
     let verb = match command { "embed" => "embedding", "transfer" => "transferring labels", other => other };
@@ -37,7 +37,7 @@ pub fn resolve_method_params(s: &Settings, m: &Method, command: &str, batch: &Ba
             warn(&format!("{} does not honour --batch-size when {verb}; ignored", m.name));
         }
     } else if honoured.iter().any(|o| o == "--batch-size") {
-        if let Some(b) = s.registry.default_batch(m) {
+        if let Some(b) = reg.default_batch(m) {
             params.insert("batch_size".into(), json!(b));
         }
     }
@@ -88,7 +88,7 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
         || d.gpu_memory_limit.is_some()
         || d.device_budget.is_some()
         || d.allocation_log.is_some();
-    if !crate::methods::runs_on_cuda(&m.name) {
+    if !m.cuda {
         if spec.kind == DeviceKind::Cuda || gpu_flags {
             warn(&format!("{} runs on the CPU only; --device cuda and the GPU memory options are ignored", m.name));
         }
@@ -122,81 +122,16 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     }
     let device = resolve_device(s, &m, args)?;
     // Validate what is cheap before any run folder exists: weights first (the usual miss).
-    if m.name == "cellama" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "geneformer" {
-        match &args.knobs.model_dir {
-            Some(d) => {
-                crate::methods::geneformer::Dictionaries::find(d)?;
-            }
-            None => {
-                crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES)?;
-            }
-        }
-    }
-    if m.name == "scgpt" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "sccello" || m.name == "langcell" {
-        match &args.knobs.model_dir {
-            Some(d) => {
-                crate::methods::geneformer::Dictionaries::find(d)?;
-            }
-            None => {
-                let ids = if m.name == "sccello" { crate::methods::sccello::REQUIRED_ENTRIES } else { crate::methods::langcell::REQUIRED_ENTRIES };
-                crate::commands::task::verified_weights(&m.name, &s.weights_dir, ids)?;
-            }
-        }
-    }
-    if m.name == "uce" {
-        let nlayers = params.get("nlayers").and_then(Value::as_u64).unwrap_or(33);
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::uce::required_entries(nlayers)?)?;
-    }
-    if m.name == "scbert" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scbert::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "scfoundation" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scfoundation::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "scprint" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::scprint::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "cellfm" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellfm::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "novae" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &crate::methods::novae::ENTRIES)?;
-        crate::commands::task::novae_coords(&AnnData::open(&args.data)?)?;
-    }
-    if m.name == "c2s" {
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::c2s::REQUIRED_ENTRIES)?;
-    }
-    if m.name == "scvi" {
-        // the saved model is read (as data) first: a wrong folder fails before the data is read
-        crate::methods::scvi_pretrained::SavedModel::read(&crate::commands::task::scvi_model_dir(&params)?)?;
-    }
-    if (m.name == "scimilarity" || m.name == "genept") && args.knobs.model_dir.is_none() {
-        let entry = if m.name == "genept" { crate::methods::genept::ARCHIVE_ENTRY } else { crate::methods::scimilarity::ARCHIVE_ENTRY };
-        crate::commands::task::verified_weights(&m.name, &s.weights_dir, &[entry])?;
-    }
-    if m.name == "cellplm" {
-        // the checkpoint (pinned files, or --model-dir's one prefix) and its config, before any run folder
-        if args.knobs.model_dir.is_none() {
-            crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellplm::REQUIRED_ENTRIES)?;
-        }
-        let (dir, prefix) = crate::commands::task::cellplm_checkpoint(&params, &s.weights_dir)?;
-        crate::methods::cellplm::Config::read(&crate::methods::cellplm::checkpoint_files(&dir, &prefix).0)?;
-        if exec.shards.is_some() {
-            warn("cellplm embeds the cells of a forward pass together: --shards would change which cells share one, so it is ignored");
-        }
+    let entry = crate::tasks::table::get(&m.name).ok_or_else(|| Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") })?;
+    let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data: &args.data };
+    entry.check(&pf)?;
+    let unsharded = entry.unsharded();
+    if let (Some(why), Some(_)) = (unsharded, exec.shards) {
+        warn(&format!("{} {why}, so it is ignored", m.name));
     }
     let ad = AnnData::open(&args.data)?;
     ad.check_usable()?;
-    if m.name == "scvi" {
-        // genes and batches against the model, before any run folder exists
-        crate::commands::task::scvi_prepare(&params, &args.data, &ad)?;
-    }
+    entry.check_data(&pf, &ad)?;
     ad.matrix(args.layer.as_deref())?;
     let n_obs = ad.n_obs;
     drop(ad);
@@ -227,7 +162,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if let Some(p) = pipeline {
         return run_nextflow(s, args, &spec, &run, &p);
     }
-    let shards = if m.name == "cellplm" { None } else { exec.shards };
+    let shards = if unsharded.is_some() { None } else { exec.shards };
     let tasks = executor::plan_embed(&spec, &run, n_obs, shards);
     let outcomes = match executor::run_plan(&run, &tasks, &exec.base, exec.max_forks, s.quiet)? {
         Finished::Completed(o) => o,

@@ -23,18 +23,21 @@ use crate::anndata::write::PendingOutput;
 use crate::anndata::AnnData;
 use crate::cli::FinetuneArgs;
 use crate::commands::embed::resolve_method_params;
-use crate::commands::task::{verified_weights, TaskDevice};
+use crate::tasks::runtime::{verified_weights, TaskDevice};
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
 use crate::executor::{self, nextflow};
-use crate::methods::finetune::{self as ft, Cached, Features, Head, LoadHook, TrainOptions};
+use crate::nn::finetune::{self as ft, Cached, Features, Head, LoadHook, TrainOptions};
 use crate::progress::{reporter, warn};
 use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
 use crate::weights::{self, Manifest};
 
 /// Methods `finetune` can train on.
-pub const METHODS: &[&str] = &["pca", "cellama", "geneformer", "scgpt"];
+/// The methods `finetune` trains a head on (the table's entries that say so).
+pub fn methods() -> Vec<&'static str> {
+    crate::tasks::table::names(|m| m.finetunes())
+}
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const PROVENANCE_FILE: &str = "finetune.json";
 
@@ -159,11 +162,11 @@ pub fn read_labels(ad: &AnnData, key: &str) -> Result<Labels> {
 
 fn check_method(s: &Settings, name: &str) -> anyhow::Result<crate::registry::Method> {
     let m = s.registry.get(name)?.clone();
-    if !METHODS.contains(&m.name.as_str()) || !m.implemented {
+    if !methods().contains(&m.name.as_str()) || !m.implemented {
         return Err(Error::BadOption {
             option: "--method".into(),
             detail: format!("{} cannot be fine-tuned in this version", m.name),
-            hint: Some(format!("fine-tune one of: {}", METHODS.join(", "))),
+            hint: Some(format!("fine-tune one of: {}", methods().join(", "))),
         }
         .into());
     }
@@ -171,39 +174,22 @@ fn check_method(s: &Settings, name: &str) -> anyhow::Result<crate::registry::Met
 }
 
 /// Check the weights a method needs before any run folder exists.
-fn preflight_weights(s: &Settings, method: &str, params: &Map<String, Value>) -> anyhow::Result<()> {
-    match method {
-        "cellama" => drop(verified_weights(method, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?),
-        "scgpt" => drop(verified_weights(method, &s.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES)?),
-        "geneformer" => match params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-            Some(d) => drop(crate::methods::geneformer::Dictionaries::find(Path::new(d))?),
-            None => drop(verified_weights(method, &s.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES)?),
-        },
-        _ => {}
-    }
+fn preflight_weights(s: &Settings, method: &str, params: &Map<String, Value>, data: &Path) -> anyhow::Result<()> {
+    let Some(entry) = crate::tasks::table::get(method) else { return Ok(()) };
+    let model_dir = params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(Path::new);
+    entry.check(&crate::tasks::method::Preflight { method, weights_dir: &s.weights_dir, params, model_dir, data })?;
     Ok(())
 }
 
 /// More `--unfreeze-layers` than the model runs is a user error before any run folder exists
 /// (the loading hook checks again in the task). A config it cannot read is left to the task.
 fn preflight_layers(s: &Settings, method: &str, params: &Map<String, Value>, unfreeze: u64) -> anyhow::Result<()> {
-    use crate::methods::{cellama, geneformer, scgpt};
     if unfreeze == 0 {
         return Ok(());
     }
-    let (path, key, left_out) = match method {
-        "cellama" => (cellama::model_dir(&s.weights_dir, &Manifest::load()?).join("config.json"), "num_hidden_layers", 0),
-        "scgpt" => (scgpt::model_dir(&s.weights_dir, &Manifest::load()?).join("args.json"), "nlayers", 0),
-        "geneformer" => {
-            let dir = match param_str(params, "model_dir") {
-                Some(d) => PathBuf::from(d),
-                None => geneformer::model_dir(&s.weights_dir, &Manifest::load()?),
-            };
-            // emb_layer -1 reads the second-to-last layer: the last one is not run
-            let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1);
-            (dir.join("config.json"), "num_hidden_layers", emb_layer.unsigned_abs())
-        }
-        _ => return Ok(()),
+    let Some(entry) = crate::tasks::table::get(method) else { return Ok(()) };
+    let Some(crate::tasks::method::LayerCount { path, key, left_out }) = entry.layer_count(&s.weights_dir, params)? else {
+        return Ok(());
     };
     let Some(n) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()).and_then(|v| v.get(key).and_then(Value::as_u64)) else {
         return Ok(());
@@ -223,7 +209,7 @@ fn preflight_layers(s: &Settings, method: &str, params: &Map<String, Value>, unf
 
 fn resolve_device(s: &Settings, method: &str, a: &FinetuneArgs) -> anyhow::Result<crate::gpu::DeviceSpec> {
     let spec = s.device_spec(&a.device)?;
-    if !crate::methods::runs_on_cuda(method) {
+    if !s.registry.get(method)?.cuda {
         if spec.kind == crate::gpu::DeviceKind::Cuda {
             warn(&format!("{method} runs on the CPU only; --device cuda is ignored"));
         }
@@ -242,7 +228,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     }
     let (method, data, label_key) = (a.method.clone().unwrap_or_default(), a.data.clone().unwrap_or_default(), a.label_key.clone().unwrap_or_default());
     let m = check_method(s, &method)?;
-    let mut params = resolve_method_params(s, &m, "finetune", &a.batch, &a.knobs);
+    let mut params = resolve_method_params(&s.registry, &m, "finetune", &a.batch, &a.knobs);
     let honours = m.honoured("finetune");
     let batch_size = params.remove("batch_size").and_then(|v| v.as_u64()).unwrap_or(64);
     let predict_batch_size = match a.predict_batch_size {
@@ -253,8 +239,9 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         None => batch_size * 4,
     };
-    if a.unfreeze_layers > 0 && m.name == "pca" {
-        warn("pca has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained");
+    let unfreezes = crate::tasks::table::get(&m.name).is_some_and(|e| e.unfreezes());
+    if a.unfreeze_layers > 0 && !unfreezes {
+        warn(&format!("{} has no encoder layers to unfreeze: --unfreeze-layers is not honoured, only the head is trained", m.name));
     }
     if a.predict.is_some() && a.exec.executor == crate::cli::ExecutorKind::Nextflow {
         return Err(Error::BadOption {
@@ -264,7 +251,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
         }
         .into());
     }
-    preflight_weights(s, &m.name, &params)?;
+    preflight_weights(s, &m.name, &params, &data)?;
     preflight_layers(s, &m.name, &params, a.unfreeze_layers)?;
     // the input is checked before any run folder exists; the task reads it again
     let ad = AnnData::open(&data)?;
@@ -285,7 +272,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     let opts = FinetuneOptions {
         label_key: label_key.clone(),
         epochs: a.epochs,
-        unfreeze_layers: if m.name == "pca" { 0 } else { a.unfreeze_layers },
+        unfreeze_layers: if unfreezes { a.unfreeze_layers } else { 0 },
         lr: a.lr,
         weight_decay: a.weight_decay,
         patience: a.patience,
@@ -479,7 +466,7 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             } else {
                 let map = pca::align_genes(fit, fit_var, &ad.var_names);
                 let m = fit.hvg_genes.len();
-                if map.present_fraction(m) < crate::commands::task::DEFAULT_MIN_GENE_OVERLAP {
+                if map.present_fraction(m) < crate::tasks::embed::pca::DEFAULT_MIN_GENE_OVERLAP {
                     return Err(Error::BadField {
                         path: ad.path.clone(),
                         field: "var_names".into(),
@@ -498,19 +485,19 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             Ok((Inputs::Emb(t), all))
         }
         Backbone::Cellama { top, features, .. } => {
-            let obs = crate::commands::task::obs_strings(ad, features, notes)?;
+            let obs = crate::tasks::runtime::obs_strings(ad, features, notes)?;
             let mut out = Vec::with_capacity(n);
             for (s, e) in x.blocks(1_000_000) {
                 let b = x.read_rows(s, e)?;
-                out.extend(crate::commands::task::cellama_sentences(&b, &ad.var_names, &obs, *top));
+                out.extend(crate::tasks::embed::cellama::cellama_sentences(&b, &ad.var_names, &obs, *top));
             }
             Ok((Inputs::Sentences(out), all))
         }
         Backbone::Geneformer { model, column } => {
             use crate::methods::geneformer::GeneTable;
-            let ids = crate::commands::task::gene_ids(ad, column)?;
+            let ids = crate::tasks::runtime::gene_ids(ad, column)?;
             let table = GeneTable::new(&ids, &model.dict)?;
-            let totals = crate::commands::task::cell_totals(ad, &x, notes)?;
+            let totals = crate::tasks::runtime::cell_totals(ad, &x, notes)?;
             let mut cells = Vec::with_capacity(n);
             for (s, e) in x.blocks(1_000_000) {
                 let b = x.read_rows(s, e)?;
@@ -527,7 +514,7 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             Ok((Inputs::Tokens(cells), usable))
         }
         Backbone::Scgpt { model, gene_col } => {
-            let names = crate::commands::task::scgpt_gene_names(ad, gene_col)?;
+            let names = crate::tasks::embed::scgpt::scgpt_gene_names(ad, gene_col)?;
             let gene_ids = crate::methods::scgpt::match_genes(&names, &model.vocab);
             if gene_ids.iter().all(Option::is_none) {
                 return Err(Error::BadField { path: ad.path.clone(), field: "var_names".into(), detail: "none of the genes is in scGPT's vocabulary".into(), hint: Some("pass --gene-col with the var column of gene symbols".into()) });
@@ -850,7 +837,7 @@ fn predict_file(spec: &TaskSpec, bb: &Backbone, head: &Head, classes: &[String],
     if let Some(a) = accuracy {
         prov.insert("accuracy".into(), json!(a));
     }
-    crate::commands::task::write_json_dict(&uns, "scfoundry_finetune", &prov).h5ctx(|| "writing uns/scfoundry_finetune".into())?;
+    crate::tasks::runtime::write_json_dict(&uns, "scfoundry_finetune", &prov).h5ctx(|| "writing uns/scfoundry_finetune".into())?;
     drop(uns);
     pending.commit()?;
     Ok(format!(

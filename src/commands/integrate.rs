@@ -6,131 +6,16 @@
 //! `uns['scfoundry_integrate']` (provenance). The work is one task (`task`), run where
 //! `--executor` says; the input is checked here first.
 
-use std::collections::BTreeSet;
-use std::path::Path;
-use std::time::Instant;
-
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
-
-use crate::anndata::write::{write_rows, PendingOutput};
-use crate::anndata::AnnData;
 use crate::cli::IntegrateArgs;
 use crate::commands::embed::default_output;
 use crate::commands::ExitStatus;
-use crate::error::{Error, Hdf5Context};
+use crate::error::Error;
 use crate::executor::{self, nextflow};
-use crate::methods::harmony::{harmonize, HarmonyError, HarmonyOptions};
 use crate::progress::warn;
 use crate::registry::Kind;
-use crate::runner::{options_params, TaskResult, TaskSpec};
+use crate::runner::{options_params, TaskSpec};
 use crate::settings::Settings;
-
-/// What the task needs besides data, output, method and seed (the spec's params).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IntegrateOptions {
-    pub embedding: String,
-    pub batch_key: Vec<String>,
-    pub theta: Option<f32>,
-    #[serde(default)]
-    pub layer: Option<String>,
-    #[serde(default)]
-    pub log_normalized: bool,
-    #[serde(default)]
-    pub dims: Option<usize>,
-    #[serde(default)]
-    pub k_weight: Option<usize>,
-    /// scvi_denovo's options (absent in specs written before it existed).
-    #[serde(default)]
-    pub scvi: crate::cli::ScviArgs,
-    #[serde(default)]
-    pub batch_size: Option<u64>,
-}
-
-/// The embedding and the batch codes, checked.
-struct Loaded {
-    ad: AnnData,
-    z: Vec<f32>,
-    n: usize,
-    d: usize,
-    codes: Vec<Vec<u32>>,
-    n_batches: Vec<usize>,
-}
-
-fn load(data: &Path, o: &IntegrateOptions) -> anyhow::Result<Loaded> {
-    let ad = AnnData::open(data)?;
-    if ad.n_obs == 0 {
-        return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
-    }
-    let (codes, n_batches) = batch_codes(&ad, &o.batch_key)?;
-    let (z, n, d) = ad.dense_entry("obsm", &o.embedding)?;
-    if n != ad.n_obs {
-        return Err(Error::BadField { path: ad.path.clone(), field: format!("obsm/{}", o.embedding), detail: format!("has {n} rows but the data has {} cells", ad.n_obs), hint: None }.into());
-    }
-    if let Some(i) = z.iter().position(|v| !v.is_finite()) {
-        return Err(Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obsm/{}", o.embedding),
-            detail: format!("holds a non-finite value at cell {} ({})", i / d, ad.obs_names[i / d]),
-            hint: Some("recompute the embedding; Harmony needs finite coordinates".into()),
-        }
-        .into());
-    }
-    Ok(Loaded { ad, z, n, d, codes, n_batches })
-}
-
-/// The batch codes of each key (levels sorted), checked: present, categorical, no missing
-/// value, more than one batch.
-pub(crate) fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
-    batch_levels(ad, batch_key).map(|(c, n, _)| (c, n))
-}
-
-/// [`batch_codes`] with the level names of each key.
-fn batch_levels(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>, Vec<Vec<String>>)> {
-    let obs = ad.obs()?;
-    let mut codes: Vec<Vec<u32>> = Vec::new();
-    let mut n_batches = Vec::new();
-    let mut all_levels = Vec::new();
-    for key in batch_key {
-        let col = obs.column(key).ok_or_else(|| Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{key}"),
-            detail: "is missing".into(),
-            hint: Some(format!("obs columns in this file: {}", obs.names().join(", "))),
-        })?;
-        let labels = col.as_labels().ok_or_else(|| Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{key}"),
-            detail: format!("is a {} column; a batch key must be categorical, string or integer", col.kind()),
-            hint: None,
-        })?;
-        if let Some(i) = labels.iter().position(Option::is_none) {
-            return Err(Error::BadField {
-                path: ad.path.clone(),
-                field: format!("obs/{key}"),
-                detail: format!("has no value for cell {i} ({})", ad.obs_names[i]),
-                hint: Some("give every cell a batch, or drop the cells without one".into()),
-            }
-            .into());
-        }
-        let levels: BTreeSet<&str> = labels.iter().map(|l| l.as_deref().unwrap()).collect();
-        let levels: Vec<&str> = levels.into_iter().collect();
-        n_batches.push(levels.len());
-        codes.push(labels.iter().map(|l| levels.binary_search(&l.as_deref().unwrap()).unwrap() as u32).collect());
-        all_levels.push(levels.iter().map(|l| l.to_string()).collect());
-    }
-    if n_batches.iter().all(|&b| b < 2) {
-        return Err(Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{}", batch_key.join(",")),
-            detail: "holds a single batch: there is nothing to integrate".into(),
-            hint: Some("pass the column that separates the batches with --batch-key".into()),
-        }
-        .into());
-    }
-    drop(obs);
-    Ok((codes, n_batches, all_levels))
-}
+use crate::tasks::integrate::IntegrateOptions;
 
 pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     let m = s.registry.get(&args.method)?.clone();
@@ -145,32 +30,11 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     if args.batch.batch_size.is_some() && !m.honoured("integrate").iter().any(|o| o == "--batch-size") {
         warn(&format!("{} does not honour --batch-size when integrating; ignored", m.name));
     }
-    if !m.implemented || !matches!(m.name.as_str(), "harmony" | "seurat" | "scvi_denovo") {
+    if !m.implemented || !crate::tasks::table::get(&m.name).is_some_and(|e| e.integrates()) {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
-    let seurat = m.name == "seurat";
-    if seurat {
-        if args.theta.is_some() {
-            warn("--theta is a harmony option; seurat ignores it");
-        }
-        if args.embedding != "X_pca" {
-            warn("--embedding is a harmony option; seurat reads the expression matrix (X or --layer)");
-        }
-        if args.batch_key.len() > 1 {
-            return Err(Error::BadOption { option: "--batch-key".into(), detail: format!("seurat integrates over one batch column, {} given", args.batch_key.len()), hint: Some("combine the columns into one obs column first".into()) }.into());
-        }
-        for (flag, v) in [("--dims", args.dims), ("--k-weight", args.k_weight)] {
-            if v == Some(0) {
-                return Err(Error::BadOption { option: flag.into(), detail: "must be at least 1".into(), hint: None }.into());
-            }
-        }
-    } else if m.name == "scvi_denovo" {
-        if args.log_normalized || args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
-            warn("--log-normalized, --dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them (it trains on raw counts)");
-        }
-    } else if args.layer.is_some() || args.log_normalized || args.dims.is_some() || args.k_weight.is_some() {
-        warn("--layer, --log-normalized, --dims and --k-weight are seurat options; harmony ignores them");
-    }
+    let entry = crate::tasks::table::get(&m.name).expect("an integration method has an entry");
+    entry.check_integrate_options(args)?;
     let pipeline = executor::preflight(&args.exec)?;
     let opts = IntegrateOptions {
         embedding: args.embedding.clone(),
@@ -184,18 +48,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         batch_size: args.batch.batch_size,
     };
     // the input is checked before any run folder exists; the task reads it again
-    if m.name == "scvi_denovo" {
-        super::integrate_scvi::check(&args.data, &opts)?;
-    } else if seurat {
-        let ad = AnnData::open(&args.data)?;
-        if ad.n_obs == 0 {
-            return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
-        }
-        batch_codes(&ad, &opts.batch_key)?;
-        ad.matrix(opts.layer.as_deref())?;
-    } else {
-        drop(load(&args.data, &opts)?);
-    }
+    entry.check_integrate_data(&args.data, &opts)?;
     let out_path = match (&args.out, args.in_place) {
         (_, true) => args.data.clone(),
         (Some(o), false) => o.clone(),
@@ -235,218 +88,4 @@ pub fn nextflow_params(spec: &TaskSpec, o: &IntegrateOptions, run: &crate::runne
         p.push(("k_weight".into(), k.to_string()));
     }
     p
-}
-
-/// The task: run the method and write the output.
-pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
-    let o: IntegrateOptions = spec.options()?;
-    if spec.method == "scvi_denovo" {
-        return super::integrate_scvi::task(spec, &o);
-    }
-    if spec.method == "seurat" {
-        return task_seurat(spec, &o);
-    }
-    let Loaded { ad, z, n, d, codes, n_batches } = load(&spec.data, &o)?;
-    let mut opts = HarmonyOptions { seed: spec.seed, ..HarmonyOptions::default() };
-    if let Some(t) = o.theta {
-        opts.theta = vec![t];
-    }
-    let started = Instant::now();
-    let res = harmonize(&z, n, d, &codes, &opts, None).map_err(|e| match e {
-        HarmonyError::Input(msg) => anyhow::Error::from(Error::BadOption { option: "--batch-key / --theta".into(), detail: msg, hint: None }),
-        other => anyhow::Error::from(other),
-    })?;
-    let secs = started.elapsed().as_secs_f64();
-    drop(ad);
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
-    let key = format!("X_{}", spec.method);
-    let ds = out.create_obsm(&key, n, d)?;
-    write_rows(&ds, 0, &res.z_corr, d)?;
-    drop(ds);
-    let uns = crate::anndata::h5util::require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = serde_json::Map::new();
-    prov.insert("tool".into(), json!("scfoundry"));
-    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    prov.insert("method".into(), json!(spec.method));
-    prov.insert("embedding".into(), json!(o.embedding));
-    prov.insert("obsm_key".into(), json!(key));
-    prov.insert("batch_key".into(), json!(o.batch_key.join(",")));
-    prov.insert("seed".into(), json!(spec.seed));
-    prov.insert("theta".into(), json!(opts.theta.first().copied().unwrap_or(2.0) as f64));
-    prov.insert("iterations".into(), json!(res.iterations));
-    prov.insert("converged".into(), json!(res.converged));
-    prov.insert("clusters".into(), json!(res.n_clusters));
-    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("run_id".into(), json!(spec.run_id));
-    prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
-    crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
-    drop(uns);
-    out.commit()?;
-    let summary = format!(
-        "wrote {} with obsm['{key}'] ({n} cells x {d}): harmony on obsm['{}'] over {} ({} batches), {} iterations{} in {secs:.1}s",
-        spec.out.display(),
-        o.embedding,
-        o.batch_key.join(", "),
-        n_batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" x "),
-        res.iterations,
-        if res.converged { "" } else { " (not converged: the iteration limit was reached)" },
-    );
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key), n_obs: n, dim: d, summary: vec![summary], ..Default::default() })
-}
-
-/// The seurat task: log-normalised expression of the integration features, anchors, correction,
-/// PCA (methods/seurat.rs), written as `obsm['X_seurat']`.
-fn task_seurat(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult> {
-    use crate::methods::seurat::{batch_variable_features, integrate, select_integration_features, SeuratError, SeuratOptions};
-    let rep = crate::progress::for_settings(spec.quiet, spec.progress);
-    let ad = AnnData::open(&spec.data)?;
-    if ad.n_obs == 0 {
-        return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
-    }
-    let (codes, _, levels) = batch_levels(&ad, &o.batch_key)?;
-    let (codes, levels) = (codes.into_iter().next().unwrap(), levels.into_iter().next().unwrap());
-    let nb = levels.len();
-    let key = o.batch_key.join(",");
-    let mut sizes = vec![0usize; nb];
-    codes.iter().for_each(|&c| sizes[c as usize] += 1);
-    if let Some(b) = sizes.iter().position(|&s| s < 2) {
-        return Err(Error::BadField {
-            path: ad.path.clone(),
-            field: format!("obs/{key}"),
-            detail: format!("batch '{}' has {} cell; seurat scales each batch and needs at least 2 cells in every batch", levels[b], sizes[b]),
-            hint: Some("drop that batch's cells or merge it into another batch".into()),
-        }
-        .into());
-    }
-    let x = ad.matrix(o.layer.as_deref())?;
-    let (n, g) = (x.n_rows, x.n_cols);
-    let started = Instant::now();
-    // the log-normalised matrix (CSR, in memory) and per-batch moments of the normalised values
-    let mut indptr = vec![0usize];
-    let mut indices: Vec<u32> = Vec::new();
-    let mut data: Vec<f32> = Vec::new();
-    let mut sum = vec![0f64; nb * g];
-    let mut sq = vec![0f64; nb * g];
-    let p = rep.step("seurat: reading the expression", n as u64, "cells");
-    for (s, e) in x.blocks(4_000_000) {
-        let b = x.read_rows(s, e)?;
-        for i in 0..b.n_rows() {
-            let c = s + i;
-            let (idx, vals) = b.row(i);
-            if let Some(t) = vals.iter().position(|v| !v.is_finite() || *v < 0.0 || (!o.log_normalized && v.fract() != 0.0)) {
-                let v = vals[t];
-                let gene = ad.var_names.get(idx[t] as usize).cloned().unwrap_or_default();
-                let (detail, hint) = if o.log_normalized {
-                    (format!("holds {v} at cell {c} ({}), gene {gene}: log-normalised values are finite and non-negative", ad.obs_names[c]), "seurat needs log1p of counts per 10,000 (or raw counts without --log-normalized)".to_string())
-                } else {
-                    (format!("holds {v} at cell {c} ({}), gene {gene}, which is not a raw count", ad.obs_names[c]), "pass --log-normalized if the matrix is already log-normalised, or --layer NAME to read a layer of raw counts".to_string())
-                };
-                return Err(Error::BadField { path: ad.path.clone(), field: x.field.clone(), detail, hint: Some(hint) }.into());
-            }
-            let total: f64 = vals.iter().map(|&v| v as f64).sum();
-            let bi = codes[c] as usize * g;
-            for (&j, &v) in idx.iter().zip(vals) {
-                let (lv, ev) = if o.log_normalized {
-                    (v as f64, (v as f64).exp_m1())
-                } else {
-                    let ev = if total > 0.0 { v as f64 / total * 1e4 } else { 0.0 };
-                    (ev.ln_1p(), ev)
-                };
-                if lv != 0.0 {
-                    indices.push(j);
-                    data.push(lv as f32);
-                }
-                sum[bi + j as usize] += ev;
-                sq[bi + j as usize] += ev * ev;
-            }
-            indptr.push(indices.len());
-        }
-        p.inc((e - s) as u64);
-    }
-    p.finish();
-    let defaults = SeuratOptions::default();
-    let dims = o.dims.unwrap_or(defaults.dims);
-    let opts = SeuratOptions { dims, npcs: dims, k_weight: o.k_weight.unwrap_or(defaults.k_weight), seed: spec.seed, ..defaults };
-    // SelectIntegrationFeatures over the per-batch variable genes
-    let ranked: Vec<Vec<usize>> = (0..nb)
-        .map(|b| {
-            let m = sizes[b] as f64;
-            let mean: Vec<f64> = (0..g).map(|j| sum[b * g + j] / m).collect();
-            let var: Vec<f64> = (0..g).map(|j| ((sq[b * g + j] - m * mean[j] * mean[j]) / (m - 1.0)).max(0.0)).collect();
-            batch_variable_features(&mean, &var, opts.n_features)
-        })
-        .collect();
-    drop((sum, sq));
-    let features = select_integration_features(&ranked, opts.n_features);
-    if features.len() < 2 {
-        return Err(Error::BadField { path: ad.path.clone(), field: x.field.clone(), detail: format!("has {} variable gene(s) across the batches; seurat needs at least 2", features.len()), hint: None }.into());
-    }
-    let f = features.len();
-    let mut col = vec![u32::MAX; g];
-    for (t, &j) in features.iter().enumerate() {
-        col[j] = t as u32;
-    }
-    let mut dense = vec![0f32; n * f];
-    for c in 0..n {
-        for t in indptr[c]..indptr[c + 1] {
-            let k = col[indices[t] as usize];
-            if k != u32::MAX {
-                dense[c * f + k as usize] = data[t];
-            }
-        }
-    }
-    drop((indptr, indices, data));
-    let note = |m: &str| rep.note(&format!("seurat: {m}"));
-    let res = integrate(&dense, n, f, &codes, &levels, &opts, &note).map_err(|e| match e {
-        SeuratError::Input(msg) => anyhow::Error::from(Error::BadField { path: ad.path.clone(), field: format!("obs/{key}"), detail: msg, hint: None }),
-    })?;
-    for m in &res.notes {
-        warn(&format!("seurat: {m}"));
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let field = x.field.clone();
-    drop(x);
-    drop(ad);
-    let d = res.npcs;
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
-    let okey = format!("X_{}", spec.method);
-    let ds = out.create_obsm(&okey, n, d)?;
-    write_rows(&ds, 0, &res.embedding, d)?;
-    drop(ds);
-    let names = |ds: &[usize]| ds.iter().map(|&b| levels[b].clone()).collect::<Vec<_>>();
-    let merges: Vec<Value> = res.merges.iter().map(|m| json!({"reference": names(&m.reference), "query": names(&m.query)})).collect();
-    let uns = crate::anndata::h5util::require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
-    let mut prov = serde_json::Map::new();
-    prov.insert("tool".into(), json!("scfoundry"));
-    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    prov.insert("method".into(), json!(spec.method));
-    prov.insert("matrix".into(), json!(field));
-    prov.insert("input_values".into(), json!(if o.log_normalized { "log_normalized" } else { "raw_counts (LogNormalize, scale factor 1e4)" }));
-    prov.insert("obsm_key".into(), json!(okey));
-    prov.insert("batch_key".into(), json!(key));
-    prov.insert("seed".into(), json!(spec.seed));
-    prov.insert("n_features".into(), json!(f));
-    prov.insert("dims".into(), json!(opts.dims));
-    prov.insert("k_anchor".into(), json!(opts.k_anchor));
-    prov.insert("k_filter".into(), json!(opts.k_filter));
-    prov.insert("k_score".into(), json!(opts.k_score));
-    prov.insert("k_weight".into(), json!(opts.k_weight));
-    prov.insert("sd_weight".into(), json!(opts.sd_weight));
-    prov.insert("npcs".into(), json!(d));
-    prov.insert("anchors".into(), json!(res.n_anchors));
-    prov.insert("merges".into(), Value::Array(merges));
-    prov.insert("notes".into(), json!(res.notes));
-    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
-    prov.insert("run_id".into(), json!(spec.run_id));
-    prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
-    crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
-    drop(uns);
-    out.commit()?;
-    let summary = format!(
-        "wrote {} with obsm['{okey}'] ({n} cells x {d}): seurat on {field} ({f} features) over {key} ({nb} batches), {} anchors, {} merges in {secs:.1}s",
-        spec.out.display(),
-        res.n_anchors,
-        res.merges.len(),
-    );
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(okey), n_obs: n, dim: d, summary: vec![summary], ..Default::default() })
 }

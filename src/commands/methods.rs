@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::commands::ExitStatus;
-use crate::registry::{Device, Kind, Method, Registry};
+use crate::registry::{Kind, Method, Registry};
 use crate::weights::Manifest;
 
 fn params(n: u64) -> String {
@@ -16,10 +16,11 @@ fn params(n: u64) -> String {
     }
 }
 
-fn device(d: Device) -> &'static str {
-    match d {
-        Device::Cpu => "cpu",
-        Device::Gpu => "gpu",
+fn device(cuda: bool) -> &'static str {
+    if cuda {
+        "gpu"
+    } else {
+        "cpu"
     }
 }
 
@@ -36,7 +37,7 @@ pub fn table(reg: &Registry) -> String {
             m.name.clone(),
             if m.kind == Kind::Integration { "integration".into() } else { "embedding".into() },
             m.family.clone(),
-            device(m.device).into(),
+            device(m.cuda).into(),
             batch,
             m.cost_tier.to_string(),
             m.embedding_dim.to_string(),
@@ -62,7 +63,7 @@ pub fn show(reg: &Registry, m: &Method) -> String {
     writeln!(o, "  paper:       {}", m.paper).unwrap();
     writeln!(o, "  code:        {}", m.repository).unwrap();
     writeln!(o, "  family:      {} {}", m.family, if m.kind == Kind::Integration { "(integration)" } else { "" }).unwrap();
-    writeln!(o, "  device:      {}", device(m.device)).unwrap();
+    writeln!(o, "  device:      {}", device(m.cuda)).unwrap();
     writeln!(o, "  parameters:  {}{}", params(m.parameters), m.parameters_note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()).unwrap();
     writeln!(o, "  cost tier:   {} of 5", m.cost_tier).unwrap();
     writeln!(o, "  embedding:   {} dimensions", m.embedding_dim).unwrap();

@@ -1,9 +1,5 @@
 //! One file per command. Each takes resolved settings and returns an exit status.
 
-pub mod bench_encoder;
-pub mod bench_scvi;
-pub mod bench_scimilarity;
-pub mod bench_cellplm;
 pub mod config;
 pub mod doctor;
 pub mod benchmark;
@@ -12,9 +8,7 @@ pub mod finetune;
 pub mod geometry;
 pub mod init;
 pub mod integrate;
-pub mod integrate_scvi;
 pub mod methods;
-pub mod task;
 pub mod trace;
 pub mod transfer;
 pub mod weights;

@@ -24,7 +24,7 @@ use crate::commands::embed::resolve_method_params;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context};
 use crate::executor::{self, nextflow};
-use crate::methods::knn_transfer;
+use crate::nn::knn_transfer;
 use crate::metrics::classification::{accuracy, confusion_matrix, macro_f1, per_label};
 use crate::progress::warn;
 use crate::registry::Kind;
@@ -32,7 +32,15 @@ use crate::runner::{self, Run, Step, TaskSpec};
 use crate::settings::Settings;
 
 /// Methods whose embeddings `transfer` can compute today.
-const TRANSFER_METHODS: &[&str] = &["pca", "cellama"];
+/// The methods `transfer` embeds with (the table's entries that say so).
+fn transfer_methods() -> Vec<&'static str> {
+    crate::tasks::table::names(|m| m.transfers())
+}
+
+/// Whether `method`'s transfer fits a model to the reference first (`Step::Fit`).
+fn fits_reference(method: &str) -> bool {
+    crate::tasks::table::get(method).is_some_and(|m| m.fits_reference())
+}
 
 /// Default output: `<query stem>.transfer.h5ad` beside the query.
 pub fn default_output(query: &Path) -> PathBuf {
@@ -101,13 +109,13 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
             return Err(Error::BadOption {
                 option: "--method".into(),
                 detail: format!("{} is an integration method: it corrects an existing embedding and cannot embed a new query, so it cannot transfer labels", m.name),
-                hint: Some(format!("pass an embedding method ({}); `scfoundry methods` lists them", TRANSFER_METHODS.join(", "))),
+                hint: Some(format!("pass an embedding method ({}); `scfoundry methods` lists them", transfer_methods().join(", "))),
             }
             .into());
         }
     }
     let mut params = match &m {
-        Some(m) => resolve_method_params(s, m, "transfer", &a.batch, &a.knobs),
+        Some(m) => resolve_method_params(&s.registry, m, "transfer", &a.batch, &a.knobs),
         None => serde_json::Map::new(),
     };
     // With --embedding nothing is embedded: the vote runs here, on what both files hold.
@@ -124,15 +132,15 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         None
     } else {
         let m = m.as_ref().expect("clap requires --method without --embedding");
-        if !m.implemented || !TRANSFER_METHODS.contains(&m.name.as_str()) {
+        if !m.implemented || !transfer_methods().contains(&m.name.as_str()) {
             return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
         }
-        if m.name != "pca" && a.min_gene_overlap != 0.5 {
+        if !fits_reference(&m.name) && a.min_gene_overlap != 0.5 {
             warn(&format!("{} embeds each cell on its own and fits nothing to the reference; --min-gene-overlap applies to pca and is ignored", m.name));
         }
         let pipeline = executor::preflight(&a.exec)?;
-        if m.name == "cellama" {
-            crate::commands::task::verified_weights(&m.name, &s.weights_dir, crate::methods::cellama::REQUIRED_ENTRIES)?;
+        if let Some(entry) = crate::tasks::table::get(&m.name) {
+            entry.check_transfer(&m.name, &s.weights_dir)?;
         }
         pipeline
     };
@@ -254,7 +262,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
             let run = executor::create_run(s, &a.exec, &out, &format!("transfer-{method_name}"))?;
             let work = run.dir.join("work");
             params.insert("reference".into(), json!(reference.display().to_string()));
-            if method_name == "pca" {
+            if fits_reference(&method_name) {
                 params.insert("fit".into(), json!(work.join("pca_fit.json").display().to_string()));
                 params.insert("min_gene_overlap".into(), json!(a.min_gene_overlap));
             }
@@ -345,7 +353,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     {
         let f = pending.file();
         let uns = crate::anndata::h5util::require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
-        crate::commands::task::write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+        crate::tasks::runtime::write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     }
     pending.commit()?;
 
@@ -463,7 +471,7 @@ fn plan(run: &Run, s: &Settings, a: &TransferArgs, method: &str, params: serde_j
     };
     let process = method.to_uppercase();
     let mut stages: Vec<Vec<TaskSpec>> = Vec::new();
-    if method == "pca" {
+    if fits_reference(method) {
         stages.push(vec![TaskSpec {
             task_id: 1,
             name: format!("TRANSFER_FIT_{process} ({}, reference)", tag(reference)),

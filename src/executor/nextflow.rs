@@ -9,7 +9,7 @@ use std::process::Command;
 
 use crate::error::{Error, Result};
 use crate::runner::Run;
-use crate::settings::EnvVars;
+use crate::env::EnvVars;
 
 /// `nextflow` and the pipeline's main.nf, found before any work.
 pub struct Pipeline {

@@ -1,3 +1,4 @@
 //! File formats shared by several methods, read as data (nothing in them is run).
 
 pub mod pickle;
+pub mod numpy_rng;

@@ -450,10 +450,10 @@ fn set_release_threshold(pool: CUmemoryPool, mut bytes: u64) -> Result<(), GpuEr
 /// Device `dev`'s default memory pool keeps up to `threshold` bytes after frees, by default the
 /// card's total memory: RMM's cuda_async_memory_resource default. The driver's own is 0, with
 /// which every synchronisation (a batch's read-back) may hand the pool's free memory back for the
-/// next batch to map again (BENCHMARKS.md, session 20). Taken by `--allocator async`
+/// next batch to map again (BENCHMARKS.md). Taken by `--allocator async`
 /// ([`Resource::new`]) and by the `__bench-*` commands, which allocate from the default pool with
-/// no resource installed (`gpu::bench_device`). Needs a context of `dev` bound.
-pub(crate) fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Result<(), GpuError> {
+/// no resource installed (`commands::bench_encoder::bench_device`). Needs a context of `dev` bound.
+pub fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Result<(), GpuError> {
     let bytes = match threshold {
         Some(b) => b,
         None => {

@@ -18,12 +18,23 @@
 //! by every layer. The input is not copied into the hidden state first: the first layer's QKV
 //! product reads it where it is, and at d = 256 the fused output projection + norm1 reads it as
 //! the residual and writes the hidden state beside it (a copy of the batch's activations saved a
-//! batch: +0.9% on Geneformer V1, BENCHMARKS.md session 19; the two-kernel path copies first).
+//! batch: +0.9% on Geneformer V1, BENCHMARKS.md; the two-kernel path copies first).
 //! Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::methods::post_norm::PostNormStack;
+use crate::nn::post_norm::PostNormStack;
+
+impl PostNormStack {
+    /// The last layer's output for packed cells `x` (`tokens x d`): the fused path where it
+    /// applies (bf16 on a GPU, see [`applies`]), else [`PostNormStack::forward_unfused`].
+    pub fn forward(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
+        if self.fused && applies(self, x) {
+            return forward(self, x, cu);
+        }
+        self.forward_unfused(x, cu)
+    }
+}
 
 /// Whether `forward` takes this input: a CUDA build, `x` (`tokens x d`) in bf16 on a GPU, heads
 /// 64 wide (the attention kernel's), d and the feed-forward width multiples of 8 (16-byte rows)
@@ -108,7 +119,7 @@ mod cuda {
     use half::bf16;
 
     use crate::gpu::gemm_layer_norm;
-    use crate::methods::post_norm::{Act, PostNormStack};
+    use crate::nn::post_norm::{Act, PostNormStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
     pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
@@ -118,7 +129,7 @@ mod cuda {
     pub(super) static HOST_STEPS: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
     fn host_steps_on() -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| std::env::var("SCFOUNDRY_HOST_STEPS").is_ok_and(|v| v == "1"))
+        *ON.get_or_init(|| std::env::var(crate::env::EnvVars::HOST_STEPS).is_ok_and(|v| v == "1"))
     }
 
     pub struct Fused<'a> {

@@ -54,7 +54,7 @@ struct Choice {
 fn tune_mode() -> GemmTune {
     static MODE: OnceLock<GemmTune> = OnceLock::new();
     *MODE.get_or_init(|| {
-        let value = std::env::var("SCFOUNDRY_GEMM_TUNE").ok();
+        let value = std::env::var(crate::env::EnvVars::GEMM_TUNE).ok();
         GemmTune::parse(value.as_deref()).unwrap_or_else(|e| {
             eprintln!("warning: {e}; timing {} candidates", GemmTune::DEFAULT_CANDIDATES);
             GemmTune { candidates: GemmTune::DEFAULT_CANDIDATES, log: false }
@@ -71,7 +71,7 @@ pub(crate) struct Lt {
     /// Token counts whose product a shape's chosen algorithm was checked to serve, so that
     /// `cublasLtMatmulAlgoCheck` (host time) runs once per shape and token count, not for every
     /// product whose token count differs from the timed one (batches by tokens differ by a few
-    /// tokens). Session 18 measured it together with the page-locked buffers' growth (+5.0% on
+    /// tokens). It was measured together with the page-locked buffers' growth (+5.0% on
     /// Geneformer V1), not apart. Cleared when it passes MAX_CHECKED entries.
     checked: Mutex<std::collections::HashSet<(Key, usize)>>,
 }

@@ -46,7 +46,7 @@ fn enabled(dev: &CudaDevice) -> Result<bool> {
         return Ok(on);
     }
     let hopper = !PTX.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
-    let on = hopper && std::env::var("SCFOUNDRY_FUSED_NORM").map_or(true, |v| v != "0");
+    let on = hopper && std::env::var(crate::env::EnvVars::FUSED_NORM).map_or(true, |v| v != "0");
     if on {
         let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
         func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SHARED as i32).w()?;

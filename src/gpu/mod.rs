@@ -159,12 +159,12 @@ pub fn preflight(spec: &DeviceSpec) -> Result<(), GpuError> {
 /// default stream), and our own copies (`pinned.rs`, `readback.rs`) record the events they need
 /// themselves, so tracking only adds work: cudarc creates two events for every allocation (and
 /// destroys them with it) whether or not a second stream ever exists. `SCFOUNDRY_EVENT_TRACKING=1`
-/// keeps cudarc's default (for an A/B; BENCHMARKS.md, session 19).
+/// keeps cudarc's default (for an A/B; BENCHMARKS.md).
 pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     let device = candle_core::Device::new_cuda(ordinal)?;
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = &device {
-        if std::env::var("SCFOUNDRY_EVENT_TRACKING").map_or(true, |v| v != "1") {
+        if std::env::var(crate::env::EnvVars::EVENT_TRACKING).map_or(true, |v| v != "1") {
             // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
             unsafe { d.disable_event_tracking() };
         }
@@ -172,31 +172,6 @@ pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     Ok(device)
 }
 
-/// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it,
-/// its default pool (which they allocate from, no resource installed) keeping its memory as
-/// `--allocator async` does (`cuda::keep_in_default_pool`); `SCFOUNDRY_POOL_RELEASE=BYTES` sets
-/// another threshold (0: the driver's default; for an A/B, BENCHMARKS.md, session 20).
-pub fn bench_device(name: &str) -> Result<candle_core::Device, crate::error::Error> {
-    let bad = |detail: String, hint: &str| crate::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
-    match name {
-        "cpu" => Ok(candle_core::Device::Cpu),
-        "cuda" => {
-            let device = cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU"))?;
-            #[cfg(feature = "cuda")]
-            if let candle_core::Device::Cuda(d) = &device {
-                let threshold = match std::env::var("SCFOUNDRY_POOL_RELEASE") {
-                    Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| bad(format!("SCFOUNDRY_POOL_RELEASE={v:?}"), "a number of bytes (0: the driver's default)"))?),
-                    Err(_) => None,
-                };
-                let ctx = d.cuda_stream().context().clone();
-                ctx.bind_to_thread().map_err(|e| bad(format!("cuCtxSetCurrent: {e}"), "a CUDA build of scfoundry on a machine with a GPU"))?;
-                cuda::keep_in_default_pool(ctx.cu_device(), threshold).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry on a machine with a GPU"))?;
-            }
-            Ok(device)
-        }
-        other => Err(bad(format!("{other:?}"), "cpu or cuda")),
-    }
-}
 
 /// Whether an error message is CUDA's out-of-memory (from the driver or our limit).
 pub fn is_out_of_memory(message: &str) -> bool {

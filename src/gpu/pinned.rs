@@ -10,7 +10,7 @@
 //! page-locked allocation and a free, which waits for the whole device: grown to each new largest
 //! size exactly, batches a few tokens longer than the last regrew buffers again and again; on the
 //! H200 the embedding's part of a 72-76 ms Geneformer V1 pass took 22-24 ms of host time before,
-//! 15.5-16.2 after, the warm-up batch's share included; session 18) and a copy uses its first
+//! 15.5-16.2 after, the warm-up batch's share included) and a copy uses its first
 //! `len` values:
 //! cudarc's own copies take the host slice's whole length, which reads or writes past a smaller
 //! batch (CUDA_ERROR_INVALID_VALUE on a run's last, short batch), so the copies go through

@@ -48,7 +48,7 @@ mod cuda {
     /// Whether SCFOUNDRY_PAGEABLE_UPLOAD=1 asks for candle's ordinary uploads.
     pub fn pageable() -> bool {
         static PAGEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *PAGEABLE.get_or_init(|| std::env::var("SCFOUNDRY_PAGEABLE_UPLOAD").is_ok_and(|v| v == "1"))
+        *PAGEABLE.get_or_init(|| std::env::var(crate::env::EnvVars::PAGEABLE_UPLOAD).is_ok_and(|v| v == "1"))
     }
 
     pub fn upload(data: &[u32], dev: &CudaDevice) -> Result<Tensor> {

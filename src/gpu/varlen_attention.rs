@@ -80,7 +80,9 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{kernel_name, launch as launch_fused};
+pub use cuda::kernel_name;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::launch as launch_fused;
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -113,7 +115,7 @@ mod cuda {
             return Ok(name);
         }
         let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
-        let name = if hopper && std::env::var("SCFOUNDRY_ATTENTION").map_or(true, |v| v != "portable") {
+        let name = if hopper && std::env::var(crate::env::EnvVars::ATTENTION).map_or(true, |v| v != "portable") {
             let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
             "sm90"

@@ -46,14 +46,12 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::methods::scgpt::Mt19937;
+use crate::formats::numpy_rng::Mt19937;
 
 /// The registry's weights entries (methods/c2s.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["c2s-pythia-410m-ctp-config", "c2s-pythia-410m-ctp-model", "c2s-pythia-410m-ctp-tokenizer"];
 /// Upstream's seed of both RNGs (generate_sentences' random_state, PromptFormatter's random_seed).
 pub const UPSTREAM_SEED: u64 = 42;
-/// tasks.embed_cells(inference_batch_size=8).
-pub const UPSTREAM_BATCH_SIZE: usize = 8;
 /// The organism written into the prompt when the data has no `organism` column.
 pub const DEFAULT_ORGANISM: &str = "Homo sapiens";
 
@@ -592,7 +590,7 @@ impl GptNeoX {
 /// FLOPs of one forward pass over `s` tokens (matmuls only), as bench_encoder counts them:
 /// L x (2 s (4 d^2 + 2 d f) + 4 s^2 d); causal attention is counted whole, as PyTorch runs it.
 pub fn forward_flops(c: &Config, s: usize) -> f64 {
-    crate::commands::bench_encoder::cell_flops(c.num_hidden_layers, c.hidden_size, c.intermediate_size, s)
+    crate::nn::cell_flops(c.num_hidden_layers, c.hidden_size, c.intermediate_size, s)
 }
 
 #[cfg(test)]

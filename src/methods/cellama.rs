@@ -30,7 +30,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use crate::methods::bert::Bert;
+use crate::nn::bert::Bert;
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::error::{Error, Result};
@@ -134,7 +134,7 @@ impl Encoder {
 
     /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
     /// fine-tuned tensors); see `methods/finetune.rs`.
-    pub fn load_hooked(dir: &Path, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Encoder> {
+    pub fn load_hooked(dir: &Path, device: Device, hook: Option<&crate::nn::finetune::LoadHook>) -> Result<Encoder> {
         let read = |name: &str| -> Result<String> {
             let p = dir.join(name);
             std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p, source: e })

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{LayerNorm, Linear, VarBuilder};
 
-use super::random_init::{inverse_sqrt_last, Fill};
+use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 
 /// The weights entries a run reads (weights.toml).
@@ -52,8 +52,6 @@ pub const REQUIRED_ENTRIES: &[&str] = &["cellfm-torch-state-dict", "cellfm-gene-
 pub const NONZ_LEN: usize = 2048;
 /// enc_num_heads of both released configs (Config: 800M, Config_80M): not in the state_dict.
 pub const RELEASED_HEADS: usize = 48;
-/// Cells per forward pass (methods/cellfm.toml's default, upstream train.py --batch 4).
-pub const BATCH_SIZE: usize = 4;
 /// FFN's hidden width (`FFN(in_dims, emb_dims, b=256)`).
 const VALUE_HIDDEN: usize = 256;
 /// nn.LayerNorm's default eps, which the port's post_norm1/2 use.
@@ -585,7 +583,7 @@ pub fn random_tensors(dims: &Dims, seed: u64, device: &Device) -> candle_core::R
             shapes.push((format!("encoder.{i}.{n}.bias"), vec![d]));
         }
     }
-    super::random_init::seeded_tensors(shapes, seed, device, |n, s| {
+    crate::nn::random_init::seeded_tensors(shapes, seed, device, |n, s| {
         if n.contains("norm") {
             Fill::Const(if n.ends_with("weight") { 1.0 } else { 0.0 })
         } else if n.ends_with(".a") {

@@ -45,8 +45,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
 use crate::formats::pickle::{read_pickle, Py};
-use crate::methods::bert::Bert;
-use crate::methods::packed_bert::{Packed, PackedBert};
+use crate::nn::bert::Bert;
+use crate::nn::packed_bert::{Packed, PackedBert};
 
 use crate::error::{Error, Result};
 
@@ -54,8 +54,6 @@ use crate::error::{Error, Result};
 pub const TARGET_SUM: f64 = 10_000.0;
 /// upstream's required var column.
 pub const DEFAULT_GENE_COLUMN: &str = "ensembl_id";
-/// upstream `EmbExtractor(forward_batch_size=100)`.
-pub const DEFAULT_BATCH_SIZE: usize = 100;
 /// The manifest entries the model reads.
 pub const REQUIRED_ENTRIES: &[&str] = &["geneformer-v1-model", "geneformer-v1-config", "geneformer-v1-token-dictionary", "geneformer-v1-gene-median-dictionary"];
 /// The entry whose folder is the model folder.
@@ -495,7 +493,7 @@ impl Geneformer {
 
     /// As `load_on`, with the weights read through a fine-tuning hook: the last layers of the
     /// ones run (`emb_layer` -1 leaves the last out) become trainable; see `methods/finetune.rs`.
-    pub fn load_hooked(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Geneformer> {
+    pub fn load_hooked(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::nn::finetune::LoadHook>) -> Result<Geneformer> {
         Self::load_inner(dir, dict, emb_layer, emb_mode, device, hook, DType::F32)
     }
 
@@ -505,7 +503,7 @@ impl Geneformer {
         Self::load_inner(dir, dict, emb_layer, emb_mode, device, None, dtype)
     }
 
-    fn load_inner(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::methods::finetune::LoadHook>, dtype: DType) -> Result<Geneformer> {
+    fn load_inner(dir: &Path, dict: Dictionaries, emb_layer: i32, emb_mode: EmbMode, device: Device, hook: Option<&crate::nn::finetune::LoadHook>, dtype: DType) -> Result<Geneformer> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::Io { path: cfg_path.clone(), source: e })?;
         let config: Config = serde_json::from_str(&text).map_err(|e| Error::Config {

@@ -35,16 +35,14 @@ use candle_core::{DType, Device};
 use candle_nn::{Linear, VarBuilder};
 use candle_transformers::models::bert::Config;
 
-use crate::methods::packed_bert::PackedBert;
+use crate::nn::packed_bert::PackedBert;
 
 use crate::error::{Error, Result};
-use crate::methods::cls_encoder::{Arch, ClsEncoder};
+use crate::nn::cls_encoder::{Arch, ClsEncoder};
 use crate::methods::geneformer::{read_tensors, weights_file, Dictionaries};
 use crate::methods::sccello::check_vocab;
 
 pub const DEFAULT_GENE_COLUMN: &str = "ensembl_id";
-/// zero-shot.ipynb `batchsize = 32`.
-pub const DEFAULT_BATCH_SIZE: usize = 32;
 pub const REQUIRED_ENTRIES: &[&str] = &["langcell-cell-bert-model", "langcell-cell-bert-config", "langcell-cell-proj", "langcell-token-dictionary", "langcell-gene-median-dictionary"];
 pub const PROJ_ENTRY: &str = "langcell-cell-proj";
 pub const PROJ_FILE: &str = "cell_proj.bin";

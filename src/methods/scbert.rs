@@ -57,8 +57,6 @@ pub const REQUIRED_ENTRIES: &[&str] = &["scbert-panglao-pretrained", "scbert-pan
 pub const MAX_BIN: u32 = 5;
 /// sc.pp.normalize_total target in preprocess.py.
 pub const TARGET_SUM: f32 = 1e4;
-/// finetune.py `--batch_size` (predict.py runs one cell at a time).
-pub const UPSTREAM_BATCH_SIZE: usize = 3;
 /// preprocess.py's sc.pp.filter_cells(min_genes=200).
 pub const MIN_GENES: usize = 200;
 /// FAVOR+ softmax_kernel's eps.

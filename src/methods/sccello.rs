@@ -33,16 +33,14 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
-use crate::methods::packed_bert::PackedBert;
+use crate::nn::packed_bert::PackedBert;
 
 use crate::error::{Error, Result};
-use crate::methods::cls_encoder::{Arch, ClsEncoder};
+use crate::nn::cls_encoder::{Arch, ClsEncoder};
 use crate::methods::geneformer::{read_tensors, weights_file, Dictionaries};
 
 /// upstream's var column (`ENSEMBL_IDS_TAG`).
 pub const DEFAULT_GENE_COLUMN: &str = "ensembl_ids";
-/// cell_type_classification_bert_clustering.json `per_device_eval_batch_size`.
-pub const DEFAULT_BATCH_SIZE: usize = 24;
 pub const REQUIRED_ENTRIES: &[&str] = &["sccello-zeroshot-model", "sccello-zeroshot-config", "sccello-token-dictionary", "sccello-gene-median-dictionary"];
 pub const MODEL_ENTRY: &str = "sccello-zeroshot-model";
 /// The three one-row embedding tables upstream adds to every position.

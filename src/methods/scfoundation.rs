@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
-use super::random_init::{inverse_sqrt_last, Fill};
+use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
 
@@ -647,7 +647,7 @@ pub fn random_tensors(config: &Config, seed: u64, device: &Device) -> candle_cor
             shapes.push((format!("{p}{n}"), s));
         }
     }
-    super::random_init::seeded_tensors(shapes, seed, device, |n, s| {
+    crate::nn::random_init::seeded_tensors(shapes, seed, device, |n, s| {
         if n.contains("norm") && n.ends_with("weight") {
             Fill::Const(1.0)
         } else {

@@ -43,8 +43,9 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use serde_json::Value;
 
+use crate::formats::numpy_rng::Mt19937;
 use crate::error::{Error, Result};
-use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
+use crate::nn::post_norm::{Act, PostNormLayer, PostNormStack};
 
 /// The weights entries embedding reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-human-vocab", "scgpt-whole-human-args"];
@@ -52,8 +53,6 @@ pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-
 pub const MODEL_ENTRY: &str = "scgpt-whole-human-model";
 /// embed_data's `max_length`: genes per cell including `<cls>`.
 pub const DEFAULT_MAX_LEN: usize = 1200;
-/// embed_data's `batch_size`.
-pub const DEFAULT_BATCH_SIZE: usize = 64;
 /// DataCollator bins into 51 (hard-coded upstream; args.json's `n_bins` where it says otherwise).
 pub const DEFAULT_N_BINS: usize = 51;
 /// ContinuousValueEncoder's `max_value`.
@@ -189,118 +188,6 @@ impl Vocab {
 /// Each gene's id in the vocabulary (None: not in it, dropped as embed_data does).
 pub fn match_genes(names: &[Option<String>], vocab: &Vocab) -> Vec<Option<u32>> {
     names.iter().map(|n| n.as_deref().and_then(|n| vocab.get(n))).collect()
-}
-
-// -------------------------------------------------------------------------------------- RNG
-
-/// numpy's legacy `RandomState` (MT19937): `np.random.seed(s)` for a 32-bit `s`, and the draws
-/// `rand` and `permutation` make.
-pub struct Mt19937 {
-    mt: [u32; 624],
-    pos: usize,
-}
-
-impl Mt19937 {
-    /// `np.random.seed(seed)` (mt19937_seed: Knuth's linear recurrence).
-    pub fn new(seed: u32) -> Mt19937 {
-        let mut mt = [0u32; 624];
-        mt[0] = seed;
-        for i in 1..624 {
-            mt[i] = 1812433253u32.wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30)).wrapping_add(i as u32);
-        }
-        Mt19937 { mt, pos: 624 }
-    }
-
-    /// `init_by_array(key)`: CPython's `random.seed(int)` (the int's 32-bit words, low first).
-    pub fn by_array(key: &[u32]) -> Mt19937 {
-        const N: usize = 624;
-        let mut r = Mt19937::new(19650218);
-        let mt = &mut r.mt;
-        let (mut i, mut j) = (1usize, 0usize);
-        let len = key.len().max(1);
-        for _ in 0..N.max(len) {
-            let prev = mt[i - 1] ^ (mt[i - 1] >> 30);
-            mt[i] = (mt[i] ^ prev.wrapping_mul(1664525)).wrapping_add(key.get(j).copied().unwrap_or(0)).wrapping_add(j as u32);
-            i += 1;
-            j += 1;
-            if i >= N {
-                mt[0] = mt[N - 1];
-                i = 1;
-            }
-            if j >= len {
-                j = 0;
-            }
-        }
-        for _ in 0..N - 1 {
-            let prev = mt[i - 1] ^ (mt[i - 1] >> 30);
-            mt[i] = (mt[i] ^ prev.wrapping_mul(1566083941)).wrapping_sub(i as u32);
-            i += 1;
-            if i >= N {
-                mt[0] = mt[N - 1];
-                i = 1;
-            }
-        }
-        mt[0] = 0x8000_0000;
-        r
-    }
-
-    fn generate(&mut self) {
-        const UPPER: u32 = 0x8000_0000;
-        const LOWER: u32 = 0x7fff_ffff;
-        const MATRIX_A: u32 = 0x9908_b0df;
-        for i in 0..624 {
-            let y = (self.mt[i] & UPPER) | (self.mt[(i + 1) % 624] & LOWER);
-            let mag = if y & 1 == 1 { MATRIX_A } else { 0 };
-            self.mt[i] = self.mt[(i + 397) % 624] ^ (y >> 1) ^ mag;
-        }
-        self.pos = 0;
-    }
-
-    pub fn next_u32(&mut self) -> u32 {
-        if self.pos >= 624 {
-            self.generate();
-        }
-        let mut y = self.mt[self.pos];
-        self.pos += 1;
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c_5680;
-        y ^= (y << 15) & 0xefc6_0000;
-        y ^ (y >> 18)
-    }
-
-    /// One `np.random.rand()` draw: 53 random bits in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        let a = (self.next_u32() >> 5) as f64;
-        let b = (self.next_u32() >> 6) as f64;
-        (a * 67108864.0 + b) / 9007199254740992.0
-    }
-
-    /// numpy's `random_interval(max)`: uniform in 0..=max by masked rejection.
-    fn interval(&mut self, max: u32) -> u32 {
-        if max == 0 {
-            return 0;
-        }
-        let mut mask = max;
-        for s in [1, 2, 4, 8, 16] {
-            mask |= mask >> s;
-        }
-        loop {
-            let v = self.next_u32() & mask;
-            if v <= max {
-                return v;
-            }
-        }
-    }
-
-    /// `np.random.permutation(n)` (legacy shuffle of `arange(n)`, Fisher-Yates from the end).
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
-        let mut a: Vec<usize> = (0..n).collect();
-        for i in (1..n).rev() {
-            let j = self.interval(i as u32) as usize;
-            a.swap(i, j);
-        }
-        a
-    }
 }
 
 /// The RNG of cell `cell` (its row in the data) for run seed `seed`.
@@ -607,7 +494,7 @@ impl Model {
 
     /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
     /// fine-tuned tensors); see `methods/finetune.rs`.
-    pub fn load_hooked(dir: &Path, max_len: usize, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
+    pub fn load_hooked(dir: &Path, max_len: usize, device: Device, hook: Option<&crate::nn::finetune::LoadHook>) -> Result<Model> {
         let [pt, vocab_path, args_path] = folder_files(dir);
         for p in [&args_path, &vocab_path, &pt] {
             if !p.is_file() {
@@ -644,7 +531,7 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device, hook: Option<&crate::methods::finetune::LoadHook>) -> Result<Model> {
+    fn from_parts(args: Args, vocab: Vocab, tensors: HashMap<String, Tensor>, max_len: usize, pt: &Path, vocab_path: &Path, args_path: &Path, device: Device, hook: Option<&crate::nn::finetune::LoadHook>) -> Result<Model> {
         let bad = |detail: String| Error::BadWeights { path: pt.into(), detail };
         let pad_id = vocab.get(&args.pad_token).ok_or_else(|| Error::BadField {
             path: args_path.into(),
@@ -870,7 +757,7 @@ impl Model {
             return Tensor::zeros((0, self.dim()), DType::F32, &self.device).map_err(&ctx);
         }
         let refs: Vec<&[u32]> = cells.iter().map(|c| c.genes.as_slice()).collect();
-        let p = crate::methods::packed_bert::Packed::new(&refs);
+        let p = crate::nn::packed_bert::Packed::new(&refs);
         let t = p.tokens();
         let vals: Vec<f32> = cells.iter().flat_map(|c| c.values.iter().copied()).collect();
         debug_assert_eq!(vals.len(), t);

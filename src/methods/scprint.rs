@@ -50,7 +50,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
-use super::random_init::{inverse_sqrt_last, Fill};
+pub use crate::formats::numpy_rng::RandomState;
+use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
 
@@ -58,8 +59,6 @@ use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
 pub const REQUIRED_ENTRIES: &[&str] = &["scprint-medium-v1.5"];
 /// Genes per cell: scPRINT's own benchmark helper's Embedder(max_len=4000).
 pub const DEFAULT_MAX_LEN: usize = 4000;
-/// Embedder(batch_size=64).
-pub const BATCH_SIZE: usize = 64;
 /// Embedder's default `pred_embedding`: the class tokens averaged into the cell embedding.
 pub const PRED_EMBEDDING: &[&str] = &["cell_type_ontology_term_id", "disease_ontology_term_id", "self_reported_ethnicity_ontology_term_id", "sex_ontology_term_id"];
 /// ContinuousValueEncoder(max_value=100_000).
@@ -72,91 +71,6 @@ const MAX_SCORES: usize = 1 << 28;
 
 fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
     move |e| Error::Model { context: context.into(), detail: e.to_string() }
-}
-
-// ----------------------------------------------------------------------- numpy's RandomState
-
-/// numpy's legacy global `RandomState` (MT19937), the draws Collator's `np.random.choice` makes.
-#[derive(Clone)]
-pub struct RandomState {
-    mt: Box<[u32; 624]>,
-    pos: usize,
-}
-
-impl RandomState {
-    /// `np.random.seed(seed)` for an integer seed (`mt19937_seed`: Knuth's init_genrand).
-    pub fn new(seed: u32) -> RandomState {
-        let mut mt = Box::new([0u32; 624]);
-        mt[0] = seed;
-        for i in 1..624 {
-            mt[i] = 1_812_433_253u32.wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30)).wrapping_add(i as u32);
-        }
-        RandomState { mt, pos: 624 }
-    }
-
-    fn generate(&mut self) {
-        const UPPER: u32 = 0x8000_0000;
-        const LOWER: u32 = 0x7fff_ffff;
-        for i in 0..624 {
-            let y = (self.mt[i] & UPPER) | (self.mt[(i + 1) % 624] & LOWER);
-            let mut v = self.mt[(i + 397) % 624] ^ (y >> 1);
-            if y & 1 != 0 {
-                v ^= 0x9908_b0df;
-            }
-            self.mt[i] = v;
-        }
-        self.pos = 0;
-    }
-
-    /// genrand_int32.
-    pub fn next_u32(&mut self) -> u32 {
-        if self.pos >= 624 {
-            self.generate();
-        }
-        let mut y = self.mt[self.pos];
-        self.pos += 1;
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c_5680;
-        y ^= (y << 15) & 0xefc6_0000;
-        y ^ (y >> 18)
-    }
-
-    /// numpy's legacy `random_interval(max)`: a uniform integer in [0, max] by masked rejection.
-    fn interval(&mut self, max: u32) -> u32 {
-        if max == 0 {
-            return 0;
-        }
-        let mut mask = max;
-        mask |= mask >> 1;
-        mask |= mask >> 2;
-        mask |= mask >> 4;
-        mask |= mask >> 8;
-        mask |= mask >> 16;
-        loop {
-            let v = self.next_u32() & mask;
-            if v <= max {
-                return v;
-            }
-        }
-    }
-
-    /// `permutation(n)`: arange(n) shuffled as the legacy `shuffle` does (i from n-1 down to 1,
-    /// swapped with random_interval(i)).
-    pub fn permutation(&mut self, n: usize) -> Vec<u32> {
-        let mut a: Vec<u32> = (0..n as u32).collect();
-        for i in (1..n).rev() {
-            let j = self.interval(i as u32) as usize;
-            a.swap(i, j);
-        }
-        a
-    }
-
-    /// `choice(n, k, replace=False)` (legacy: `permutation(n)[:k]`).
-    pub fn choice(&mut self, n: usize, k: usize) -> Vec<u32> {
-        let mut p = self.permutation(n);
-        p.truncate(k);
-        p
-    }
 }
 
 // ------------------------------------------------------------------------------------ genes
@@ -801,7 +715,7 @@ pub fn random_tensors(config: &Config, seed: u64, device: &Device) -> candle_cor
             shapes.push((format!("{p}{name}"), s));
         }
     }
-    super::random_init::seeded_tensors(shapes, seed, device, |name, s| {
+    crate::nn::random_init::seeded_tensors(shapes, seed, device, |name, s| {
         if name.ends_with("weight") && (name.contains("norm") || name.contains(".encoder.1.")) {
             Fill::Const(1.0)
         } else {

@@ -59,8 +59,6 @@ use crate::error::{Error, Result};
 pub const MODEL_FILE: &str = "model.pt";
 /// scvi-tools' `get_latent_representation(mc_samples=5000)` for the "ln" latent.
 pub const MC_SAMPLES: usize = 5000;
-/// scvi-tools `settings.batch_size` (get_latent_representation's minibatch).
-pub const DEFAULT_BATCH_SIZE: usize = 128;
 /// scvi-tools' `MIN_VAR_NAME_RATIO` (`_archesmixin.py`): below it, a warning.
 pub const WARN_GENE_OVERLAP: f64 = 0.8;
 /// Below this share of the model's genes in the query, the query is refused.

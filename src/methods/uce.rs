@@ -58,14 +58,13 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::error::{Error, Result};
-use crate::methods::packed_bert::Packed;
-use crate::methods::post_norm::{Act, PostNormLayer, PostNormStack};
-use crate::methods::scgpt::{cell_rng, Mt19937};
+use crate::nn::packed_bert::Packed;
+use crate::nn::post_norm::{Act, PostNormLayer, PostNormStack};
+use crate::formats::numpy_rng::Mt19937;
+use crate::methods::scgpt::cell_rng;
 
 /// The weights entries every run reads (weights.toml); the model entry depends on --nlayers.
 pub const COMMON_ENTRIES: &[&str] = &["uce-esm2-human-protein-embeddings", "uce-species-chrom", "uce-species-offsets"];
-/// upstream eval_single_anndata.py `--batch_size`.
-pub const UPSTREAM_BATCH_SIZE: usize = 25;
 /// The file of the human protein embeddings inside the extracted archive (data_utils.get_species_to_pe).
 pub const HUMAN_PE_FILE: &str = "protein_embeddings/Homo_sapiens.GRCh38.gene_symbol_to_embedding_ESM2.pt";
 /// Rows of the released token table (all_tokens.torch's 143,574 plus 1,895 chromosome rows).

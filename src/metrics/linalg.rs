@@ -273,10 +273,7 @@ where
     let mut j0 = 0usize;
     let mut w = vec![0f64; m];
     let mut result: Option<(Vec<f64>, Vec<f64>)> = None;
-    for restart in 0..500 {
-        if std::env::var("LANCZOS_DEBUG").is_ok() {
-            eprintln!("lanczos m={m} k={k} restart {restart}");
-        }
+    for _ in 0..500 {
         let mut beta_last = 0.0;
         for j in j0..ncv {
             matvec(&v[j], &mut w);

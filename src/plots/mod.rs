@@ -33,7 +33,7 @@ pub(crate) fn font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let dirs = ["/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu", "/usr/share/fonts/TTF", "/usr/local/share/fonts", "/Library/Fonts"];
-        let mut regular: Vec<std::path::PathBuf> = std::env::var_os("SCFOUNDRY_FONT").map(|p| vec![p.into()]).unwrap_or_default();
+        let mut regular: Vec<std::path::PathBuf> = std::env::var_os(crate::env::EnvVars::FONT).map(|p| vec![p.into()]).unwrap_or_default();
         regular.extend(dirs.iter().map(|d| Path::new(d).join("DejaVuSans.ttf")));
         let Some(bytes) = regular.iter().find_map(|p| std::fs::read(p).ok()) else { return false };
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());

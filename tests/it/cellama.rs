@@ -15,7 +15,8 @@ use std::process::Command;
 use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
-use scfoundry::commands::task::{cellama_sentences, obs_strings};
+use scfoundry::tasks::embed::cellama::cellama_sentences;
+use scfoundry::tasks::runtime::obs_strings;
 use scfoundry::methods::cellama::{self, Encoder};
 
 use crate::common::{TestContext, python, read_obsm, repo};

@@ -9,6 +9,8 @@ use std::process::{Command, Output};
 use hdf5::types::VarLenUnicode;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_scfoundry");
+/// The benchmark binary (`__bench-*` commands), apart from the product.
+pub const BENCH_BIN: &str = env!("CARGO_BIN_EXE_scfoundry-bench");
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -65,7 +67,7 @@ impl TestContext {
     /// The command for scfoundry in the temp folder, its environment isolated: no workspace,
     /// manifest, proxy or extra CA from the caller's environment.
     fn command(&self, args: &[&str], env: &[(&str, &Path)]) -> Command {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(if args.first().is_some_and(|a| a.starts_with("__bench")) { BENCH_BIN } else { BIN });
         cmd.args(args)
             .current_dir(self.dir.path())
             .env_remove("SCFOUNDRY_WORKSPACE")

@@ -11,7 +11,7 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde_json::Value;
 
 use crate::common::{python, repo, TestContext, Tiny, BIN};
-use scfoundry::methods::finetune::{self as ft, Head};
+use scfoundry::nn::finetune::{self as ft, Head};
 
 fn provenance(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("finetune.json")).unwrap()).unwrap()
@@ -233,7 +233,7 @@ fn finetune_geneformer_head_on_the_frozen_embedding() {
 use candle_core::{DType, Var};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config, HiddenAct};
-use scfoundry::methods::bert::{self, Bert, TrainableLayer};
+use scfoundry::nn::bert::{self, Bert, TrainableLayer};
 
 fn bert_config(path: &Path) -> Config {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
-use scfoundry::commands::task::gene_ids;
+use scfoundry::tasks::runtime::gene_ids;
 use scfoundry::methods::geneformer::{Dictionaries, EmbMode, GeneTable, Geneformer};
 
 use crate::common::{TestContext, read_obsm, repo};

@@ -1,7 +1,7 @@
 //! kNN label transfer against scArches' weighted_knn_transfer on sklearn neighbours, and the
 //! scores against scikit-learn (fixture from `scripts/knn_transfer_reference.py`).
 
-use scfoundry::methods::knn_transfer::{accuracy, confusion_matrix, knn, macro_f1, transfer};
+use scfoundry::nn::knn_transfer::{accuracy, confusion_matrix, knn, macro_f1, transfer};
 use serde_json::Value;
 
 use crate::common::repo;

@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
-use scfoundry::commands::task::cls_encoder::load;
-use scfoundry::methods::cls_encoder::Arch;
+use scfoundry::tasks::embed::cls_encoder::load;
+use scfoundry::nn::cls_encoder::Arch;
 
 use crate::common::{repo, TestContext};
 use crate::common::read_obsm;

@@ -119,3 +119,123 @@ fn finetune_requires_method_and_labels() {
     let ctx = TestContext::new();
     ctx.run(&["finetune", "--data", "x.h5ad"]).user_error().stderr_has("--method").stderr_has("--label-key");
 }
+
+/// Every toml marked implemented has one entry in the method table, and every entry has such
+/// a toml.
+#[test]
+fn method_table_matches_the_tomls() {
+    let reg = Registry::builtin();
+    for m in reg.methods.values() {
+        assert_eq!(m.implemented, scfoundry::tasks::table::get(&m.name).is_some(), "methods/{}.toml: implemented = {}, but the table {} it", m.name, m.implemented, if m.implemented { "lacks" } else { "has" });
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, _) in scfoundry::tasks::table::METHODS {
+        assert!(seen.insert(*name), "{name} is in the table twice");
+        assert!(reg.methods.get(*name).is_some_and(|m| m.implemented), "the table has {name}, but no methods/{name}.toml marked implemented");
+    }
+}
+
+/// The defaults of a method's toml reach its adapter as its typed options: uce's batch is the
+/// toml's 16 (upstream's 25 is not a fallback anywhere).
+#[test]
+fn toml_defaults_reach_the_methods() {
+    use scfoundry::cli::{BatchArgs, KnobArgs};
+    use scfoundry::commands::embed::resolve_method_params;
+    use scfoundry::tasks::method::params;
+    let reg = Registry::builtin();
+    let resolve = |name: &str| resolve_method_params(&reg, &reg.methods[name], "embed", &BatchArgs::default(), &KnobArgs::default());
+    let uce: scfoundry::tasks::embed::uce::Params = params("uce", &resolve("uce")).unwrap();
+    assert_eq!((uce.batch_size, uce.nlayers), (16, 33));
+    let pca: scfoundry::tasks::embed::pca::Params = params("pca", &resolve("pca")).unwrap();
+    assert_eq!((pca.n_comps, pca.n_top_genes), (50, 2000));
+    let scgpt: scfoundry::tasks::embed::scgpt::Params = params("scgpt", &resolve("scgpt")).unwrap();
+    assert_eq!((scgpt.batch_size, scgpt.max_len, scgpt.gene_col.as_str()), (64, 1200, "index"));
+    let gf: scfoundry::tasks::embed::geneformer::Params = params("geneformer", &resolve("geneformer")).unwrap();
+    assert_eq!((gf.batch_size, gf.emb_layer, gf.emb_mode.as_str()), (100, -1, "cell"));
+    // a parameter missing from the task is an error, never a constant in the adapter
+    let mut p = resolve("uce");
+    p.remove("batch_size");
+    assert!(params::<scfoundry::tasks::embed::uce::Params>("uce", &p).is_err());
+}
+
+/// The pipeline's CPU-only methods (nextflow.config `cpu_methods`) are the implemented methods
+/// whose toml has no CUDA path.
+#[test]
+fn nextflow_cpu_methods_match_the_tomls() {
+    let cfg = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/nextflow.config")).unwrap();
+    let line = cfg.lines().find(|l| l.trim_start().starts_with("cpu_methods")).expect("nextflow.config sets cpu_methods");
+    let listed: std::collections::BTreeSet<&str> = line.split('\'').nth(1).unwrap().split(',').collect();
+    let reg = Registry::builtin();
+    let want: std::collections::BTreeSet<&str> = reg.methods.values().filter(|m| m.implemented && !m.cuda).map(|m| m.name.as_str()).collect();
+    assert_eq!(listed, want, "nextflow.config cpu_methods");
+}
+
+/// scripts/check_registry.py reads the implemented methods from the table, not a copy.
+#[test]
+fn check_registry_reads_the_table() {
+    let py = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check_registry.py")).unwrap();
+    assert!(py.contains("src/tasks/table.rs"), "check_registry.py must read the method table");
+    assert!(!py.lines().any(|l| l.starts_with("IMPLEMENTED = {")), "check_registry.py keeps its own list of implemented methods");
+}
+
+/// Outside each method's own files (`methods/<name>.rs`, `tasks/embed/<name>.rs`) and the
+/// table, no source file names a method as a string literal: the code asks the table.
+#[test]
+fn no_method_names_outside_their_files() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let reg = Registry::builtin();
+    // files shared by some methods, and the methods they belong to
+    let shared: &[(&str, &[&str])] = &[("cls_encoder", &["sccello", "langcell"]), ("scvi_pretrained", &["scvi"])];
+    // not yet behind the table: the fine-tuning backbones, and the help heading of
+    // scvi_denovo's options
+    let pending: &[&str] = &["src/commands/finetune.rs", "src/cli.rs"];
+    let mut found = Vec::new();
+    let mut stack = vec![root.join("src")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            if p.extension().and_then(|x| x.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            // src/bin/: the benchmark binary, which names encoder architectures
+            if rel == "src/tasks/table.rs" || rel.starts_with("src/bin/") || pending.contains(&rel.as_str()) {
+                continue;
+            }
+            let stem = p.file_stem().unwrap().to_string_lossy().to_string();
+            let own: Vec<&str> = shared.iter().find(|(f, _)| *f == stem).map(|(_, m)| m.to_vec()).unwrap_or_else(|| vec![stem.as_str()]);
+            let text = std::fs::read_to_string(&p).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("#[cfg(test)]") {
+                    break;
+                }
+                if line.trim_start().starts_with("//") {
+                    continue;
+                }
+                for name in reg.methods.keys() {
+                    if !own.contains(&name.as_str()) && line.contains(&format!("\"{name}\"")) {
+                        found.push(format!("{rel}:{}: {name}", i + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "method names outside their own files (ask the method table instead):\n{}", found.join("\n"));
+}
+
+/// The modules of src/ import each other in one direction only (scripts/import_graph.py finds
+/// no two files that import each other, directly or around a circle).
+#[test]
+fn import_graph_has_no_circles() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/import_graph.py");
+    let Ok(out) = std::process::Command::new("python3").arg(script).output() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
-use scfoundry::commands::task::cls_encoder::load;
-use scfoundry::commands::task::gene_ids;
-use scfoundry::methods::cls_encoder::{Arch, ClsEncoder};
+use scfoundry::tasks::embed::cls_encoder::load;
+use scfoundry::tasks::runtime::gene_ids;
+use scfoundry::nn::cls_encoder::{Arch, ClsEncoder};
 
 use crate::common::{TestContext, read_obsm, repo};
 

@@ -13,7 +13,8 @@ use std::process::Command;
 use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
-use scfoundry::methods::scgpt::{self, bin_values, match_genes, read_checkpoint, Args, Cell, Model, Mt19937, Vocab};
+use scfoundry::formats::numpy_rng::Mt19937;
+use scfoundry::methods::scgpt::{self, bin_values, match_genes, read_checkpoint, Args, Cell, Model, Vocab};
 
 use crate::common::{TestContext, Tiny, python, read_obsm, repo};
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use scfoundry::anndata::{AnnData, Column};
-use scfoundry::methods::knn_transfer;
+use scfoundry::nn::knn_transfer;
 
 use crate::common::{python, python_json, repo, sha256, TestContext, Tiny};
 

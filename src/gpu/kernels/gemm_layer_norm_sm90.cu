@@ -19,11 +19,11 @@
 // us against 96.8 / 125.2 us for the kernel it replaced in the same call (one block of 128 rows
 // at a time, cp.async, the residual in a padded row-major tile; commit 896ec22), whose first
 // loads and epilogue were exposed, and 71.9 / 94.2 us for a copy of the same bytes; on the H200,
-// 63.7 / 92.4 us (copy 51.7 / 67.2; the old kernel took 90.6 / 118.6 in session 17's call).
+// 63.7 / 92.4 us (copy 51.7 / 67.2; the old kernel took 90.6 / 118.6 in an earlier measurement).
 // Not kept: W resident in shared memory at k = 256 (loaded once a block; room for only two A
-// buffers beside it): 78.5 us against 63.8 (commit 3e63382). BENCHMARKS.md, session 18. (The version before that read the residual and wrote the output straight from
+// buffers beside it): 78.5 us against 63.8 (commit 3e63382; BENCHMARKS.md). (The version before that read the residual and wrote the output straight from
 // the accumulator layout, 4 bytes a lane and 8 rows a warp instruction: 130.5 us instead of 90.2
-// at k = 256 on the H200, load/store-unit bound; session 16.) k is a multiple of 64.
+// at k = 256 on the H200, load/store-unit bound.) k is a multiple of 64.
 
 #include "sm90_common.cuh"
 

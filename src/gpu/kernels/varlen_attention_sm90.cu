@@ -28,7 +28,7 @@
 // t + 1's softmax during P(t) V(t), commit 397f404: no faster at 2 blocks an SM with 64-key tiles,
 // slower otherwise); ping-pong scheduling of the two warpgroups with an mbarrier key/value
 // pipeline; part of the exponentials as polynomials on the FMA units (both in commit 416848e;
-// with fixed maxima too, 2026-12-02 session 17). Not tried: a producer warp (two blocks an SM
+// with fixed maxima too, 2026-12-02). Not tried: a producer warp (two blocks an SM
 // leave no registers for one).
 // Grid: (ceil(longest / (64 KG)), heads, cells); dynamic shared memory: smem_bytes<KG, KT, STAGES>().
 //
@@ -371,8 +371,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 // rows, boxes of 64 columns x 32 rows; gpu/varlen_attention.rs makes it). Measured on the H200
 // (bench/attention_kernels.cu, BENCHMARKS.md) against 64 and 128 keys a tile, 3 and 4 buffers,
 // one warpgroup a block, and the softmax overlapped with P V in the same warpgroup: this one was
-// the fastest at the four shapes of issue #5; TMA instead of every thread's cp.async: +19-22%
-// (session 18).
+// the fastest at the four benchmark shapes; TMA instead of every thread's cp.async: +19-22%.
 extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {

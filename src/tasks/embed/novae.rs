@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -155,7 +157,8 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     }
 
     // the graph and the subgraphs
-    let radius = param_u64(spec, "radius", 0);
+    let p: Params = method::task_params(spec)?;
+    let radius = p.radius;
     let graph = SpatialGraph::build(&xy, (radius > 0).then_some((0.0, radius as f64))).ok_or_else(|| Error::BadField {
         path: spec.data.clone(),
         field: "obsm/spatial".into(),
@@ -181,7 +184,7 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let model = Novae::load(&model_path, cfg.clone(), dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     let genes = model.gene_matrix(&rows)?;
     dev.mark_loaded();
-    let batch = param_u64(spec, "batch_size", cfg.batch_size as u64) as usize;
+    let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
     let p = rep.step("novae: embed", order.len() as u64, "cells");
@@ -204,7 +207,7 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     batches.finish(&mut notes, true);
     if spec.command == "transfer" {
         // label transfer: the rows as a raw f32 file (see task.rs)
-        super::write_f32_file(&spec.out, &emb)?;
+        crate::tasks::runtime::write_f32_file(&spec.out, &emb)?;
         return Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_novae".into()), n_obs: n, dim, notes, phases: Vec::new(), ..Default::default() });
     }
 
@@ -231,4 +234,29 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("config".into(), json!(config_path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), n, dim, notes)
+}
+
+/// Novae's options, from `methods/novae.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub radius: u64,
+}
+
+/// Novae: the table's entry.
+pub struct NovaeMethod;
+
+impl Method for NovaeMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, &novae::ENTRIES)?;
+        coords(&AnnData::open(pf.data)?).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_novae(spec, task_dir))
+    }
+
+    fn transfer(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_novae(spec, task_dir))
+    }
 }

@@ -13,10 +13,10 @@ use std::time::Instant;
 use candle_core::Device;
 use serde_json::json;
 
-use crate::cli::BenchCellplmArgs;
-use crate::commands::ExitStatus;
-use crate::error::Error;
-use crate::methods::cellplm::{CellPlm, Config, LatentKind};
+use crate::args::BenchCellplmArgs;
+use scfoundry::commands::ExitStatus;
+use scfoundry::error::Error;
+use scfoundry::methods::cellplm::{CellPlm, Config, LatentKind};
 
 /// The synthetic cell `i`: (gene row, log1p count) pairs (bench/cellplm_torch.py has the formula).
 pub fn synthetic_cell(i: usize, nnz: usize, genes: usize) -> Vec<(u32, f32)> {
@@ -34,7 +34,7 @@ pub fn synthetic_cell(i: usize, nnz: usize, genes: usize) -> Vec<(u32, f32)> {
 }
 
 fn device_of(name: &str) -> anyhow::Result<Device> {
-    Ok(crate::gpu::bench_device(name)?)
+    Ok(crate::encoder::bench_device(name)?)
 }
 
 pub fn run(a: &BenchCellplmArgs) -> anyhow::Result<ExitStatus> {

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -13,9 +15,6 @@ use crate::methods::scimilarity::{self, Alignment, Encoder};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
-
-/// Batch size when none is given (the registry's default, methods/scimilarity.toml).
-pub const DEFAULT_BATCH: u64 = 2048;
 
 pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
@@ -68,7 +67,7 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
         notes.push(format!("{} var_names entries repeat a model gene's symbol: their counts were summed (upstream's consolidate_duplicate_symbols)", align.duplicated));
     }
 
-    let batch = param_u64(spec, "batch_size", DEFAULT_BATCH) as usize;
+    let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = enc.latent;
     let n_genes = enc.n_genes;
@@ -138,4 +137,26 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(model_dir.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// SCimilarity's options, from `methods/scimilarity.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+}
+
+/// SCimilarity: the table's entry.
+pub struct Scimilarity;
+
+impl Method for Scimilarity {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        match pf.model_dir {
+            Some(_) => Ok(()),
+            None => verified_weights(pf.method, pf.weights_dir, &[scimilarity::ARCHIVE_ENTRY]).map(drop),
+        }
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_scimilarity(spec, task_dir))
+    }
 }

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{obs_strings, param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{obs_strings, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -29,7 +31,8 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let shas = verified_weights("c2s", &dir, c2s::REQUIRED_ENTRIES)?;
     let (config_path, model_path, tokenizer_path) = files(&dir)?;
-    let top = param_u64(spec, "top_genes", 100) as usize;
+    let p: Params = method::task_params(spec)?;
+    let top = p.top_genes;
     if top == 0 {
         return Err(Error::BadOption { option: "--top-genes".into(), detail: "must be at least 1".into(), hint: Some("upstream asserts top_k_genes > 0; its default is 100".into()) });
     }
@@ -68,7 +71,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let model = GptNeoX::load(&config_path, &model_path, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let dim = model.hidden();
-    let batch = param_u64(spec, "batch_size", c2s::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let mut prompter = Prompter::new(&ad.var_names, top, spec.seed)?;
 
@@ -127,4 +130,24 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// C2S's options, from `methods/c2s.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub top_genes: usize,
+}
+
+/// C2S: the table's entry.
+pub struct C2s;
+
+impl Method for C2s {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, c2s::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_c2s(spec, task_dir))
+    }
 }

@@ -15,7 +15,7 @@ use candle_transformers::models::bert::Config;
 
 use crate::error::Result;
 use crate::methods::geneformer::{length_order, model_err, Dictionaries, GeneTable, Scaling};
-use crate::methods::packed_bert::{Packed, PackedBert};
+use crate::nn::packed_bert::{Packed, PackedBert};
 
 /// Which upstream the encoder follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

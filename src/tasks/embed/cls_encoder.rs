@@ -6,11 +6,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{gene_ids, param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{gene_ids, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
-use crate::methods::cls_encoder::{Arch, ClsEncoder};
+use crate::nn::cls_encoder::{Arch, ClsEncoder};
 use crate::methods::geneformer::{self, length_order, Dictionaries};
 use crate::methods::{langcell, sccello};
 use crate::progress::reporter;
@@ -25,8 +27,8 @@ fn model_folder(spec: &TaskSpec, arch: Arch) -> Result<(PathBuf, serde_json::Map
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let manifest = Manifest::load()?;
     Ok(match arch {
-        Arch::Sccello => (sccello::model_dir(&dir, &manifest), verified_weights("sccello", &dir, sccello::REQUIRED_ENTRIES)?, false),
-        Arch::Langcell => (langcell::ckpt_dir(&dir, &manifest), verified_weights("langcell", &dir, langcell::REQUIRED_ENTRIES)?, false),
+        Arch::Sccello => (sccello::model_dir(&dir, &manifest), verified_weights(&spec.method, &dir, sccello::REQUIRED_ENTRIES)?, false),
+        Arch::Langcell => (langcell::ckpt_dir(&dir, &manifest), verified_weights(&spec.method, &dir, langcell::REQUIRED_ENTRIES)?, false),
     })
 }
 
@@ -48,11 +50,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
         Arch::Langcell => langcell::DEFAULT_GENE_COLUMN,
     };
     let mut column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(default_column).to_string();
-    let default_batch = match arch {
-        Arch::Sccello => sccello::DEFAULT_BATCH_SIZE,
-        Arch::Langcell => langcell::DEFAULT_BATCH_SIZE,
-    };
-    let batch = param_u64(spec, "batch_size", default_batch as u64).max(1) as usize;
+    let batch = method::task_params::<Params>(spec)?.batch_size.max(1);
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -73,7 +71,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     };
     let dev = TaskDevice::start(spec)?;
     let mut model = load(arch, &model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
-    model.set_precision(crate::commands::task::precision(spec, &dev.device, &mut notes))?;
+    model.set_precision(crate::tasks::runtime::precision(spec, &dev.device, &mut notes))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
     if given {
@@ -154,4 +152,32 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     commit_embedding(spec, out, &key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// scCello's and LangCell's options, from their tomls.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+}
+
+/// scCello and LangCell: one entry each in the table.
+pub struct ClsEncoderMethod(pub Arch);
+
+impl Method for ClsEncoderMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        match pf.model_dir {
+            Some(d) => Dictionaries::find(d).map(drop),
+            None => {
+                let ids = match self.0 {
+                    Arch::Sccello => sccello::REQUIRED_ENTRIES,
+                    Arch::Langcell => langcell::REQUIRED_ENTRIES,
+                };
+                verified_weights(pf.method, pf.weights_dir, ids).map(drop)
+            }
+        }
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed(spec, task_dir, self.0))
+    }
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use super::{commit_embedding, verified_weights};
+use crate::tasks::runtime::{commit_embedding, verified_weights};
+use crate::tasks::method::{one_step, Method, Preflight};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -79,4 +80,20 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// GenePT: the table's entry.
+pub struct GenePt;
+
+impl Method for GenePt {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        match pf.model_dir {
+            Some(_) => Ok(()),
+            None => verified_weights(pf.method, pf.weights_dir, &[genept::ARCHIVE_ENTRY]).map(drop),
+        }
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_genept(spec, task_dir))
+    }
 }

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -68,7 +70,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
         });
     }
     let dim = model.dim();
-    let batch = param_u64(spec, "batch_size", cellfm::BATCH_SIZE as u64) as usize;
+    let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_cellfm";
@@ -123,4 +125,23 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// CellFM's options, from `methods/cellfm.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+}
+
+/// CellFM: the table's entry.
+pub struct CellFmMethod;
+
+impl Method for CellFmMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, cellfm::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_cellfm(spec, task_dir))
+    }
 }

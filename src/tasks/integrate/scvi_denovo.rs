@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::integrate::{batch_codes, IntegrateOptions};
+use crate::tasks::integrate::{batch_codes, IntegrateOptions};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Hdf5Context};
@@ -255,7 +255,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
     prov.insert("run_id".into(), json!(spec.run_id));
     prov.insert("command_line".into(), Value::String(spec.command_line.clone()));
-    crate::commands::task::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
+    crate::tasks::runtime::write_json_dict(&uns, "scfoundry_integrate", &prov).h5ctx(|| "writing uns/scfoundry_integrate".into())?;
     {
         let g = uns.group("scfoundry_integrate").h5ctx(|| "opening uns/scfoundry_integrate".into())?;
         let h = crate::anndata::h5util::require_dict(&g, "history").h5ctx(|| "creating uns/scfoundry_integrate/history".into())?;
@@ -312,4 +312,28 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
         summary,
         ..Default::default()
     })
+}
+
+/// scvi_denovo: the table's entry.
+pub struct ScviDenovo;
+
+impl crate::tasks::method::Method for ScviDenovo {
+    fn integrates(&self) -> bool {
+        true
+    }
+
+    fn check_integrate_options(&self, args: &crate::cli::IntegrateArgs) -> anyhow::Result<()> {
+        if args.log_normalized || args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
+            crate::progress::warn("--log-normalized, --dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them (it trains on raw counts)");
+        }
+        Ok(())
+    }
+
+    fn check_integrate_data(&self, data: &Path, opts: &IntegrateOptions) -> anyhow::Result<()> {
+        check(data, opts)
+    }
+
+    fn integrate(&self, spec: &TaskSpec) -> Option<anyhow::Result<TaskResult>> {
+        Some(spec.options().map_err(Into::into).and_then(|o: IntegrateOptions| task(spec, &o)))
+    }
 }

@@ -16,10 +16,10 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
 use serde_json::json;
 
-use crate::cli::BenchEncoderArgs;
-use crate::commands::ExitStatus;
-use crate::error::Error;
-use crate::methods::cls_encoder::{Arch, ClsEncoder};
+use crate::args::BenchEncoderArgs;
+use scfoundry::commands::ExitStatus;
+use scfoundry::error::Error;
+use scfoundry::nn::cls_encoder::{Arch, ClsEncoder};
 
 /// Random weights of any requested shape (normal, sd 0.02), made on the device.
 struct RandomWeights {
@@ -49,15 +49,38 @@ impl SimpleBackend for RandomWeights {
     }
 }
 
-/// FLOPs of one cell of `s` tokens, counted as ANCHORS.md does.
-pub fn cell_flops(layers: usize, d: usize, f: usize, s: usize) -> f64 {
-    let (l, d, f, s) = (layers as f64, d as f64, f as f64, s as f64);
-    l * (2.0 * s * (4.0 * d * d + 2.0 * d * f) + 4.0 * s * s * d)
-}
+pub use scfoundry::nn::cell_flops;
 
 fn device_of(name: &str) -> anyhow::Result<Device> {
-    Ok(crate::gpu::bench_device(name)?)
+    Ok(bench_device(name)?)
 }
+
+/// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it,
+/// its default pool (which they allocate from, no resource installed) keeping its memory as
+/// `--allocator async` does (`scfoundry::gpu::cuda::keep_in_default_pool`); `SCFOUNDRY_POOL_RELEASE=BYTES` sets
+/// another threshold (0: the driver's default; for an A/B, BENCHMARKS.md).
+pub fn bench_device(name: &str) -> Result<candle_core::Device, scfoundry::error::Error> {
+    let bad = |detail: String, hint: &str| scfoundry::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
+    match name {
+        "cpu" => Ok(candle_core::Device::Cpu),
+        "cuda" => {
+            let device = scfoundry::gpu::cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU"))?;
+            #[cfg(feature = "cuda")]
+            if let candle_core::Device::Cuda(d) = &device {
+                let threshold = match std::env::var(scfoundry::env::EnvVars::POOL_RELEASE) {
+                    Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| bad(format!("SCFOUNDRY_POOL_RELEASE={v:?}"), "a number of bytes (0: the driver's default)"))?),
+                    Err(_) => None,
+                };
+                let ctx = d.cuda_stream().context().clone();
+                ctx.bind_to_thread().map_err(|e| bad(format!("cuCtxSetCurrent: {e}"), "a CUDA build of scfoundry on a machine with a GPU"))?;
+                scfoundry::gpu::cuda::keep_in_default_pool(ctx.cu_device(), threshold).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry on a machine with a GPU"))?;
+            }
+            Ok(device)
+        }
+        other => Err(bad(format!("{other:?}"), "cpu or cuda")),
+    }
+}
+
 
 fn dtype_of(name: &str) -> anyhow::Result<DType> {
     match name {
@@ -93,7 +116,7 @@ fn lengths(a: &BenchEncoderArgs, max_len: usize) -> anyhow::Result<(Vec<usize>, 
 /// says: by tokens (`gpu::backoff::TokenBudget`, as `embed`) or `--batch` cells each.
 fn plan_batches(a: &BenchEncoderArgs, order: &[usize], lens: &[usize]) -> Vec<Vec<usize>> {
     if a.batching == "tokens" && !order.is_empty() {
-        let budget = crate::gpu::backoff::TokenBudget::new(a.batch, a.batch_growth, lens[order[0]]);
+        let budget = scfoundry::gpu::backoff::TokenBudget::new(a.batch, a.batch_growth, lens[order[0]]);
         budget.plan(order.len(), |k| lens[order[k]]).into_iter().map(|r| order[r].to_vec()).collect()
     } else {
         order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect()
@@ -141,7 +164,7 @@ struct ReadBackTiming {
 /// back as `embed` reads it: one batch behind (`gpu/readback.rs`), the last batch's read inside
 /// the timed pass; with `sync`, each batch read before the next is queued.
 fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: bool, mut run: impl FnMut(&[usize]) -> anyhow::Result<Tensor>) -> anyhow::Result<ReadBackTiming> {
-    let mut lagged = crate::gpu::readback::Lagged::new();
+    let mut lagged = scfoundry::gpu::readback::Lagged::new();
     let last = batches.last().map(|b| b.as_ptr());
     // host seconds queueing and waiting, over the timed passes (the warm-up batch, call 0, left out)
     let (mut calls, mut queue, mut wait) = (0usize, 0.0f64, 0.0f64);
@@ -173,7 +196,7 @@ fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: 
 /// weights: each batch right-padded to its longest prompt, embeddings averaged over each cell's
 /// own tokens, as the c2s task runs it.
 fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::c2s::{self, GptNeoX};
+    use scfoundry::methods::c2s::{self, GptNeoX};
     let mut cfg = match a.arch.as_str() {
         "c2s-160m" => c2s::Config::pythia_160m(),
         "c2s-410m" => c2s::Config::pythia_410m(),
@@ -258,7 +281,7 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
 /// with the last 0, as bench/scbert_torch.py; the lengths file is not read (every cell has all
 /// the positions). float32 only (FAVOR+'s exp features).
 fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::scbert::{Dims, ScBert};
+    use scfoundry::methods::scbert::{Dims, ScBert};
     let mut dims = Dims::released();
     dims.depth = a.layers.unwrap_or(dims.depth);
     dims.dim = a.hidden.unwrap_or(dims.dim);
@@ -289,13 +312,13 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 
 /// The synthetic input of bench cell `i` with `s` genes (bench/scfoundation_torch.py builds the
 /// same): genes spread evenly over the 19,264 positions, log1p-scale values, then T = 4 and S.
-pub fn scfoundation_cell(i: usize, s: usize, n_genes: usize) -> crate::methods::scfoundation::CellInput {
+pub fn scfoundation_cell(i: usize, s: usize, n_genes: usize) -> scfoundry::methods::scfoundation::CellInput {
     let step = (n_genes / s.max(1)).max(1);
     let mut positions: Vec<u32> = (0..s).map(|k| ((k * step) % n_genes) as u32).collect();
     let mut values: Vec<f32> = (0..s).map(|k| 0.5 + ((i * 7919 + k * 104729) % 1000) as f32 / 200.0).collect();
     positions.extend([n_genes as u32, n_genes as u32 + 1]);
     values.extend([4.0, 3.5]);
-    crate::methods::scfoundation::CellInput { positions, values }
+    scfoundry::methods::scfoundation::CellInput { positions, values }
 }
 
 /// scFoundation's encoder (methods/scfoundation.rs, as `embed` runs it) at the released 0.1B
@@ -303,7 +326,7 @@ pub fn scfoundation_cell(i: usize, s: usize, n_genes: usize) -> crate::methods::
 /// its expressed genes (the lengths file's value, at most 19,264) plus T and S; its embedding is
 /// the 3,072-d pooled vector. FLOPs count the encoder only.
 fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::scfoundation::{self, CellInput, Config, ScFoundation};
+    use scfoundry::methods::scfoundation::{self, CellInput, Config, ScFoundation};
     let mut cfg = Config::released();
     cfg.depth = a.layers.unwrap_or(cfg.depth);
     cfg.hidden_dim = a.hidden.unwrap_or(cfg.hidden_dim);
@@ -343,12 +366,12 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 /// The synthetic tokens of bench cell `i` with `s` expressed genes (bench/scprint_torch.py
 /// builds the same): `max_len` genes spread over the `n_genes`, the first min(s, max_len) with
 /// counts 1..50, the rest zero (as the Collator fills a cell up to max_len with zero genes).
-pub fn scprint_cell(i: usize, s: usize, n_genes: usize, max_len: usize) -> crate::methods::scprint::CellTokens {
+pub fn scprint_cell(i: usize, s: usize, n_genes: usize, max_len: usize) -> scfoundry::methods::scprint::CellTokens {
     let step = (n_genes / max_len.max(1)).max(1);
     let genes: Vec<u32> = (0..max_len).map(|k| ((k * step + i) % n_genes) as u32).collect();
     let counts: Vec<f32> = (0..max_len).map(|k| if k < s { 1.0 + ((i * 7919 + k * 104_729) % 50) as f32 } else { 0.0 }).collect();
     let depth = counts.iter().sum::<f32>();
-    crate::methods::scprint::CellTokens { genes, counts, depth, expressed: s.min(max_len) }
+    scfoundry::methods::scprint::CellTokens { genes, counts, depth, expressed: s.min(max_len) }
 }
 
 /// scPRINT's transformer (methods/scprint.rs, as `embed` runs it) at medium-v1.5's shape
@@ -357,7 +380,7 @@ pub fn scprint_cell(i: usize, s: usize, n_genes: usize, max_len: usize) -> crate
 /// 4,000, as `embed`) plus the depth and 9 class tokens, whatever its expressed genes (the
 /// lengths file), as upstream's Collator fills cells with zero-count genes: no padding.
 fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::scprint::{self, CellTokens, Config, ScPrint};
+    use scfoundry::methods::scprint::{self, CellTokens, Config, ScPrint};
     let mut cfg = Config::medium(25_000);
     cfg.nlayers = a.layers.unwrap_or(cfg.nlayers);
     cfg.d_model = a.hidden.unwrap_or(cfg.d_model);
@@ -399,7 +422,7 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 /// expression of `--max-len` genes (default 500, a targeted panel). Timed: the encoder over all
 /// valid cells in batches of `--batch` (batch layout built beforehand, as the torch side does).
 fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::novae::{Config, GraphBatch, Novae, SpatialGraph};
+    use scfoundry::methods::novae::{Config, GraphBatch, Novae, SpatialGraph};
     use rand::{Rng, SeedableRng};
     let device = device_of(&a.device)?;
     let genes = a.max_len.unwrap_or(500);
@@ -453,11 +476,11 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 
 /// The synthetic input of bench cell `i` with `s` genes (bench/cellfm_torch.py builds the same):
 /// gene ids spread evenly over 1..=n_genes, values on log1p(x / T * 1e4)'s scale.
-pub fn cellfm_cell(i: usize, s: usize, n_genes: usize) -> crate::methods::cellfm::CellInput {
+pub fn cellfm_cell(i: usize, s: usize, n_genes: usize) -> scfoundry::methods::cellfm::CellInput {
     let step = (n_genes / s.max(1)).max(1);
     let genes: Vec<u32> = (0..s).map(|k| 1 + ((k * step) % n_genes) as u32).collect();
     let values: Vec<f32> = (0..s).map(|k| 0.5 + ((i * 7919 + k * 104729) % 1000) as f32 / 200.0).collect();
-    crate::methods::cellfm::CellInput { genes, values }
+    scfoundry::methods::cellfm::CellInput { genes, values }
 }
 
 /// FLOPs of one CellFM cell of `s` tokens (genes + cls + 2 ST): per layer the five retention
@@ -472,7 +495,7 @@ pub fn cellfm_flops(layers: usize, d: usize, heads: usize, s: usize) -> f64 {
 /// its expressed genes (the lengths file's value, at most 2,048: nonz_len); its embedding is
 /// the cls row. --layers, --hidden, --heads may override.
 fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::cellfm::{self, CellFm, CellInput, Dims};
+    use scfoundry::methods::cellfm::{self, CellFm, CellInput, Dims};
     let mut dims = Dims::released();
     dims.depth = a.layers.unwrap_or(dims.depth);
     dims.dim = a.hidden.unwrap_or(dims.dim);
@@ -531,7 +554,7 @@ pub fn run(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 /// Batches as `embed` (by tokens), each read back one batch behind. FLOPs are counted as for
 /// `--arch bert` (the encoder layers only), so the two compare directly.
 fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::scgpt::{Args, Cell, Model, DEFAULT_N_BINS};
+    use scfoundry::methods::scgpt::{Args, Cell, Model, DEFAULT_N_BINS};
     let (layers, d, heads, ffn) = (a.layers.unwrap_or(12), a.hidden.unwrap_or(512), a.heads.unwrap_or(8), a.ffn.unwrap_or(512));
     let max_len = a.max_len.unwrap_or(1200);
     let genes = 60_694;
@@ -619,7 +642,7 @@ fn bert_cell(i: usize, n: usize) -> Vec<u32> {
 /// (methods/packed_bert.rs) by default; `--padded` runs candle-transformers' BertModel over
 /// padded batches with a mask. The cell embedding is the mean over the cell's tokens.
 fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
-    use crate::methods::packed_bert::{Packed, PackedBert};
+    use scfoundry::nn::packed_bert::{Packed, PackedBert};
     let need = |v: Option<usize>, flag: &str| v.ok_or_else(|| Error::BadOption { option: flag.into(), detail: "is needed with --arch bert".into(), hint: None });
     let (layers, hidden, heads, ffn, max_len) = (need(a.layers, "--layers")?, need(a.hidden, "--hidden")?, need(a.heads, "--heads")?, need(a.ffn, "--ffn")?, need(a.max_len, "--max-len")?);
     let dtype = dtype_of(&a.dtype)?;
@@ -700,7 +723,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         for b in &first {
             plain.extend(packed_run(b)?.flatten_all()?.to_vec1::<f32>()?);
         }
-        let (mut lagged, mut got) = (crate::gpu::readback::Lagged::new(), Vec::new());
+        let (mut lagged, mut got) = (scfoundry::gpu::readback::Lagged::new(), Vec::new());
         for b in &first {
             got.extend(lagged.push((), &packed_run(b)?)?.map(|(_, v)| v).unwrap_or_default());
         }
@@ -716,20 +739,20 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("check_pool_vs_candle".into(), json!(rel(&PackedBert::mean_spans(&h, &spans)?, &PackedBert::mean_spans_candle(&h, &spans)?)?));
         // the attention alone, on random q, k, v of this batch's cells
         let qkv = Tensor::randn(0f32, 1f32, (p.tokens(), 3 * hidden), &device)?.to_dtype(dtype)?;
-        let fused = crate::gpu::varlen_attention::varlen_attention(&qkv, &p.cu, heads)?;
-        let plain = crate::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
+        let fused = scfoundry::gpu::varlen_attention::varlen_attention(&qkv, &p.cu, heads)?;
+        let plain = scfoundry::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
         check.insert("check_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
-        check.insert("fused_kernel".into(), json!(crate::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
+        check.insert("fused_kernel".into(), json!(scfoundry::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
         #[cfg(feature = "cuda")]
         if let candle_core::Device::Cuda(d) = &device {
-            check.insert("attention_kernel".into(), json!(crate::gpu::varlen_attention::kernel_name(d)?));
+            check.insert("attention_kernel".into(), json!(scfoundry::gpu::varlen_attention::kernel_name(d)?));
         }
         // the whole encoder: fused GPU path against candle's ops on the same layers
         let x = Tensor::randn(0f32, 1f32, (p.tokens(), hidden), &device)?.to_dtype(dtype)?;
-        let fused_applies = crate::gpu::fused_encoder::applies(&packed_model.encoder, &x);
+        let fused_applies = scfoundry::gpu::fused_encoder::applies(&packed_model.encoder, &x);
         check.insert("fused_encoder".into(), json!(fused_applies));
         if fused_applies {
-            let fused = crate::gpu::fused_encoder::forward(&packed_model.encoder, &x, &p.cu)?;
+            let fused = scfoundry::gpu::fused_encoder::forward(&packed_model.encoder, &x, &p.cu)?;
             let plain = packed_model.encoder.forward_unfused(&x, &p.cu)?;
             check.insert("check_fused_encoder_vs_unfused".into(), json!(rel(&fused, &plain)?));
         }
@@ -738,7 +761,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let b = &batches[0];
         let p = Packed::new(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
         let x = Tensor::randn(0f32, 1f32, (p.tokens(), hidden), &device)?.to_dtype(dtype)?;
-        let steps = crate::gpu::fused_encoder::profile(&packed_model.encoder, &x, &p.cu, 20)?;
+        let steps = scfoundry::gpu::fused_encoder::profile(&packed_model.encoder, &x, &p.cu, 20)?;
         let total: f64 = steps.iter().map(|s| s.1).sum();
         let layer_flops: f64 = b.iter().map(|&i| cell_flops(1, hidden, ffn, lens[i])).sum();
         let mut prof = serde_json::Map::new();
@@ -758,7 +781,7 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         if calls == 0 {
             // the warm-up batch (modules loaded, first products timed) is not a pass's
             *parts.borrow_mut() = [0.0; 4];
-            let _ = crate::gpu::fused_encoder::take_host_steps();
+            let _ = scfoundry::gpu::fused_encoder::take_host_steps();
         }
         calls += 1;
         Ok(out)
@@ -767,13 +790,13 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     // the mean over the timed passes (the first may hold cuBLASLt timing a token count new to it)
     let per_pass = |v: f64| v / a.repeat.max(1) as f64;
     let host_parts: serde_json::Map<String, serde_json::Value> = ["pack", "embed", "encoder", "pool"].iter().zip(parts.borrow().iter()).map(|(k, &v)| (k.to_string(), json!(per_pass(v)))).collect();
-    let host_steps: serde_json::Map<String, serde_json::Value> = crate::gpu::fused_encoder::take_host_steps().into_iter().map(|(k, v)| (k.to_string(), json!(per_pass(v)))).collect();
+    let host_steps: serde_json::Map<String, serde_json::Value> = scfoundry::gpu::fused_encoder::take_host_steps().into_iter().map(|(k, v)| (k.to_string(), json!(per_pass(v)))).collect();
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
     let mut out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"),
-        "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else if a.unfused || !crate::gpu::fused_encoder::applies(&packed_model.encoder, &Tensor::zeros((1, hidden), dtype, &device)?) { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, candle ops" } else { "scfoundry PackedBert, packed cells, fused encoder (gpu/fused_encoder.rs)" },
+        "encoder": if a.padded { "candle-transformers BertModel, padded batches with a mask" } else if a.unfused || !scfoundry::gpu::fused_encoder::applies(&packed_model.encoder, &Tensor::zeros((1, hidden), dtype, &device)?) { "scfoundry PackedBert (methods/packed_bert.rs), packed cells, candle ops" } else { "scfoundry PackedBert, packed cells, fused encoder (gpu/fused_encoder.rs)" },
         "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "max_len": max_len, "activation": a.activation,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells as f64 / best,

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::cli::BenchScviArgs;
-use crate::commands::ExitStatus;
-use crate::methods::scvi_pretrained::{Arch, Latent, PretrainedScvi};
+use crate::args::BenchScviArgs;
+use scfoundry::commands::ExitStatus;
+use scfoundry::methods::scvi_pretrained::{Arch, Latent, PretrainedScvi};
 
 /// Synthetic counts of cell `i`, gene `j` (bench/scvi_torch.py computes the same).
 pub fn synthetic_count(i: usize, j: usize) -> f32 {
@@ -20,7 +20,7 @@ pub fn synthetic_count(i: usize, j: usize) -> f32 {
 }
 
 pub fn run(a: &BenchScviArgs) -> anyhow::Result<ExitStatus> {
-    let device = crate::gpu::bench_device(&a.device)?;
+    let device = crate::encoder::bench_device(&a.device)?;
     let arch = Arch {
         model_name: "SCVI".into(),
         scvi_version: "random".into(),

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -17,7 +19,8 @@ use crate::weights::{self, Manifest};
 pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let nlayers = param_u64(spec, "nlayers", 33);
+    let p: Params = method::task_params(spec)?;
+    let nlayers = p.nlayers;
     let shas = verified_weights("uce", &dir, &uce::required_entries(nlayers)?)?;
     let (model_path, pe_path, chrom_path, offsets_path) = uce::files(&dir, &Manifest::load()?, nlayers)?;
     let mut cfg = Config::default();
@@ -59,7 +62,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     ));
 
     let dev = TaskDevice::start(spec)?;
-    let dtype = crate::commands::task::precision(spec, &dev.device, &mut notes);
+    let dtype = crate::tasks::runtime::precision(spec, &dev.device, &mut notes);
     let mut model = Uce::load_on(&model_path, cfg.clone(), dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     cfg.chrom_token_offset = model.chrom_offset(chroms.categories.len());
@@ -79,7 +82,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     if model.dims.nlayers as u64 != nlayers {
         notes.push(format!("{} has {} layers, not --nlayers {nlayers}: its layers were run", model_path.display(), model.dims.nlayers));
     }
-    let batch = param_u64(spec, "batch_size", uce::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
     let out = PendingOutput::create(&spec.data, &spec.out)?;
@@ -142,4 +145,25 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// UCE's options, from `methods/uce.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub nlayers: u64,
+}
+
+/// UCE: the table's entry.
+pub struct UceMethod;
+
+impl Method for UceMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        let p: Params = method::params(pf.method, pf.params)?;
+        verified_weights(pf.method, pf.weights_dir, &uce::required_entries(p.nlayers)?).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_uce(spec, task_dir))
+    }
 }

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -58,7 +60,7 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
             ),
         });
     }
-    let batch = param_u64(spec, "batch_size", scbert::UPSTREAM_BATCH_SIZE as u64) as usize;
+    let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
     let out = PendingOutput::create(&spec.data, &spec.out)?;
@@ -117,4 +119,23 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// scBERT's options, from `methods/scbert.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+}
+
+/// scBERT: the table's entry.
+pub struct ScBertMethod;
+
+impl Method for ScBertMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, scbert::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_scbert(spec, task_dir))
+    }
 }

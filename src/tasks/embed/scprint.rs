@@ -7,7 +7,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -40,7 +42,8 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
             hint: Some("scPRINT matches Ensembl gene ids (e.g. ENSG00000167286) in var_names, as upstream's scdataloader; put the ids there (without version suffixes)".into()),
         });
     }
-    let asked = param_u64(spec, "max_len", scprint::DEFAULT_MAX_LEN as u64) as usize;
+    let p: Params = method::task_params(spec)?;
+    let asked = p.max_len;
     let max_len = asked.min(align.block.len());
     let mut notes = vec![format!(
         "{} of the model's {} genes are in the data; the others count as zero-expressed{}{}",
@@ -54,7 +57,7 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     }
 
     let dim = model.dim();
-    let batch = param_u64(spec, "batch_size", scprint::BATCH_SIZE as u64) as usize;
+    let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scprint";
@@ -115,4 +118,24 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut w = serde_json::Map::new();
     w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// scPRINT's options, from `methods/scprint.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub max_len: usize,
+}
+
+/// scPRINT: the table's entry.
+pub struct ScPrintMethod;
+
+impl Method for ScPrintMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, scprint::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_scprint(spec, task_dir))
+    }
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::method::{one_step, Method, Preflight};
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -80,7 +81,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
             cells.push(c);
         }
         // longest first, a fixed number of cells a batch: batches by tokens (more of the short
-        // cells a batch) padded more and ran 1.5% slower on the H200 (BENCHMARKS.md, session 14)
+        // cells a batch) padded more and ran 1.5% slower on the H200 (BENCHMARKS.md)
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].values.len()));
         let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
@@ -107,4 +108,17 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// scFoundation: the table's entry.
+pub struct ScFoundationMethod;
+
+impl Method for ScFoundationMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, scfoundation::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_scfoundation(spec, task_dir))
+    }
 }

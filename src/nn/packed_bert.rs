@@ -14,7 +14,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
-use crate::methods::post_norm::{layer_norm_to_dtype, Act, PostNormLayer, PostNormStack};
+use crate::nn::post_norm::{layer_norm_to_dtype, Act, PostNormLayer, PostNormStack};
 
 pub struct PackedBert {
     word: Embedding,

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, Batches, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, Batches, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
@@ -155,7 +157,7 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     let dev = TaskDevice::start(spec)?;
     let mut model = PretrainedScvi::load(&saved, &dev.device).map_err(|e| dev.load_error(e, "loading the scVI encoder", task_dir))?;
     dev.mark_loaded();
-    let batch = param_u64(spec, "batch_size", sp::DEFAULT_BATCH_SIZE as u64) as usize;
+    let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
     let g = model.n_genes;
@@ -232,4 +234,29 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(saved.path.display().to_string()));
     commit_embedding(spec, out, key, &x.field, params, w, json!(crate::weights::sha256_file(&saved.path, |_| {})?), ad.n_obs, dim, notes)
+}
+
+/// Pretrained scVI's options, from `methods/scvi.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+}
+
+/// Pretrained scVI: the table's entry.
+pub struct ScviMethod;
+
+impl Method for ScviMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        // the saved model is read (as data) first: a wrong folder fails before the data is read
+        SavedModel::read(&model_dir(pf.params)?).map(drop)
+    }
+
+    fn check_data(&self, pf: &Preflight, ad: &AnnData) -> Result<()> {
+        // genes and batches against the model
+        prepare(pf.params, pf.data, ad).map(drop)
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_scvi(spec, task_dir))
+    }
 }

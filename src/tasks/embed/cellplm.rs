@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{param_u64, commit_embedding, verified_weights, TaskDevice};
+use crate::tasks::runtime::{commit_embedding, verified_weights, TaskDevice};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use serde::Deserialize;
 use crate::anndata::dataframe::Column;
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
@@ -17,9 +19,6 @@ use crate::methods::cellplm::{self, attention_batches, Alignment, CellPlm};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
-
-/// Cells per forward pass when none is given (methods/cellplm.toml: the tutorial's 50,000).
-pub const DEFAULT_BATCH: u64 = 50_000;
 
 /// The checkpoint folder and prefix: `--model-dir` (its one `<prefix>.best.ckpt`), else the
 /// pinned files under the weights folder.
@@ -84,7 +83,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     dev.mark_loaded();
 
     let gene_col = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or("index");
-    let genes = super::gene_ids(&ad, gene_col)?;
+    let genes = crate::tasks::runtime::gene_ids(&ad, gene_col)?;
     let align = Alignment::new(&genes, &model.cfg.gene_list);
     if align.matched == 0 {
         let example = genes.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -104,9 +103,10 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
         model.cfg.gene_list.len()
     ));
 
-    let batch_key = spec.params.get("batch_key").and_then(Value::as_str).unwrap_or("batch").to_string();
+    let p: Params = method::task_params(spec)?;
+    let batch_key = p.batch_key;
     let labels = batch_labels(&ad, &batch_key)?;
-    let batch = param_u64(spec, "batch_size", DEFAULT_BATCH) as usize;
+    let batch = p.batch_size;
     let passes = attention_batches(labels.as_deref(), ad.n_obs, batch);
     match &labels {
         Some(_) => notes.push(format!(
@@ -215,4 +215,33 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
     commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// CellPLM's options, from `methods/cellplm.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub batch_key: String,
+}
+
+/// CellPLM: the table's entry.
+pub struct CellPlmMethod;
+
+impl Method for CellPlmMethod {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        // the checkpoint (pinned files, or --model-dir's one prefix) and its config
+        if pf.model_dir.is_none() {
+            verified_weights(pf.method, pf.weights_dir, cellplm::REQUIRED_ENTRIES)?;
+        }
+        let (dir, prefix) = checkpoint(pf.params, pf.weights_dir)?;
+        cellplm::Config::read(&cellplm::checkpoint_files(&dir, &prefix).0).map(drop)
+    }
+
+    fn unsharded(&self) -> Option<&'static str> {
+        Some("embeds the cells of a forward pass together: --shards would change which cells share one")
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_cellplm(spec, task_dir))
+    }
 }

@@ -15,10 +15,10 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde_json::json;
 
-use crate::cli::BenchScimilarityArgs;
-use crate::commands::ExitStatus;
-use crate::error::Error;
-use crate::methods::scimilarity::Encoder;
+use crate::args::BenchScimilarityArgs;
+use scfoundry::commands::ExitStatus;
+use scfoundry::error::Error;
+use scfoundry::methods::scimilarity::Encoder;
 
 /// The synthetic count of gene `j` in cell `i` (bench/scimilarity_torch.py has the same formula).
 pub fn synthetic_count(i: usize, j: usize) -> f32 {
@@ -31,7 +31,7 @@ pub fn synthetic_count(i: usize, j: usize) -> f32 {
 }
 
 fn device_of(name: &str) -> anyhow::Result<Device> {
-    Ok(crate::gpu::bench_device(name)?)
+    Ok(crate::encoder::bench_device(name)?)
 }
 
 pub fn run(a: &BenchScimilarityArgs) -> anyhow::Result<ExitStatus> {

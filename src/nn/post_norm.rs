@@ -103,14 +103,6 @@ impl PostNormStack {
         self.layers.first().map(|l| l.ff1.weight().dtype()).unwrap_or(candle_core::DType::F32)
     }
 
-    /// The last layer's output for packed cells `x` (`tokens x d`).
-    pub fn forward(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
-        if self.fused && crate::gpu::fused_encoder::applies(self, x) {
-            return crate::gpu::fused_encoder::forward(self, x, cu);
-        }
-        self.forward_unfused(x, cu)
-    }
-
     /// The candle path, whatever the device and dtype.
     pub fn forward_unfused(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
         let mut x = x.clone();

@@ -1,0 +1,68 @@
+//! Every environment variable scfoundry reads, declared once (re-exported as
+//! `settings::EnvVars`).
+
+/// Every environment variable scfoundry reads, declared once.
+pub struct EnvVars;
+impl EnvVars {
+    /// The workspace folder (instead of searching upwards from the current folder).
+    pub const WORKSPACE: &'static str = "SCFOUNDRY_WORKSPACE";
+    /// The weights folder, shared between workspaces.
+    pub const WEIGHTS_DIR: &'static str = "SCFOUNDRY_WEIGHTS_DIR";
+    /// Set to any value to turn progress bars off (as `--quiet` does for bars).
+    pub const NO_PROGRESS: &'static str = "SCFOUNDRY_NO_PROGRESS";
+    /// A weights manifest file used instead of the compiled-in weights.toml: for tests (a
+    /// loopback server) and for mirrors (the same entries with other urls).
+    pub const MANIFEST: &'static str = "SCFOUNDRY_MANIFEST";
+    /// The folder with scfoundry's Nextflow pipeline (main.nf), for `--executor nextflow`.
+    pub const PIPELINE: &'static str = "SCFOUNDRY_PIPELINE";
+    /// The genome to read from a Cell Ranger matrix with several (set by `--genome`, and passed
+    /// on to task processes).
+    pub const GENOME: &'static str = "SCFOUNDRY_GENOME";
+    /// Where converted copies of legacy AnnData and Cell Ranger files are kept (default
+    /// `~/.cache/scfoundry/converted-v1`).
+    pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
+    /// Fault injection for tests of failure handling: the project step of this shard exits 1.
+    pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
+    /// Set by the local runner on the task processes it starts, whose stdin is then a pipe from
+    /// the runner: when it closes (the runner died), the task removes its unfinished output and
+    /// exits (see `lifecycle`).
+    pub const PARENT_PIPE: &'static str = "SCFOUNDRY_PARENT_PIPE";
+    /// A PEM file of CA certificates `weights pull` trusts besides its bundled and the system's
+    /// roots (as curl and pip; behind a TLS-inspecting proxy, the proxy's CA).
+    pub const SSL_CERT_FILE: &'static str = "SSL_CERT_FILE";
+    /// Folders (`:`-separated) of PEM files of CA certificates, trusted as SSL_CERT_FILE.
+    pub const SSL_CERT_DIR: &'static str = "SSL_CERT_DIR";
+    /// The proxy for https urls (`http://host:port`), chosen again on every redirect hop;
+    /// the lowercase form wins, as in curl.
+    pub const HTTPS_PROXY: &'static str = "HTTPS_PROXY";
+    pub const HTTPS_PROXY_LOWER: &'static str = "https_proxy";
+    /// The proxy for http urls.
+    pub const HTTP_PROXY: &'static str = "HTTP_PROXY";
+    pub const HTTP_PROXY_LOWER: &'static str = "http_proxy";
+    /// The proxy for either scheme when the scheme's own variable is not set.
+    pub const ALL_PROXY: &'static str = "ALL_PROXY";
+    pub const ALL_PROXY_LOWER: &'static str = "all_proxy";
+    /// Hosts reached without a proxy: comma-separated names (with their subdomains), IPs,
+    /// networks (`10.0.0.0/8`), each with an optional `:port`, or `*`.
+    pub const NO_PROXY: &'static str = "NO_PROXY";
+    pub const NO_PROXY_LOWER: &'static str = "no_proxy";
+    /// A TrueType font for the figures' PNGs when DejaVu Sans is not in the usual folders.
+    pub const FONT: &'static str = "SCFOUNDRY_FONT";
+    /// Set to any value to print the seconds of each phase of PCA and of the linear algebra.
+    pub const PROFILE: &'static str = "SCFOUNDRY_PROFILE";
+    /// `portable`: the portable attention kernel even on a Hopper GPU (to run the path other
+    /// GPUs take on a Hopper card).
+    pub const ATTENTION: &'static str = "SCFOUNDRY_ATTENTION";
+    /// `0`: the two-kernel matrix product and layer norm instead of the fused Hopper kernel.
+    pub const FUSED_NORM: &'static str = "SCFOUNDRY_FUSED_NORM";
+    /// How the fused encoder's matrix products choose a cuBLASLt algorithm (gpu/options.rs).
+    pub const GEMM_TUNE: &'static str = "SCFOUNDRY_GEMM_TUNE";
+    /// `1`: cudarc's event tracking on (off by default: one stream per device needs none).
+    pub const EVENT_TRACKING: &'static str = "SCFOUNDRY_EVENT_TRACKING";
+    /// `1`: candle's ordinary uploads instead of page-locked buffers, for comparison.
+    pub const PAGEABLE_UPLOAD: &'static str = "SCFOUNDRY_PAGEABLE_UPLOAD";
+    /// `1`: the fused encoder records the host seconds of each step (the encoder bench prints them).
+    pub const HOST_STEPS: &'static str = "SCFOUNDRY_HOST_STEPS";
+    /// Bytes the default CUDA pool of the encoder bench keeps on synchronising (0: the driver's).
+    pub const POOL_RELEASE: &'static str = "SCFOUNDRY_POOL_RELEASE";
+}

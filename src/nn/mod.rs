@@ -1,0 +1,18 @@
+//! Building blocks shared by several models: encoder layers (BERT, packed BERT, post-norm
+//! stacks), the CLS encoder of scCello and LangCell, seeded random initialisation, the
+//! fine-tuning heads and the kNN label transfer. Model files (`methods/`) build on these.
+
+pub mod bert;
+pub mod cls_encoder;
+pub mod finetune;
+pub mod knn_transfer;
+pub mod packed_bert;
+pub mod post_norm;
+pub mod random_init;
+
+/// FLOPs of one cell of `s` tokens through `layers` encoder layers of width `d` and
+/// feed-forward width `f`: the dense products and the attention scores.
+pub fn cell_flops(layers: usize, d: usize, f: usize, s: usize) -> f64 {
+    let (l, d, f, s) = (layers as f64, d as f64, f as f64, s as f64);
+    l * (2.0 * s * (4.0 * d * d + 2.0 * d * f) + 4.0 * s * s * d)
+}

@@ -1,0 +1,176 @@
+//! The `embed` and `transfer` tasks of cellama (see `methods/cellama.rs`): cell sentences, the
+//! sentence encoder in batches, provenance.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::Result;
+use crate::progress::reporter;
+use crate::runner::{Step, TaskResult, TaskSpec};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use crate::weights::{self, Manifest};
+use crate::methods::cellama::{self, Encoder};
+use crate::tasks::runtime::{commit_embedding, obs_strings, verified_weights, write_f32_file, Batches, TaskDevice};
+
+/// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
+pub fn cellama_sentences(block: &crate::anndata::CsrBlock, var_names: &[String], obs: &[(String, Vec<String>)], top: usize) -> Vec<String> {
+    (0..block.n_rows())
+        .map(|i| {
+            let (idx, vals) = block.row(i);
+            let genes: Vec<&str> = cellama::top_genes(idx, vals, var_names.len(), top).into_iter().map(|j| var_names[j].as_str()).collect();
+            let fields: Vec<(&str, &str)> = obs.iter().map(|(n, v)| (n.as_str(), v[block.start_row + i].as_str())).collect();
+            cellama::sentence(&genes, &fields)
+        })
+        .collect()
+}
+
+/// What a cellama task needs: the data, its sentences' parts and the loaded encoder.
+struct CellamaJob {
+    ad: AnnData,
+    x: crate::anndata::Matrix,
+    top: usize,
+    obs: Vec<(String, Vec<String>)>,
+    enc: Encoder,
+    model_dir: PathBuf,
+    shas: serde_json::Map<String, Value>,
+    notes: Vec<String>,
+    batches: Batches,
+}
+
+fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights(&spec.method, &dir, cellama::REQUIRED_ENTRIES)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let p: Params = method::task_params(spec)?;
+    let top = p.top_genes;
+    let features: Vec<String> = p
+        .obs_features
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    let obs = obs_strings(&ad, &features, &mut notes)?;
+    let model_dir = cellama::model_dir(&dir, &Manifest::load()?);
+    let dev = TaskDevice::start(spec)?;
+    let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let batches = Batches::new(dev, cellama::BATCH_SIZE, task_dir);
+    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches })
+}
+
+/// Encode every cell; `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
+/// Adds a note when sentences were truncated.
+fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
+    let (enc, x, dim) = (&job.enc, &job.x, job.enc.hidden);
+    let p = rep.step("cellama: encode", job.ad.n_obs as u64, "cells");
+    let mut truncated = 0usize;
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        let sentences = cellama_sentences(&b, &job.ad.var_names, &job.obs, job.top);
+        for snt in &sentences {
+            if enc.token_ids(snt)?.len() >= enc.max_seq_length {
+                truncated += 1;
+            }
+        }
+        // in input order: each batch is a run of consecutive sentences
+        let order: Vec<usize> = (0..sentences.len()).collect();
+        let rows = job.batches.run(sentences.len(), dim, &order, 0.0, |idx| enc.encode(&sentences[idx[0]..idx[0] + idx.len()]), |k| p.inc(k as u64))?;
+        sink(s, &rows)?;
+    }
+    p.finish();
+    if truncated > 0 {
+        job.notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
+    }
+    job.batches.finish(&mut job.notes, false);
+    Ok(())
+}
+
+fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let mut job = cellama_prepare(spec, task_dir)?;
+    let dim = job.enc.hidden;
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_cellama";
+    let ds = out.create_obsm(key, job.ad.n_obs, dim)?;
+    cellama_encode(&mut job, rep.as_ref(), |s, rows| write_rows(&ds, s, rows, dim))?;
+    drop(ds);
+    let batch = job.batches.size();
+    let CellamaJob { ad, x, enc, model_dir, shas, notes, .. } = job;
+    let mut params = spec.params.clone();
+    params.insert("batch_size".into(), json!(batch));
+    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    params.insert("max_seq_length".into(), json!(enc.max_seq_length));
+    params.insert("pooling".into(), json!("mean, L2-normalised"));
+    params.insert("tie_order".into(), json!("gene order (stable argsort)"));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// Embed `spec.data` with cellama (per cell, nothing fitted); write it to `spec.out`.
+fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let mut job = cellama_prepare(spec, task_dir)?;
+    let dim = job.enc.hidden;
+    let mut emb = vec![0f32; job.ad.n_obs * dim];
+    cellama_encode(&mut job, rep.as_ref(), |start, rows| {
+        emb[start * dim..start * dim + rows.len()].copy_from_slice(rows);
+        Ok(())
+    })?;
+    write_f32_file(&spec.out, &emb)?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![], ..Default::default() })
+}
+
+/// cellama's options, from `methods/cellama.toml` (it has no batch option: sentence-transformers'
+/// batch of `cellama::BATCH_SIZE`).
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub top_genes: usize,
+    pub obs_features: String,
+}
+
+/// cellama: the table's entry.
+pub struct Cellama;
+
+impl Method for Cellama {
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        verified_weights(pf.method, pf.weights_dir, cellama::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn transfers(&self) -> bool {
+        true
+    }
+
+    fn check_transfer(&self, method: &str, weights_dir: &Path) -> Result<()> {
+        verified_weights(method, weights_dir, cellama::REQUIRED_ENTRIES).map(drop)
+    }
+
+    fn finetunes(&self) -> bool {
+        true
+    }
+
+    fn unfreezes(&self) -> bool {
+        true
+    }
+
+    fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let path = cellama::model_dir(weights_dir, &Manifest::load()?).join("config.json");
+        Ok(Some(crate::tasks::method::LayerCount { path, key: "num_hidden_layers", left_out: 0 }))
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_cellama(spec, task_dir))
+    }
+
+    fn transfer(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        one_step(step, || transfer_embed_cellama(spec, task_dir))
+    }
+}

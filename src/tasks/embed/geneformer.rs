@@ -1,0 +1,165 @@
+//! The `embed` task of Geneformer (see `methods/geneformer.rs`): rank-value tokens, the
+//! encoder longest cells first, provenance.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::AnnData;
+use crate::error::{Error, Result};
+use crate::progress::reporter;
+use crate::runner::{Step, TaskResult, TaskSpec};
+use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use crate::weights::{self, Manifest};
+use crate::tasks::runtime::{cell_totals, commit_embedding, gene_ids, precision, verified_weights, Batches, TaskDevice};
+
+fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
+    let rep = reporter(!spec.progress);
+    let given_dir = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let (model_dir, mut shas) = match &given_dir {
+        Some(d) => (d.clone(), serde_json::Map::new()),
+        None => {
+            let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+            let shas = verified_weights(&spec.method, &dir, geneformer::REQUIRED_ENTRIES)?;
+            (geneformer::model_dir(&dir, &Manifest::load()?), shas)
+        }
+    };
+    let p: Params = method::task_params(spec)?;
+    let emb_layer = p.emb_layer;
+    let emb_mode = EmbMode::parse(&p.emb_mode)?;
+    let column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(geneformer::DEFAULT_GENE_COLUMN).to_string();
+    let batch = method::task_params::<Params>(spec)?.batch_size.max(1);
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let ids = gene_ids(&ad, &column)?;
+    let dev = TaskDevice::start(spec)?;
+    let dict = geneformer::Dictionaries::find(&model_dir)?;
+    let mut notes = Vec::new();
+    let dtype = precision(spec, &dev.device, &mut notes);
+    let model = Geneformer::load_dtype(&model_dir, dict, emb_layer, emb_mode, dev.device.clone(), dtype).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let mut batches = Batches::new(dev, batch, task_dir);
+    if given_dir.is_some() {
+        for p in [&model.weights_path, &model.dict.token_path, &model.dict.median_path] {
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            shas.insert(name, json!(weights::sha256_file(p, |_| {})?));
+        }
+    }
+    let table = GeneTable::new(&ids, &model.dict)?;
+    if table.n_genes() == 0 {
+        return Err(Error::BadField {
+            path: spec.data.clone(),
+            field: format!("var/{column}"),
+            detail: format!("none of the {} ids is in the token dictionary {} (ids start {})", ids.len(), model.dict.token_path.display(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("Geneformer needs Ensembl gene ids (ENSG...): choose the column with --gene-column".into()),
+        });
+    }
+    if table.n_duplicated > 0 {
+        notes.push(format!("{} var entries share an Ensembl id with another; their counts were summed, as upstream's collapse_gene_ids", table.n_duplicated));
+    }
+    let totals = cell_totals(&ad, &x, &mut notes)?;
+    let dim = model.hidden();
+    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let key = "X_geneformer";
+    let ds = out.create_obsm(key, ad.n_obs, dim)?;
+    let p = rep.step("geneformer: embed", ad.n_obs as u64, "cells");
+    let (mut empty, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
+    // blocks of cells: tokenised together, run longest first, written in the input order
+    for (s, e) in x.blocks(2_000_000) {
+        for start in (s..e).step_by(batch.max(1) * 20) {
+            let end = (start + batch.max(1) * 20).min(e);
+            let b = x.read_rows(start, end)?;
+            let cells: Vec<Vec<u32>> = (0..b.n_rows())
+                .map(|i| {
+                    let (idx, vals) = b.row(i);
+                    let ranked = table.rank(idx, vals, totals[start + i]);
+                    if ranked.len() > model.input_size - if model.dict.specials.is_some() { 2 } else { 0 } {
+                        truncated += 1;
+                    }
+                    model.tokens(ranked)
+                })
+                .collect();
+            empty += cells.iter().filter(|c| c.is_empty()).count();
+            n_tokens += cells.iter().map(Vec::len).sum::<usize>();
+            // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
+            let order = geneformer::length_order(&cells);
+            p.inc((cells.len() - order.len()) as u64);
+            let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+            let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
+            write_rows(&ds, start, &rows, dim)?;
+        }
+    }
+    p.finish();
+    drop(ds);
+    if empty > 0 {
+        notes.push(format!("{empty} cell(s) have no gene in the token dictionary: their embedding is NaN (upstream drops such cells)"));
+    }
+    if truncated > 0 {
+        notes.push(format!("{truncated} cell(s) have more ranked genes than the model's {} input tokens and were truncated, as upstream", model.input_size));
+    }
+    batches.finish(&mut notes, true);
+    let mut params = spec.params.clone();
+    params.insert("gene_column".into(), json!(column));
+    batches.record(spec, &mut params);
+    params.insert("emb_layer".into(), json!(emb_layer));
+    params.insert("emb_mode".into(), json!(emb_mode.name()));
+    params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("model_input_size".into(), json!(model.input_size));
+    params.insert("special_tokens".into(), json!(model.dict.specials.is_some()));
+    params.insert("target_sum".into(), json!(geneformer::TARGET_SUM));
+    params.insert("genes_in_dictionary".into(), json!(table.n_genes()));
+    params.insert("mean_tokens_per_cell".into(), json!(n_tokens as f64 / ad.n_obs.max(1) as f64));
+    params.insert("tie_order".into(), json!("gene order (stable sort)"));
+    let mut w = serde_json::Map::new();
+    w.insert("dir".into(), json!(model_dir.display().to_string()));
+    w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
+    w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
+    w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
+    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+}
+
+/// Geneformer's options, from `methods/geneformer.toml`.
+#[derive(Debug, Deserialize)]
+pub struct Params {
+    pub batch_size: usize,
+    pub emb_layer: i32,
+    pub emb_mode: String,
+}
+
+/// Geneformer: the table's entry.
+pub struct GeneformerMethod;
+
+impl Method for GeneformerMethod {
+    fn finetunes(&self) -> bool {
+        true
+    }
+
+    fn unfreezes(&self) -> bool {
+        true
+    }
+
+    fn layer_count(&self, weights_dir: &Path, params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let dir = match params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+            Some(d) => PathBuf::from(d),
+            None => crate::methods::geneformer::model_dir(weights_dir, &Manifest::load()?),
+        };
+        // emb_layer -1 reads the second-to-last layer: the last one is not run
+        let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1);
+        Ok(Some(crate::tasks::method::LayerCount { path: dir.join("config.json"), key: "num_hidden_layers", left_out: emb_layer.unsigned_abs() }))
+    }
+
+    fn check(&self, pf: &Preflight) -> Result<()> {
+        match pf.model_dir {
+            Some(d) => crate::methods::geneformer::Dictionaries::find(d).map(drop),
+            None => verified_weights(pf.method, pf.weights_dir, crate::methods::geneformer::REQUIRED_ENTRIES).map(drop),
+        }
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        one_step(step, || embed_geneformer(spec, task_dir))
+    }
+}

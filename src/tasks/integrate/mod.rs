@@ -1,0 +1,87 @@
+//! The inputs of an integration task, shared by `scfoundry integrate` (which checks them
+//! before any run folder exists) and its methods' tasks: the options and the batch codes.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::anndata::AnnData;
+use crate::error::Error;
+
+pub mod harmony;
+pub mod scvi_denovo;
+pub mod seurat;
+
+/// What the task needs besides data, output, method and seed (the spec's params).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IntegrateOptions {
+    pub embedding: String,
+    pub batch_key: Vec<String>,
+    pub theta: Option<f32>,
+    #[serde(default)]
+    pub layer: Option<String>,
+    #[serde(default)]
+    pub log_normalized: bool,
+    #[serde(default)]
+    pub dims: Option<usize>,
+    #[serde(default)]
+    pub k_weight: Option<usize>,
+    /// scvi_denovo's options (absent in specs written before it existed).
+    #[serde(default)]
+    pub scvi: crate::cli::ScviArgs,
+    #[serde(default)]
+    pub batch_size: Option<u64>,
+}
+
+/// The batch codes of each key (levels sorted), checked: present, categorical, no missing
+/// value, more than one batch.
+pub fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {
+    batch_levels(ad, batch_key).map(|(c, n, _)| (c, n))
+}
+
+/// [`batch_codes`] with the level names of each key.
+pub fn batch_levels(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>, Vec<Vec<String>>)> {
+    let obs = ad.obs()?;
+    let mut codes: Vec<Vec<u32>> = Vec::new();
+    let mut n_batches = Vec::new();
+    let mut all_levels = Vec::new();
+    for key in batch_key {
+        let col = obs.column(key).ok_or_else(|| Error::BadField {
+            path: ad.path.clone(),
+            field: format!("obs/{key}"),
+            detail: "is missing".into(),
+            hint: Some(format!("obs columns in this file: {}", obs.names().join(", "))),
+        })?;
+        let labels = col.as_labels().ok_or_else(|| Error::BadField {
+            path: ad.path.clone(),
+            field: format!("obs/{key}"),
+            detail: format!("is a {} column; a batch key must be categorical, string or integer", col.kind()),
+            hint: None,
+        })?;
+        if let Some(i) = labels.iter().position(Option::is_none) {
+            return Err(Error::BadField {
+                path: ad.path.clone(),
+                field: format!("obs/{key}"),
+                detail: format!("has no value for cell {i} ({})", ad.obs_names[i]),
+                hint: Some("give every cell a batch, or drop the cells without one".into()),
+            }
+            .into());
+        }
+        let levels: BTreeSet<&str> = labels.iter().map(|l| l.as_deref().unwrap()).collect();
+        let levels: Vec<&str> = levels.into_iter().collect();
+        n_batches.push(levels.len());
+        codes.push(labels.iter().map(|l| levels.binary_search(&l.as_deref().unwrap()).unwrap() as u32).collect());
+        all_levels.push(levels.iter().map(|l| l.to_string()).collect());
+    }
+    if n_batches.iter().all(|&b| b < 2) {
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: format!("obs/{}", batch_key.join(",")),
+            detail: "holds a single batch: there is nothing to integrate".into(),
+            hint: Some("pass the column that separates the batches with --batch-key".into()),
+        }
+        .into());
+    }
+    drop(obs);
+    Ok((codes, n_batches, all_levels))
+}

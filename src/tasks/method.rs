@@ -1,0 +1,138 @@
+//! What a method provides to the commands and the task process. Each implemented method has
+//! one entry in [`crate::tasks::table::METHODS`]; its defaults, device support and honoured
+//! options come from its `methods/<name>.toml` alone.
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::anndata::AnnData;
+use crate::cli::IntegrateArgs;
+use crate::tasks::integrate::IntegrateOptions;
+use crate::error::{Error, Result};
+use crate::runner::{Step, TaskResult, TaskSpec};
+
+/// What the checks before a run may read: nothing here is written.
+pub struct Preflight<'a> {
+    /// The method's name, as in its toml.
+    pub method: &'a str,
+    /// The weights folder in effect.
+    pub weights_dir: &'a Path,
+    /// The method parameters in effect (the toml's defaults and the options given).
+    pub params: &'a Map<String, Value>,
+    /// `--model-dir`, when given.
+    pub model_dir: Option<&'a Path>,
+    /// The input .h5ad.
+    pub data: &'a Path,
+}
+
+/// One method. Every function has a default that says "not supported"; an adapter overrides
+/// those that apply.
+pub trait Method: Sync {
+    /// Checks of `embed` before any run folder exists (weights first, the usual miss).
+    fn check(&self, _p: &Preflight) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checks of `embed` against the opened input, before any run folder exists.
+    fn check_data(&self, _p: &Preflight, _ad: &AnnData) -> Result<()> {
+        Ok(())
+    }
+
+    /// Why `--shards` does not apply, for a method whose cells are not independent.
+    fn unsharded(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// One step of an `embed` task; `None` where the method has no such step.
+    fn embed(&self, _spec: &TaskSpec, _task_dir: &Path, _step: &Step) -> Option<Result<TaskResult>> {
+        None
+    }
+
+    /// One step of a `transfer` task (the reference's fit, an embedding); `None` where the
+    /// method does not transfer labels.
+    fn transfer(&self, _spec: &TaskSpec, _task_dir: &Path, _step: &Step) -> Option<Result<TaskResult>> {
+        None
+    }
+
+    /// Whether `scfoundry transfer` embeds with this method.
+    fn transfers(&self) -> bool {
+        false
+    }
+
+    /// Whether the method's transfer fits a model to the reference first (a `Step::Fit` task,
+    /// then the reference and the query projected with that fit).
+    fn fits_reference(&self) -> bool {
+        false
+    }
+
+    /// Checks of `transfer` before any run folder exists.
+    fn check_transfer(&self, _method: &str, _weights_dir: &Path) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether `scfoundry finetune` trains a head on this method.
+    fn finetunes(&self) -> bool {
+        false
+    }
+
+    /// Whether `finetune --unfreeze-layers` trains some of the method's encoder layers.
+    fn unfreezes(&self) -> bool {
+        false
+    }
+
+    /// Where the method's encoder states its layer count, for `finetune --unfreeze-layers`;
+    /// `None` when it has no such file.
+    fn layer_count(&self, _weights_dir: &Path, _params: &Map<String, Value>) -> Result<Option<LayerCount>> {
+        Ok(None)
+    }
+
+    /// Whether this is an integration method (`scfoundry integrate`).
+    fn integrates(&self) -> bool {
+        false
+    }
+
+    /// Checks of `integrate`'s options for this method (warnings for those it ignores).
+    fn check_integrate_options(&self, _args: &IntegrateArgs) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Checks of `integrate`'s input, before any run folder exists.
+    fn check_integrate_data(&self, _data: &Path, _opts: &IntegrateOptions) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// The task of `integrate`; `None` for a method that does not integrate.
+    fn integrate(&self, _spec: &TaskSpec) -> Option<anyhow::Result<TaskResult>> {
+        None
+    }
+}
+
+/// A model config's layer count: the file, its key, and the layers at the end that a run
+/// does not use.
+pub struct LayerCount {
+    pub path: std::path::PathBuf,
+    pub key: &'static str,
+    pub left_out: u64,
+}
+
+/// A task's method parameters as the adapter's typed struct. The commands put every default
+/// of the method's toml into the parameters, so a missing field is an error, never a fallback.
+pub fn params<P: DeserializeOwned>(method: &str, params: &Map<String, Value>) -> Result<P> {
+    serde_json::from_value(Value::Object(params.clone())).map_err(|e| Error::BadOption {
+        option: "task spec".into(),
+        detail: format!("the parameters of {method} do not match methods/{method}.toml: {e}"),
+        hint: None,
+    })
+}
+
+/// [`params`] of a task.
+pub fn task_params<P: DeserializeOwned>(spec: &TaskSpec) -> Result<P> {
+    params(&spec.method, &spec.params)
+}
+
+/// `embed`'s one step for a method that embeds in one task: `Step::Embed` only.
+pub fn one_step(step: &Step, run: impl FnOnce() -> Result<TaskResult>) -> Option<Result<TaskResult>> {
+    matches!(step, Step::Embed).then(run)
+}

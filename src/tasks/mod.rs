@@ -1,0 +1,47 @@
+//! What runs inside a task process (`scfoundry __task SPEC`, started by the runner): the
+//! dispatcher, the shared runtime (device, batches, verified weights, the commit of an
+//! embedding), the method table and one adapter per method. It does the work, then records
+//! its own cost (stats.json) and result (result.json) beside the spec.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::error::Error;
+use crate::runner::stats::TaskStats;
+use crate::runner::{Step, TaskResult, TaskSpec};
+
+pub mod embed;
+pub mod integrate;
+pub mod method;
+pub mod runtime;
+pub mod table;
+
+/// The task of a command whose work lives with the command (benchmark, geometry, finetune),
+/// given by the binary so that this layer does not reach up into `commands`.
+pub type CommandTask = fn(&TaskSpec, &Path) -> anyhow::Result<TaskResult>;
+
+/// Run the task of `spec_path`: a method's through the table, a command's through
+/// `command_tasks` (by command name).
+pub fn run(spec_path: &Path, command_tasks: &[(&str, CommandTask)]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let text = std::fs::read_to_string(spec_path).map_err(|e| Error::Io { path: spec_path.into(), source: e })?;
+    let spec: TaskSpec = serde_json::from_str(&text)?;
+    let dir = spec_path.parent().unwrap_or(Path::new("."));
+    let not_here = || Error::NotImplemented { name: format!("{} {}", spec.command, spec.method), version: env!("CARGO_PKG_VERSION") };
+    let method = table::get(&spec.method);
+    let outcome: anyhow::Result<TaskResult> = match spec.command.as_str() {
+        "embed" => method.and_then(|m| m.embed(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
+        "transfer" => method.and_then(|m| m.transfer(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
+        "integrate" if spec.step == Step::Embed => method.and_then(|m| m.integrate(&spec)).unwrap_or_else(|| Err(not_here().into())),
+        c if spec.step == Step::Embed => match command_tasks.iter().find(|(name, _)| *name == c) {
+            Some((_, task)) => task(&spec, dir),
+            None => Err(not_here().into()),
+        },
+        _ => Err(not_here().into()),
+    };
+    let stats = TaskStats::measure_self(started.elapsed().as_millis() as u64);
+    let _ = std::fs::write(dir.join("stats.json"), serde_json::to_string_pretty(&stats)?);
+    let result = outcome?;
+    std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&result)?)?;
+    Ok(())
+}

@@ -1,0 +1,460 @@
+//! The shared runtime of a task process: the device, batches with the out-of-memory
+//! back-off, verified weights, input helpers shared by several methods, and the commit of an
+//! embedding with its provenance.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::anndata::h5util::{require_dict, set_encoding, write_f64, write_i64, write_string};
+use crate::anndata::write::PendingOutput;
+use crate::anndata::AnnData;
+use crate::error::{Error, Hdf5Context, Result};
+use crate::gpu::readback::place_rows;
+use crate::runner::{TaskResult, TaskSpec};
+use crate::weights::{self, Manifest, Status};
+
+/// Write a JSON object as an AnnData dict (strings, numbers, bools, nested objects).
+pub(crate) fn write_json_dict(parent: &hdf5::Group, name: &str, v: &serde_json::Map<String, Value>) -> hdf5::Result<()> {
+    if parent.link_exists(name) {
+        parent.unlink(name)?;
+    }
+    let g = require_dict(parent, name)?;
+    for (k, val) in v {
+        match val {
+            Value::String(s) => write_string(&g, k, s)?,
+            Value::Number(n) if n.is_i64() || n.is_u64() => write_i64(&g, k, n.as_i64().unwrap_or(i64::MAX))?,
+            Value::Number(n) => write_f64(&g, k, n.as_f64().unwrap_or(f64::NAN))?,
+            Value::Bool(b) => {
+                let ds = g.new_dataset::<bool>().shape(()).create(k.as_str())?;
+                ds.write_scalar(b)?;
+                set_encoding(&ds, "numeric-scalar", "0.2.0")?;
+            }
+            Value::Object(o) => write_json_dict(&g, k, o)?,
+            Value::Null => {}
+            Value::Array(_) => write_string(&g, k, &val.to_string())?,
+        }
+    }
+    Ok(())
+}
+
+/// The sha256 of each weights entry a method needs, verified (hashing once, then stamped);
+/// `WeightsMissing` naming the folder when any is absent.
+pub fn verified_weights(method: &str, dir: &Path, ids: &[&str]) -> Result<serde_json::Map<String, Value>> {
+    let manifest = Manifest::load()?;
+    let mut missing = Vec::new();
+    let mut out = serde_json::Map::new();
+    for id in ids {
+        let Some(e) = manifest.weights.get(*id) else {
+            missing.push(id.to_string());
+            continue;
+        };
+        let path = dir.join(&e.file);
+        match weights::check(dir, id, e, true, |_| {})? {
+            Status::Missing => missing.push(id.to_string()),
+            Status::Verified => {
+                out.insert(id.to_string(), json!(e.sha256.clone().unwrap_or_default()));
+            }
+            Status::Unpinned | Status::Present => {
+                let sha = match weights::stamped_sha256(dir, id, &path) {
+                    Some(s) => s,
+                    None => weights::sha256_file(&path, |_| {})?,
+                };
+                out.insert(id.to_string(), json!(sha));
+            }
+            bad @ (Status::WrongHash { .. } | Status::WrongSize { .. }) => {
+                return Err(Error::BadWeights { path, detail: format!("{bad} for {id}; it does not match weights.toml") });
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(Error::WeightsMissing { method: method.into(), dir: dir.to_path_buf(), missing });
+    }
+    Ok(out)
+}
+
+/// Each requested obs column as upstream's `str(adata.obs[feature].iloc[i])`; absent columns
+/// are skipped with a note (upstream skips them silently).
+pub fn obs_strings(ad: &AnnData, names: &[String], notes: &mut Vec<String>) -> Result<Vec<(String, Vec<String>)>> {
+    use crate::anndata::dataframe::Column;
+    if names.is_empty() {
+        return Ok(vec![]);
+    }
+    let obs = ad.obs()?;
+    let mut out = Vec::new();
+    for n in names {
+        let Some(col) = obs.column(n) else {
+            notes.push(format!("obs has no column `{n}`: left out of the sentences (as upstream does); obs columns: {}", obs.names().join(", ")));
+            continue;
+        };
+        let b = |v: bool| if v { "True" } else { "False" }.to_string();
+        let vals: Vec<String> = match col {
+            Column::Numeric(v) => v.iter().map(|&x| crate::methods::cellama::py_float(x)).collect(),
+            Column::Bool(v) => v.iter().map(|&x| b(x)).collect(),
+            Column::NullableBool { values, mask } => values.iter().zip(mask).map(|(&x, &m)| if m { "<NA>".into() } else { b(x) }).collect(),
+            Column::NullableInt { values, mask } => values.iter().zip(mask).map(|(x, &m)| if m { "<NA>".into() } else { x.to_string() }).collect(),
+            Column::NullableString { values, mask } => values.iter().zip(mask).map(|(x, &m)| if m { "<NA>".into() } else { x.clone() }).collect(),
+            other => other.as_labels().unwrap_or_default().into_iter().map(|v| v.unwrap_or_else(|| "nan".into())).collect(),
+        };
+        out.push((n.clone(), vals));
+    }
+    Ok(out)
+}
+
+/// The task's device: the CPU, or the GPU runtime with the chosen allocator installed.
+pub struct TaskDevice {
+    pub device: candle_core::Device,
+    #[cfg(feature = "cuda")]
+    runtime: Option<crate::gpu::cuda::Runtime>,
+}
+
+impl TaskDevice {
+    pub fn start(spec: &TaskSpec) -> Result<TaskDevice> {
+        match spec.device.kind {
+            crate::gpu::DeviceKind::Cpu => Ok(TaskDevice {
+                device: candle_core::Device::Cpu,
+                #[cfg(feature = "cuda")]
+                runtime: None,
+            }),
+            #[cfg(feature = "cuda")]
+            crate::gpu::DeviceKind::Cuda => {
+                let rt = crate::gpu::cuda::start(&spec.device)?;
+                Ok(TaskDevice { device: rt.device.clone(), runtime: Some(rt) })
+            }
+            #[cfg(not(feature = "cuda"))]
+            crate::gpu::DeviceKind::Cuda => Err(crate::gpu::GpuError::NotCompiled.into()),
+        }
+    }
+
+    /// Write `gpu.json` (peak device memory, allocator, pointer checks, back-off) into the
+    /// task folder; nothing on the CPU.
+    pub fn write_report(&self, dir: &Path, backoff: Option<crate::gpu::backoff::BackoffReport>, batch_size: Option<usize>) {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            let _ = self.device.synchronize();
+            let mut r = rt.resource.report(&rt.name);
+            r.backoff = backoff;
+            r.batch_size = batch_size.map(|b| b as u64);
+            let _ = std::fs::write(dir.join(crate::gpu::GpuReport::FILE), serde_json::to_string_pretty(&r).unwrap_or_default());
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (dir, backoff, batch_size);
+    }
+
+    /// Call once the model's weights are on the device: the report separates them from batches.
+    pub fn mark_loaded(&self) {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            let _ = self.device.synchronize();
+            rt.resource.mark_loaded();
+        }
+    }
+
+    /// An out-of-memory error while loading a model becomes a clear GPU error (with the cost
+    /// report written); other errors pass through.
+    pub fn load_error(&self, e: Error, what: &str, dir: &Path) -> Error {
+        if !crate::gpu::is_out_of_memory(&e.to_string()) {
+            return e;
+        }
+        self.write_report(dir, None, None);
+        let allocator = self.allocator();
+        let hint = match allocator {
+            crate::gpu::AllocatorKind::Pool | crate::gpu::AllocatorKind::ManagedPool => {
+                "raise --maximum-pool-size (and --gpu-memory-limit if set), or use --allocator managed for a model larger than the card".to_string()
+            }
+            _ => "free memory on the GPU (`scfoundry doctor` shows what is free), raise --gpu-memory-limit if set, or use --allocator managed".to_string(),
+        };
+        crate::gpu::GpuError::ModelTooLarge { what: what.into(), allocator: allocator.to_string(), hint }.into()
+    }
+
+    pub fn allocator(&self) -> crate::gpu::AllocatorKind {
+        #[cfg(feature = "cuda")]
+        if let Some(rt) = &self.runtime {
+            return rt.resource.kind;
+        }
+        crate::gpu::AllocatorKind::default()
+    }
+}
+
+/// Smallest, largest and mean token count of a task's cells, for its notes.
+#[derive(Debug, Default)]
+pub struct LengthStats {
+    min: usize,
+    max: usize,
+    total: usize,
+    cells: usize,
+}
+
+impl LengthStats {
+    pub fn add(&mut self, n: usize) {
+        self.min = if self.cells == 0 { n } else { self.min.min(n) };
+        self.max = self.max.max(n);
+        self.total += n;
+        self.cells += 1;
+    }
+
+    /// "`what`: min to max, mean m", or nothing without cells.
+    pub fn note(&self, what: &str) -> Option<String> {
+        (self.cells > 0).then(|| format!("{what}: {} to {}, mean {:.0}", self.min, self.max, self.total as f64 / self.cells as f64))
+    }
+}
+
+/// Batched model runs on a task's device: the batch size in effect and the out-of-memory
+/// back-off so far, carried from one block of rows to the next (see `gpu/backoff.rs`).
+pub struct Batches {
+    pub dev: TaskDevice,
+    size: usize,
+    backoff: Option<crate::gpu::backoff::BackoffReport>,
+    task_dir: PathBuf,
+    // whether a run batched by tokens (for the parameters)
+    by_tokens: bool,
+}
+
+impl Batches {
+    pub fn new(dev: TaskDevice, size: usize, task_dir: &Path) -> Batches {
+        Batches { dev, size: size.max(1), backoff: None, task_dir: task_dir.to_path_buf(), by_tokens: false }
+    }
+
+    /// The batch size in effect (smaller than asked after a back-off).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// All of `cells` through `forward` (which gets a batch's cells), longest first (by `len`, a
+    /// cell's tokens), so that the cells of a batch have similar lengths and pad little, batched
+    /// by tokens (`gpu::backoff::TokenBudget`: the batch size's worth of the longest cells, and
+    /// as many shorter cells as fit the same padded tokens, up to `BATCH_GROWTH` times as many).
+    pub fn run_longest_first<C>(&mut self, cells: &[C], dim: usize, len: impl Fn(&C) -> usize, mut forward: impl FnMut(&[&C]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let tokens: Vec<usize> = cells.iter().map(&len).collect();
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(tokens[i]));
+        self.run_rows(cells.len(), dim, &order, Some(&tokens), 0.0, |idx| forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), progress)
+    }
+
+    /// Rows (`n x dim`, in cell order) of the cells in `order`, run through `forward` in that
+    /// order in batches, halving the batch on CUDA out-of-memory; cells not in `order` keep
+    /// `fill`. `progress` hears of each finished batch. On an error the cost report is written.
+    pub fn run(&mut self, n: usize, dim: usize, order: &[usize], fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        self.run_rows(n, dim, order, None, fill, forward, progress)
+    }
+
+    /// [`Self::run`], by cells or, with `tokens` (each cell's token count, by cell), by tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn run_rows(&mut self, n: usize, dim: usize, order: &[usize], tokens: Option<&[usize]>, fill: f32, forward: impl FnMut(&[usize]) -> Result<Vec<f32>>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let mut rows = vec![fill; n * dim];
+        self.run_with(order, tokens, forward, |r, v: Vec<f32>| {
+            place_rows(&mut rows, dim, &order[r.clone()], &v);
+            progress(r.len());
+            Ok(())
+        })?;
+        Ok(rows)
+    }
+
+    /// As [`Self::run`], with `forward` returning the batch's rows on the model's device
+    /// (`batch x dim`, any float type) without reading them: each batch is read back while the
+    /// next one runs (`gpu::readback`), so the GPU does not sit idle while the host prepares
+    /// the next batch. With `tokens` (each cell's token count, by cell; `order` longest first)
+    /// the batches go by tokens (`gpu::backoff::TokenBudget`): the batch size's worth of the
+    /// longest cells, and up to `BATCH_GROWTH` times as many shorter ones, so that short cells
+    /// do not run in batches too small to keep the GPU busy.
+    pub fn run_lagged(&mut self, n: usize, dim: usize, order: &[usize], tokens: Option<&[usize]>, fill: f32, forward: impl FnMut(&[usize]) -> Result<candle_core::Tensor>, mut progress: impl FnMut(usize)) -> Result<Vec<f32>> {
+        let mut rows = vec![fill; n * dim];
+        let mut lagged = crate::gpu::readback::Lagged::new();
+        let read_err = |e: candle_core::Error| Error::Model { context: "reading a batch's embeddings back from the device".into(), detail: e.to_string() };
+        let mut place = |r: std::ops::Range<usize>, v: Vec<f32>| {
+            place_rows(&mut rows, dim, &order[r.clone()], &v);
+            progress(r.len());
+        };
+        self.run_with(order, tokens, forward, |r, t: candle_core::Tensor| {
+            if let Some((done, v)) = lagged.push(r, &t).map_err(read_err)? {
+                place(done, v);
+            }
+            Ok(())
+        })?;
+        if let Some((done, v)) = lagged.finish().map_err(read_err)? {
+            place(done, v);
+        }
+        Ok(rows)
+    }
+
+    /// The batches of `order` through `forward` (by cells, or by `tokens` when given), each
+    /// result to `done` in order (an error from `done` stops the run), halving the batch on
+    /// out-of-memory; the back-off and, on an error, the cost report recorded.
+    fn run_with<T>(&mut self, order: &[usize], tokens: Option<&[usize]>, mut forward: impl FnMut(&[usize]) -> Result<T>, done: impl FnMut(std::ops::Range<usize>, T) -> Result<()>) -> Result<()> {
+        use crate::gpu::backoff::{extra_hint, run_batched, BackoffError, BackoffReport, TokenBudget, BATCH_GROWTH};
+        let is_oom = |e: &Error| crate::gpu::is_out_of_memory(&e.to_string());
+        let cost = |k: usize| tokens.map_or(1, |t| t[order[k]]);
+        let budget = match (tokens, order.first()) {
+            (Some(t), Some(&first)) => {
+                self.by_tokens = true;
+                TokenBudget::new(self.size, BATCH_GROWTH, t[first])
+            }
+            _ => TokenBudget::per_cell(self.size),
+        };
+        let outcome = run_batched(order.len(), budget, cost, is_oom, |r| forward(&order[r]), done);
+        let allocator = self.dev.allocator();
+        let err = match outcome {
+            Ok(None) => return Ok(()),
+            Ok(Some(r)) => {
+                self.size = r.final_batch;
+                self.backoff = Some(match self.backoff.take() {
+                    Some(t) => BackoffReport { requested: t.requested, final_batch: r.final_batch, retries: t.retries + r.retries },
+                    None => r,
+                });
+                return Ok(());
+            }
+            Err(BackoffError::OutOfMemoryAtOne(e)) => crate::gpu::GpuError::OutOfMemory {
+                allocator: allocator.to_string(),
+                detail: e.to_string(),
+                hint: format!("the model itself does not fit: free the GPU, raise --gpu-memory-limit, or use --allocator managed{}", extra_hint(allocator)),
+            }
+            .into(),
+            Err(BackoffError::Other(e)) => e,
+        };
+        self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
+        Err(err)
+    }
+
+    /// The batch size in effect (after any back-off) and the device, into an embedding task's
+    /// parameters (`uns['scfoundry']['parameters']`).
+    pub fn record(&self, spec: &TaskSpec, params: &mut serde_json::Map<String, Value>) {
+        params.insert("batch_size".into(), json!(self.size));
+        if self.by_tokens {
+            let growth = crate::gpu::backoff::BATCH_GROWTH;
+            params.insert("batching".into(), json!(format!("by tokens: batch_size cells of the longest length, up to {growth} x batch_size shorter ones")));
+        }
+        params.insert("device".into(), json!(spec.device.kind.to_string()));
+    }
+
+    /// After the last batch: the back-off note (`batch_flag`: the method honours --batch-size)
+    /// and the cost report.
+    pub fn finish(&self, notes: &mut Vec<String>, batch_flag: bool) {
+        if let Some(b) = &self.backoff {
+            notes.push(b.message(self.dev.allocator(), batch_flag));
+        }
+        self.dev.write_report(&self.task_dir, self.backoff.clone(), Some(self.size));
+    }
+}
+
+/// The Ensembl ids of the var entries: a var column, or the index for `index`.
+pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
+    if column == "index" {
+        return Ok(ad.var_names.clone());
+    }
+    let var = ad.var()?;
+    let Some(col) = var.column(column) else {
+        let mut names = var.names().join(", ");
+        if names.is_empty() {
+            names = "none".into();
+        }
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: format!("var/{column}"),
+            detail: format!("no var column `{column}` with Ensembl ids (var columns: {names}; var_names start {})", ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
+            hint: Some("name the column with --gene-column, or `--gene-column index` when var_names are Ensembl ids; map symbols to Ensembl ids first otherwise (upstream: Ensembl BioMart or gene_name_id_dict.pkl)".into()),
+        });
+    };
+    match col.as_labels() {
+        Some(v) => Ok(v.into_iter().map(Option::unwrap_or_default).collect()),
+        None => Err(Error::BadField { path: ad.path.clone(), field: format!("var/{column}"), detail: format!("is {}, not strings", col.kind()), hint: Some("--gene-column must name a column of Ensembl ids".into()) }),
+    }
+}
+
+/// Each cell's total counts: obs['n_counts'] when present (upstream requires it), else row sums.
+pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, notes: &mut Vec<String>) -> Result<Vec<f64>> {
+    use crate::anndata::dataframe::Column;
+    let obs = ad.obs()?;
+    if let Some(Column::Numeric(v)) = obs.column("n_counts") {
+        return Ok(v.clone());
+    }
+    notes.push(format!("obs has no numeric `n_counts` (upstream requires it: each cell's total counts); the row sums of {} were used", x.field));
+    let mut out = Vec::with_capacity(ad.n_obs);
+    for (s, e) in x.blocks(1_000_000) {
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            out.push(b.row(i).1.iter().map(|&v| v as f64).sum());
+        }
+    }
+    Ok(out)
+}
+
+/// `--precision`: bf16 on a GPU, float32 otherwise (a CPU run asked for bf16 says so in a note).
+pub(crate) fn precision(spec: &TaskSpec, device: &candle_core::Device, notes: &mut Vec<String>) -> candle_core::DType {
+    match spec.params.get("precision").and_then(Value::as_str) {
+        Some("bf16") if device.is_cuda() => candle_core::DType::BF16,
+        Some("bf16") => {
+            notes.push("--precision bf16 applies on a GPU; this CPU run used float32".to_string());
+            candle_core::DType::F32
+        }
+        _ => candle_core::DType::F32,
+    }
+}
+
+/// The first five of `cells`' names, ", ..." after them when there are more: for notes that name
+/// the cells they are about.
+pub(crate) fn some_cells(obs_names: &[String], cells: &[usize]) -> String {
+    let shown: Vec<&str> = cells.iter().take(5).map(|&i| obs_names[i].as_str()).collect();
+    format!("{}{}", shown.join(", "), if cells.len() > shown.len() { ", ..." } else { "" })
+}
+
+/// The last step of an embedding task: `uns['scfoundry']` (the [`provenance`], the parameters
+/// the run used and the weights files it read, `weights`, with their sha256, `sha256`: a file's,
+/// or an object of them by name) written into the pending output, which is then renamed into
+/// place; the destination is untouched until this succeeds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn commit_embedding(spec: &TaskSpec, out: PendingOutput, key: &str, matrix: &str, params: serde_json::Map<String, Value>, mut weights: serde_json::Map<String, Value>, sha256: Value, n_obs: usize, dim: usize, notes: Vec<String>) -> Result<TaskResult> {
+    let uns = require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
+    let mut prov = provenance(spec, key, matrix);
+    prov.insert("parameters".into(), Value::Object(params));
+    weights.insert("sha256".into(), sha256);
+    prov.insert("weights".into(), Value::Object(weights));
+    write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
+    drop(uns);
+    out.commit()?;
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs, dim, notes, phases: Vec::new(), ..Default::default() })
+}
+
+/// The provenance every embedding task writes to `uns['scfoundry']`: tool, version, method,
+/// command, seed, date, run, input and the matrix read. Callers add parameters and weights.
+pub(crate) fn provenance(spec: &TaskSpec, key: &str, matrix: &str) -> serde_json::Map<String, Value> {
+    let meta = std::fs::metadata(&spec.data).ok();
+    let mut prov = serde_json::Map::new();
+    prov.insert("tool".into(), json!("scfoundry"));
+    prov.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+    prov.insert("method".into(), json!(spec.method));
+    prov.insert("command".into(), json!(spec.command));
+    prov.insert("command_line".into(), json!(spec.command_line));
+    prov.insert("obsm_key".into(), json!(key));
+    prov.insert("seed".into(), json!(spec.seed));
+    prov.insert("date".into(), json!(chrono::Local::now().to_rfc3339()));
+    prov.insert("run_id".into(), json!(spec.run_id));
+    prov.insert("input".into(), json!(spec.data.display().to_string()));
+    prov.insert("input_size".into(), json!(meta.as_ref().map(|m| m.len()).unwrap_or(0)));
+    prov.insert("matrix".into(), json!(matrix));
+    prov
+}
+
+/// Write rows x dim little-endian f32 to `path` through a temporary file.
+pub(crate) fn write_f32_file(path: &Path, values: &[f32]) -> Result<()> {
+    let tmp = path.with_extension("f32.tmp");
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.into(), source: e })?;
+    }
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn length_stats_note_min_max_and_mean() {
+        let mut l = super::LengthStats::default();
+        assert_eq!(l.note("tokens"), None);
+        for n in [5, 2, 9] {
+            l.add(n);
+        }
+        assert_eq!(l.note("tokens").as_deref(), Some("tokens: 2 to 9, mean 5"));
+    }
+}
+
