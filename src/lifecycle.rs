@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 
-use crate::settings::EnvVars;
+use crate::env::EnvVars;
 
 static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);

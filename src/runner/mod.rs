@@ -214,7 +214,7 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     let mut cmd = Command::new(exe);
     // stdin is a pipe the task watches: if this process dies, the pipe closes and the task
     // removes its unfinished output and exits (lifecycle.rs)
-    cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::piped()).env(crate::settings::EnvVars::PARENT_PIPE, "1");
+    cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::piped()).env(crate::env::EnvVars::PARENT_PIPE, "1");
     // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
     let _slot = match spec.gpu {
         Some(n) => {
