@@ -213,7 +213,9 @@ fn no_method_names_outside_their_files() {
                 if line.trim_start().starts_with("#[cfg(test)]") {
                     break;
                 }
-                if line.trim_start().starts_with("//") {
+                // a comment, or a literal that only shares a method's name (scanpy's HVG flavor
+                // "seurat"), marked so at the end of its line
+                if line.trim_start().starts_with("//") || line.trim_end().ends_with("// not a method name") {
                     continue;
                 }
                 for name in reg.methods.keys() {

@@ -229,7 +229,7 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     let mut prov = provenance(spec, key, &l.x.field);
     let mut params = spec.params.clone();
     params.insert("target_sum".into(), json!(l.opts.target_sum as f64));
-    params.insert("hvg_flavor".into(), json!("seurat"));
+    params.insert("hvg_flavor".into(), json!("seurat")); // not a method name
     params.insert("n_hvg_selected".into(), json!(m));
     prov.insert("parameters".into(), Value::Object(params));
     prov.insert("weights".into(), json!({}));
