@@ -152,20 +152,30 @@ pub enum WeightsCommand {
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
     /// The method (see `scfoundry methods`).
-    #[arg(long, short)]
-    pub method: String,
+    #[arg(long, short, required_unless_present = "resume")]
+    pub method: Option<String>,
     /// Input file; never modified unless --in-place. AnnData .h5ad from anndata 0.7 to 0.13
     /// (tested: 0.8, 0.10, 0.11, 0.12, 0.13 with pandas 3), legacy AnnData (< 0.7), or a Cell
     /// Ranger / Space Ranger .h5 matrix (v2, v3; --genome picks a genome); the last two are read
     /// through a converted copy. Formats, encodings and departures: docs/file-formats.md.
-    #[arg(long, short, value_name = "H5AD")]
-    pub data: PathBuf,
+    #[arg(long, short, value_name = "H5AD", required_unless_present = "resume")]
+    pub data: Option<PathBuf>,
     /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).
     #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
     pub out: Option<PathBuf>,
     /// Replace the input file atomically (a temporary file is renamed over it when complete).
     #[arg(long)]
     pub in_place: bool,
+    /// Write only the obs index, the embedding and its provenance: no copy of X, obs, var or
+    /// layers (an atlas's output stays small). Join it back in Python:
+    /// `adata.obsm[key] = anndata.read_h5ad(out)[adata.obs_names].obsm[key]`.
+    #[arg(long, conflicts_with = "in_place")]
+    pub embedding_only: bool,
+    /// Finish an interrupted or failed sharded run: re-run only the shards that did not finish
+    /// or whose rows fail their checksum, then the merge. Everything else comes from the run
+    /// folder (method, data, options); the other options are not allowed with it.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["method", "data", "out", "in_place", "embedding_only", "layer"])]
+    pub resume: Option<PathBuf>,
     /// Read the matrix from layers[NAME] instead of X.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
@@ -183,7 +193,8 @@ pub struct EmbedArgs {
 }
 
 /// Where the tasks run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ExecutorKind {
     /// Task processes on this machine (the built-in runner).
     #[default]
@@ -196,7 +207,7 @@ pub enum ExecutorKind {
 }
 
 /// The executor, its Slurm options and the run folder: what every task command takes.
-#[derive(Debug, Args, Default)]
+#[derive(Debug, Args, Default, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Executor")]
 pub struct ExecutorArgs {
     /// local (default), nextflow or slurm.
@@ -220,10 +231,12 @@ pub struct ExecutorArgs {
 pub struct ExecArgs {
     #[command(flatten)]
     pub base: ExecutorArgs,
-    /// Split the projection over N row shards (fit once, project shards, merge); the result is
-    /// identical to an unsharded run. With slurm the shards are a job array.
-    #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub shards: Option<u64>,
+    /// Split the embedding over N row shards, each a task (with a fit over the whole data
+    /// first for the methods that need one), then a merge that writes one output. On the CPU
+    /// the output equals an unsharded run's byte for byte. `auto`: one shard per card given
+    /// with --gpu, and at least one per 200,000 cells. With slurm the shards are a job array.
+    #[arg(long, help_heading = "Executor", value_name = "N|auto", value_parser = parse_shards)]
+    pub shards: Option<Shards>,
     /// Pin GPU tasks to this device (CUDA_VISIBLE_DEVICES); the local runner holds the workspace's
     /// lock for it, so one task uses a GPU at a time across all runs of the workspace.
     #[arg(long, help_heading = "Executor", value_name = "N")]
@@ -234,8 +247,38 @@ pub struct ExecArgs {
     pub max_forks: Option<u64>,
 }
 
+/// `--shards`: a count, or `auto` (chosen from the cells and the cards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shards {
+    Count(u64),
+    Auto,
+}
+
+impl Shards {
+    /// Cells per shard that `auto` aims at, at most.
+    pub const AUTO_CELLS: usize = 200_000;
+
+    /// The shard count for `n_obs` cells and `cards` GPU slots (0 without --gpu).
+    pub fn count(self, n_obs: usize, cards: usize) -> u64 {
+        match self {
+            Shards::Count(n) => n,
+            Shards::Auto => cards.max(n_obs.div_ceil(Self::AUTO_CELLS)).max(1) as u64,
+        }
+    }
+}
+
+fn parse_shards(s: &str) -> Result<Shards, String> {
+    if s == "auto" {
+        return Ok(Shards::Auto);
+    }
+    match s.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(Shards::Count(n)),
+        _ => Err(format!("`{s}` is not a shard count: give a whole number from 1, or `auto`")),
+    }
+}
+
 /// sbatch options for `--executor slurm`.
-#[derive(Debug, Args, Default, Clone)]
+#[derive(Debug, Args, Default, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Slurm (--executor slurm)")]
 pub struct SlurmArgs {
     /// Slurm partition (sbatch --partition).

@@ -23,6 +23,13 @@ impl EnvVars {
     pub const CONVERTED_DIR: &'static str = "SCFOUNDRY_CONVERTED_DIR";
     /// Fault injection for tests of failure handling: the project step of this shard exits 1.
     pub const FAIL_SHARD: &'static str = "SCFOUNDRY_FAIL_SHARD";
+    /// Fault injection for tests of resuming: the project step of this shard kills itself
+    /// (SIGKILL, as a scheduler does) after writing its first block of rows.
+    pub const KILL_SHARD: &'static str = "SCFOUNDRY_KILL_SHARD";
+    /// Rows of the blocks embeddings read X in (default: the method's, about a million stored
+    /// values a block; rounded up to the method's batch). Shards are whole blocks, so smaller
+    /// blocks let a small file be split; sharded and unsharded runs must use the same value.
+    pub const BLOCK_ROWS: &'static str = "SCFOUNDRY_BLOCK_ROWS";
     /// Set by the local runner on the task processes it starts, whose stdin is then a pipe from
     /// the runner: when it closes (the runner died), the task removes its unfinished output and
     /// exits (see `lifecycle`).

@@ -74,6 +74,15 @@ pub enum Storage {
 }
 
 /// A matrix inside an .h5ad file.
+/// The row ranges [`Matrix::read_rows`] read in this process, in order: a task reports what it
+/// read, so that a test can check that a shard reads only its own rows.
+static ROWS_READ: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// The row ranges read so far by this process (`start..end` each), in order.
+pub fn rows_read() -> Vec<(usize, usize)> {
+    ROWS_READ.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
 pub struct Matrix {
     pub path: PathBuf,
     /// Where in the file: `X`, `layers/counts`, `raw/X`.
@@ -222,6 +231,12 @@ impl Matrix {
 
     /// Read rows `start..end` as a CSR block of f32 values.
     pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
+        if let Ok(mut v) = ROWS_READ.lock() {
+            match v.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => v.push((start, end)),
+            }
+        }
         let field = &self.field;
         match &self.storage {
             Storage::Dense(ds) => {

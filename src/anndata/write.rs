@@ -37,12 +37,33 @@ impl PendingOutput {
     /// [`write_uns`](Self::write_uns), then `commit`.
     pub fn create_new(dest: &Path) -> Result<PendingOutput> {
         let temp = temp_beside(dest)?;
+        // a temporary file is private (0600); the output gets the mode a new file gets here
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // SAFETY: umask is read by setting it and setting it back at once
+            let mask = unsafe {
+                let m = libc::umask(0o022);
+                libc::umask(m);
+                m
+            };
+            let _ = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o666 & !(mask as u32)));
+        }
         let file = File::create(&temp).h5ctx(|| format!("creating {}", temp.display()))?;
         set_encoding(&file, "anndata", "0.1.0").h5ctx(|| "tagging the file".into())?;
         for g in ["layers", "obsm", "obsp", "uns", "varm", "varp"] {
             require_dict(&file, g).h5ctx(|| format!("creating {g}"))?;
         }
         Ok(PendingOutput { dest: dest.into(), temp, file: Some(file) })
+    }
+
+    /// A new AnnData file holding only the obs index (`obs_names`), an empty var and what the
+    /// caller adds (an embedding in obsm, uns): `embed --embedding-only`. anndata reads it as
+    /// n_obs x 0 with no X; the embedding joins the full data by the obs index.
+    pub fn create_embedding_only(dest: &Path, obs_names: &[String]) -> Result<PendingOutput> {
+        let out = Self::create_new(dest)?;
+        out.write_dataframe("obs", &DataFrame { index_name: String::new(), index: obs_names.to_vec(), columns: vec![] })?;
+        out.write_dataframe("var", &DataFrame::default())?;
+        Ok(out)
     }
 
     /// Write a whole dataframe (anndata's `dataframe` 0.2.0) at `at` ("obs", "var", "raw/var").

@@ -106,7 +106,13 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
 }
 
 pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
-    let m = s.registry.get(&args.method)?.clone();
+    if let Some(dir) = &args.resume {
+        return resume(s, args, dir);
+    }
+    let (Some(method), Some(data)) = (args.method.as_deref(), args.data.as_deref()) else {
+        unreachable!("clap requires --method and --data without --resume")
+    };
+    let m = s.registry.get(method)?.clone();
     let params = resolve_params(s, &m, args);
     if !m.implemented {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
@@ -123,26 +129,28 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let device = resolve_device(s, &m, args)?;
     // Validate what is cheap before any run folder exists: weights first (the usual miss).
     let entry = crate::tasks::table::get(&m.name).ok_or_else(|| Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") })?;
-    let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data: &args.data };
+    let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data };
     entry.check(&pf)?;
     let unsharded = entry.unsharded();
     if let (Some(why), Some(_)) = (unsharded, exec.shards) {
         warn(&format!("{} {why}, so it is ignored", m.name));
     }
-    let ad = AnnData::open(&args.data)?;
+    let ad = AnnData::open(data)?;
     ad.check_usable()?;
     entry.check_data(&pf, &ad)?;
-    ad.matrix(args.layer.as_deref())?;
+    let x = ad.matrix(args.layer.as_deref())?;
+    let block = entry.block_rows(&x, &params);
     let n_obs = ad.n_obs;
+    drop(x);
     drop(ad);
 
     let out = match (&args.out, args.in_place) {
-        (_, true) => args.data.clone(),
+        (_, true) => data.to_path_buf(),
         (Some(o), false) => o.clone(),
-        (None, false) => default_output(&args.data, &m.name),
+        (None, false) => default_output(data, &m.name),
     };
     crate::paths::check_output_file(&out, "--out")?;
-    if !args.in_place && crate::paths::same_file(&args.data, &out) {
+    if !args.in_place && crate::paths::same_file(data, &out) {
         return Err(Error::BadOption {
             option: "--out".into(),
             detail: format!("{} is the input file", out.display()),
@@ -151,38 +159,61 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         .into());
     }
     let run = executor::create_run(s, &exec.base, &out, &m.name)?;
-    let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let tag = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec {
         layer: args.layer.clone(),
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
         gpu: exec.gpu,
         device,
-        ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, &args.data, &out, args.seed, params, s.quiet, s.progress)?
+        embedding_only: args.embedding_only,
+        ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, data, &out, args.seed, params, s.quiet, s.progress)?
     };
     if let Some(p) = pipeline {
+        if args.embedding_only {
+            warn("--embedding-only applies to --executor local and slurm; the Nextflow pipeline writes the full output");
+        }
         return run_nextflow(s, args, &spec, &run, &p);
     }
-    let shards = if unsharded.is_some() { None } else { exec.shards };
-    let tasks = executor::plan_embed(&spec, &run, n_obs, shards);
-    let outcomes = match executor::run_plan(&run, &tasks, &exec.base, exec.max_forks, s.quiet)? {
+    let cards = usize::from(exec.gpu.is_some());
+    let shards = if unsharded.is_some() { None } else { exec.shards.map(|k| k.count(n_obs, cards)) };
+    let tasks = executor::plan_embed(&spec, &run, n_obs, shards, block, entry.fits_before_shards());
+    executor::save_plan(&run, &tasks, &exec.base)?;
+    finish(s, &run, &tasks, &exec.base, exec.max_forks, Vec::new())
+}
+
+/// Run `tasks` (those of `cached` already done) and print what was written.
+fn finish(s: &Settings, run: &Run, tasks: &[TaskSpec], exec: &crate::cli::ExecutorArgs, max_forks: Option<u64>, cached: Vec<runner::Outcome>) -> anyhow::Result<ExitStatus> {
+    let todo: Vec<TaskSpec> = tasks.iter().filter(|t| !cached.iter().any(|c| c.record.task_id == t.task_id)).cloned().collect();
+    let outcomes = match executor::run_plan_cached(run, &todo, exec, max_forks, s.quiet, cached)? {
         Finished::Completed(o) => o,
-        Finished::Failed(code) => return Ok(ExitStatus::Code(code)),
+        Finished::Failed(code) => {
+            if tasks.len() > 1 {
+                eprintln!("finished shards are kept: `scfoundry embed --resume {}` runs only what is left", run.dir.display());
+            }
+            return Ok(ExitStatus::Code(code));
+        }
     };
     if !s.quiet {
-        let last = outcomes.last().expect("at least one task");
+        let last = outcomes.iter().find(|o| matches!(tasks.iter().find(|t| t.task_id == o.record.task_id).map(|t| &t.step), Some(runner::Step::Merge { .. } | runner::Step::Embed))).or(outcomes.last()).expect("at least one task");
         let r = last.result.clone().unwrap_or_default();
         let wall: u64 = outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.realtime_ms)).sum();
         let peak = outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.peak_rss)).max().unwrap_or(0);
         let how = if tasks.len() > 1 { format!(" ({} tasks)", tasks.len()) } else { String::new() };
         eprintln!(
             "wrote {} with obsm['{}'] ({} cells x {}) in {}{how}, peak memory {}",
-            out.display(),
+            r.output.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             r.obsm_key.unwrap_or_default(),
             r.n_obs,
             r.dim,
             runner::trace::fmt_duration(wall),
             runner::trace::fmt_memory(peak)
         );
+        if tasks.len() > 1 {
+            for o in &outcomes {
+                let (time, mem) = o.stats.as_ref().map(|s| (runner::trace::fmt_duration(s.realtime_ms), runner::trace::fmt_memory(s.peak_rss))).unwrap_or_default();
+                eprintln!("  {}: {} in {time}, peak memory {mem}", o.record.name, o.record.status.to_lowercase());
+            }
+        }
         for o in &outcomes {
             if let Some(g) = crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)) {
                 eprintln!("GPU {} ({}): peak {} in {} allocations, allocator {}", g.ordinal, g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
@@ -194,6 +225,36 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());
     }
     Ok(ExitStatus::Success)
+}
+
+/// `embed --resume RUN_DIR`: the run's plan again, without the shards (and fit) that finished
+/// and whose rows pass their checksum.
+fn resume(s: &Settings, args: &EmbedArgs, dir: &Path) -> anyhow::Result<ExitStatus> {
+    let (run, tasks, saved_exec) = executor::load_plan(dir)?;
+    if tasks.first().map(|t| t.command.as_str()) != Some("embed") {
+        return Err(Error::BadOption { option: "--resume".into(), detail: format!("{} is not the run folder of an embedding", dir.display()), hint: None }.into());
+    }
+    let mut exec = saved_exec;
+    if args.exec.base.executor != ExecutorKind::Local {
+        exec.executor = args.exec.base.executor;
+    }
+    let mut cached = Vec::new();
+    for t in &tasks {
+        let done = match &t.step {
+            runner::Step::Project { shard, start, end } => t.work.as_deref().and_then(|w| crate::tasks::shard::shard_done(w, *shard, *start, *end)).is_some(),
+            runner::Step::Fit => runner::task_files(&run, t).1.is_some(),
+            _ => false,
+        };
+        if done {
+            cached.push(runner::cached_outcome(&run, t));
+        }
+    }
+    if !s.quiet {
+        let projects = tasks.iter().filter(|t| matches!(t.step, runner::Step::Project { .. })).count();
+        let kept = cached.iter().filter(|o| o.record.name.contains("_PROJECT")).count();
+        eprintln!("resuming {}: {kept} of {projects} shards finished and checked; running the rest", run.dir.display());
+    }
+    finish(s, &run, &tasks, &exec, args.exec.max_forks, cached)
 }
 
 /// The Nextflow parameters of an embedding (names as in nextflow_schema.json).

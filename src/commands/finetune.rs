@@ -497,7 +497,7 @@ fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, 
             use crate::methods::geneformer::GeneTable;
             let ids = crate::tasks::runtime::gene_ids(ad, column)?;
             let table = GeneTable::new(&ids, &model.dict)?;
-            let totals = crate::tasks::runtime::cell_totals(ad, &x, notes)?;
+            let totals = crate::tasks::runtime::cell_totals(ad, &x, 0..ad.n_obs, notes)?;
             let mut cells = Vec::with_capacity(n);
             for (s, e) in x.blocks(1_000_000) {
                 let b = x.read_rows(s, e)?;

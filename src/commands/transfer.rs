@@ -468,6 +468,7 @@ fn plan(run: &Run, s: &Settings, a: &TransferArgs, method: &str, params: serde_j
         work: Some(work.clone()),
         gpu: None,
         device: Default::default(),
+        embedding_only: false,
     };
     let process = method.to_uppercase();
     let mut stages: Vec<Vec<TaskSpec>> = Vec::new();

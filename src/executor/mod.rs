@@ -67,12 +67,24 @@ pub enum Finished {
 /// Run a plan with the local runner (at most `max_forks` shards at once) or with Slurm, write
 /// the run's trace.txt and report.json, and on a failure name the task and the run folder.
 pub fn run_plan(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs, max_forks: Option<u64>, quiet: bool) -> Result<Finished> {
-    let outcomes = match exec.executor {
-        ExecutorKind::Slurm => slurm::run(run, tasks, &exec.slurm, max_forks, &exec.passthrough, quiet)?,
-        _ => run_local(run, tasks, max_forks.unwrap_or(1) as usize)?,
+    run_plan_cached(run, tasks, exec, max_forks, quiet, Vec::new())
+}
+
+/// [`run_plan`] for the tasks left of a resumed run; `cached` are the outcomes of those that
+/// finished before (trace.txt lists them as CACHED, as Nextflow's `-resume` does).
+pub fn run_plan_cached(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs, max_forks: Option<u64>, quiet: bool, cached: Vec<Outcome>) -> Result<Finished> {
+    let mut outcomes = cached;
+    if !tasks.is_empty() {
+        outcomes.extend(match exec.executor {
+            ExecutorKind::Slurm => slurm::run(run, tasks, &exec.slurm, max_forks, &exec.passthrough, quiet)?,
+            _ => run_local(run, tasks, max_forks.unwrap_or(1) as usize)?,
+        });
+    }
+    let Some(first) = tasks.first() else {
+        return Ok(Finished::Completed(outcomes));
     };
     let refs: Vec<&Outcome> = outcomes.iter().collect();
-    runner::write_reports(run, &tasks[0], &refs)?;
+    runner::write_reports(run, first, &refs)?;
     let failed = outcomes.iter().find(|o| o.record.status == "FAILED").or_else(|| outcomes.iter().find(|o| o.exit != 0));
     if let Some(f) = failed {
         if tasks.len() > 1 {
@@ -113,18 +125,24 @@ pub fn run_single(s: &Settings, exec: &ExecutorArgs, pipeline: Option<nextflow::
     Ok(ExitStatus::Success)
 }
 
-/// The tasks of one embedding, in dependency order: `[embed]`, or `[fit, project.., merge]`.
-pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>) -> Vec<TaskSpec> {
+/// The tasks of one embedding, in dependency order: `[embed]`, or `[fit?, project.., merge]`
+/// with shards of whole blocks of `block` rows (`tasks::shard`) and a fit step first when the
+/// method computes something over the whole data (`fit`).
+pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>, block: usize, fit: bool) -> Vec<TaskSpec> {
     let Some(k) = shards else {
         return vec![TaskSpec { task_id: 1, ..base.clone() }];
     };
-    let ranges = shard_ranges(n_obs, k as usize);
+    let ranges = shard_ranges(n_obs, k as usize, block);
     let work: PathBuf = run.dir.join("work");
     let (process, tag) = split_name(&base.name);
-    let mut tasks = vec![TaskSpec { task_id: 1, name: format!("{process}_FIT ({tag})"), step: Step::Fit, work: Some(work.clone()), ..base.clone() }];
+    let mut tasks = Vec::new();
+    if fit {
+        tasks.push(TaskSpec { task_id: 1, name: format!("{process}_FIT ({tag})"), step: Step::Fit, work: Some(work.clone()), ..base.clone() });
+    }
+    let first = tasks.len() as u64 + 1;
     for (i, &(start, end)) in ranges.iter().enumerate() {
         tasks.push(TaskSpec {
-            task_id: 2 + i as u64,
+            task_id: first + i as u64,
             name: format!("{process}_PROJECT ({tag}, shard {i})"),
             step: Step::Project { shard: i, start, end },
             work: Some(work.clone()),
@@ -132,13 +150,43 @@ pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>)
         });
     }
     tasks.push(TaskSpec {
-        task_id: 2 + ranges.len() as u64,
+        task_id: first + ranges.len() as u64,
         name: format!("{process}_MERGE ({tag})"),
         step: Step::Merge { shards: ranges },
         work: Some(work),
         ..base.clone()
     });
     tasks
+}
+
+/// What `plan.json` in a run folder holds: every task of the run, its executor and where its
+/// GPU locks live; `embed --resume` reads it back.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Plan {
+    tasks: Vec<TaskSpec>,
+    executor: ExecutorArgs,
+    locks: PathBuf,
+}
+
+/// Save a run's plan in its folder (`plan.json`) before any task runs.
+pub fn save_plan(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs) -> Result<()> {
+    let path = run.dir.join("plan.json");
+    let plan = Plan { tasks: tasks.to_vec(), executor: exec.clone(), locks: run.locks.clone() };
+    std::fs::write(&path, serde_json::to_string_pretty(&plan).unwrap_or_default()).map_err(|e| Error::Io { path, source: e })
+}
+
+/// A run folder's plan: the run, its tasks and its executor.
+pub fn load_plan(dir: &Path) -> Result<(Run, Vec<TaskSpec>, ExecutorArgs)> {
+    let path = dir.join("plan.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::BadOption {
+        option: "--resume".into(),
+        detail: format!("{} cannot be read ({e})", path.display()),
+        hint: Some("give the run folder a sharded `scfoundry embed` printed (it holds plan.json)".into()),
+    })?;
+    let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::BadField { path: path.clone(), field: "plan".into(), detail: e.to_string(), hint: Some("the run was planned by another version of scfoundry: start it again".into()) })?;
+    let dir = std::path::absolute(dir).map_err(|e| Error::Io { path: dir.into(), source: e })?;
+    let id = plan.tasks.first().map(|t| t.run_id.clone()).unwrap_or_default();
+    Ok((Run { id, dir, locks: plan.locks }, plan.tasks, plan.executor))
 }
 
 /// `EMBED_PCA (pbmc)` -> (`EMBED_PCA`, `pbmc`).

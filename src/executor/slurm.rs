@@ -332,14 +332,18 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
             }
             return Ok(());
         }
-        let fit = tasks.iter().find(|t| t.step == Step::Fit).expect("a sharded plan has a fit");
+        // a fit over the whole data first when the method has one, then the shards as a job
+        // array, then the merge once every element has finished
         let merge = tasks.iter().find(|t| matches!(t.step, Step::Merge { .. })).expect("a sharded plan has a merge");
-        let j = submit("fit", logs.join("fit.out"), None, TaskRef::One(fit.task_id), vec![fit.task_id], None, true)?;
-        let fit_id = j.id.clone();
-        jobs.push(j);
+        let mut fit_id = None;
+        if let Some(fit) = tasks.iter().find(|t| t.step == Step::Fit) {
+            let j = submit("fit", logs.join("fit.out"), None, TaskRef::One(fit.task_id), vec![fit.task_id], None, true)?;
+            fit_id = Some(j.id.clone());
+            jobs.push(j);
+        }
         let first = projects[0].task_id;
         let ids = projects.iter().map(|t| t.task_id).collect();
-        let j = submit("project", logs.join("project-%a.out"), Some((projects.len(), max_forks)), TaskRef::Array { first }, ids, Some(&fit_id), true)?;
+        let j = submit("project", logs.join("project-%a.out"), Some((projects.len(), max_forks)), TaskRef::Array { first }, ids, fit_id.as_deref(), true)?;
         let array_id = j.id.clone();
         jobs.push(j);
         jobs.push(submit("merge", logs.join("merge.out"), None, TaskRef::One(merge.task_id), vec![merge.task_id], Some(&array_id), false)?);

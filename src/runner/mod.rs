@@ -54,6 +54,9 @@ pub struct TaskSpec {
     /// The device and allocator (cpu unless --device cuda).
     #[serde(default)]
     pub device: crate::gpu::DeviceSpec,
+    /// Write only the obs index, the embedding and its provenance, not a copy of the input.
+    #[serde(default)]
+    pub embedding_only: bool,
 }
 
 /// A task's part of the work. A sharded embedding is `Fit`, then one `Project` per row
@@ -80,10 +83,13 @@ pub fn options_params<T: Serialize>(opts: &T) -> serde_json::Map<String, serde_j
     }
 }
 
-/// Row ranges of `n` rows in `parts` nearly equal shards (no empty shard).
-pub fn shard_ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
-    let parts = parts.max(1).min(n.max(1));
-    (0..parts).map(|p| (p * n / parts, (p + 1) * n / parts)).collect()
+/// Row ranges of `n` rows in at most `parts` shards of whole blocks of `block` rows (the grid
+/// a method reads X in, `tasks::shard`), as equal as the blocks allow; no empty shard.
+pub fn shard_ranges(n: usize, parts: usize, block: usize) -> Vec<(usize, usize)> {
+    let block = block.max(1);
+    let n_blocks = n.div_ceil(block).max(1);
+    let parts = parts.max(1).min(n_blocks);
+    (0..parts).map(|p| ((p * n_blocks / parts * block).min(n), ((p + 1) * n_blocks / parts * block).min(n))).collect()
 }
 
 impl TaskSpec {
@@ -111,6 +117,7 @@ impl TaskSpec {
             work: None,
             gpu: None,
             device: Default::default(),
+            embedding_only: false,
         })
     }
 
@@ -129,6 +136,9 @@ impl TaskSpec {
         h.update(serde_json::to_vec(&(&self.command, &self.method, &self.data, &self.layer, self.seed, &self.params)).unwrap());
         if self.step != Step::Embed {
             h.update(serde_json::to_vec(&self.step).unwrap());
+        }
+        if self.embedding_only {
+            h.update(b"embedding-only");
         }
         let hex = hex::encode(h.finalize());
         format!("{}/{}", &hex[..2], &hex[2..8])
@@ -154,6 +164,12 @@ pub struct TaskResult {
     /// Lines for stderr once the task is done (unless --quiet), e.g. what was written where.
     #[serde(default)]
     pub summary: Vec<String>,
+    /// Rows of X the task read (an embedding task; a shard reads its own rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_read: Option<u64>,
+    /// Of those, rows outside the task's own (a shard's neighbours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_read_outside: Option<u64>,
 }
 
 /// A run folder.
@@ -203,6 +219,24 @@ pub fn task_files(run: &Run, spec: &TaskSpec) -> (Option<TaskStats>, Option<Task
     let stats = std::fs::read_to_string(tdir.join("stats.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
     let result = std::fs::read_to_string(tdir.join("result.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
     (stats, result)
+}
+
+/// The outcome of a task that finished in an earlier attempt of the run (`embed --resume`):
+/// its recorded cost and result, status CACHED.
+pub fn cached_outcome(run: &Run, spec: &TaskSpec) -> Outcome {
+    let (stats, result) = task_files(run, spec);
+    let record = TraceRecord {
+        task_id: spec.task_id,
+        hash: spec.hash(),
+        name: spec.name.clone(),
+        status: "CACHED".into(),
+        exit: Some(0),
+        submit_ms: chrono::Utc::now().timestamp_millis(),
+        realtime_ms: stats.as_ref().map(|s| s.realtime_ms),
+        peak_rss: stats.as_ref().map(|s| s.peak_rss),
+        ..Default::default()
+    };
+    Outcome { exit: 0, record, stats, result }
 }
 
 /// Run one task as a child process of this binary and wait for it.

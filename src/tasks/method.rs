@@ -45,6 +45,19 @@ pub trait Method: Sync {
         None
     }
 
+    /// Rows of the blocks an embedding reads X in, laid over the whole file (see
+    /// `tasks::shard`): shards are whole blocks, so a sharded run batches cells as an unsharded
+    /// one. About a million stored values a block unless the method says otherwise.
+    fn block_rows(&self, x: &crate::anndata::Matrix, _params: &Map<String, Value>) -> usize {
+        crate::tasks::shard::block_rows(x, 1_000_000, 1)
+    }
+
+    /// Whether a sharded embedding computes something over the whole data first (a
+    /// `Step::Fit` task before the shards; its result in the run's work folder).
+    fn fits_before_shards(&self) -> bool {
+        false
+    }
+
     /// One step of an `embed` task; `None` where the method has no such step.
     fn embed(&self, _spec: &TaskSpec, _task_dir: &Path, _step: &Step) -> Option<Result<TaskResult>> {
         None
@@ -132,7 +145,9 @@ pub fn task_params<P: DeserializeOwned>(spec: &TaskSpec) -> Result<P> {
     params(&spec.method, &spec.params)
 }
 
-/// `embed`'s one step for a method that embeds in one task: `Step::Embed` only.
+/// `embed`'s step for a method whose cells embed independently: the whole data
+/// (`Step::Embed`) or one shard's rows (`Step::Project`), the same function (it reads its rows
+/// from `tasks::shard::TaskRows`); the merge is the shared one (`tasks::shard::merge`).
 pub fn one_step(step: &Step, run: impl FnOnce() -> Result<TaskResult>) -> Option<Result<TaskResult>> {
-    matches!(step, Step::Embed).then(run)
+    matches!(step, Step::Embed | Step::Project { .. }).then(run)
 }

@@ -14,6 +14,7 @@ pub mod embed;
 pub mod integrate;
 pub mod method;
 pub mod runtime;
+pub mod shard;
 pub mod table;
 
 /// The task of a command whose work lives with the command (benchmark, geometry, finetune),
@@ -30,7 +31,11 @@ pub fn run(spec_path: &Path, command_tasks: &[(&str, CommandTask)]) -> anyhow::R
     let not_here = || Error::NotImplemented { name: format!("{} {}", spec.command, spec.method), version: env!("CARGO_PKG_VERSION") };
     let method = table::get(&spec.method);
     let outcome: anyhow::Result<TaskResult> = match spec.command.as_str() {
-        "embed" => method.and_then(|m| m.embed(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
+        "embed" => match (method.and_then(|m| m.embed(&spec, dir, &spec.step)), &spec.step) {
+            (Some(r), _) => r.map_err(Into::into),
+            (None, Step::Merge { shards }) if method.is_some() => shard::merge(&spec, shards).map_err(Into::into),
+            (None, _) => Err(not_here().into()),
+        },
         "transfer" => method.and_then(|m| m.transfer(&spec, dir, &spec.step)).unwrap_or_else(|| Err(not_here())).map_err(Into::into),
         "integrate" if spec.step == Step::Embed => method.and_then(|m| m.integrate(&spec)).unwrap_or_else(|| Err(not_here().into())),
         c if spec.step == Step::Embed => match command_tasks.iter().find(|(name, _)| *name == c) {

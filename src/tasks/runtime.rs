@@ -360,20 +360,24 @@ pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
     }
 }
 
-/// Each cell's total counts: obs['n_counts'] when present (upstream requires it), else row sums.
-pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, notes: &mut Vec<String>) -> Result<Vec<f64>> {
+/// The total counts of cells `rows` (a task's rows; index `i - rows.start`): obs['n_counts']
+/// when present (upstream requires it), else row sums of those rows only.
+pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, rows: std::ops::Range<usize>, notes: &mut Vec<String>) -> Result<Vec<f64>> {
     use crate::anndata::dataframe::Column;
     let obs = ad.obs()?;
     if let Some(Column::Numeric(v)) = obs.column("n_counts") {
-        return Ok(v.clone());
+        return Ok(v[rows].to_vec());
     }
     notes.push(format!("obs has no numeric `n_counts` (upstream requires it: each cell's total counts); the row sums of {} were used", x.field));
-    let mut out = Vec::with_capacity(ad.n_obs);
-    for (s, e) in x.blocks(1_000_000) {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut s = rows.start;
+    while s < rows.end {
+        let e = (s + 4096).min(rows.end);
         let b = x.read_rows(s, e)?;
         for i in 0..b.n_rows() {
             out.push(b.row(i).1.iter().map(|&v| v as f64).sum());
         }
+        s = e;
     }
     Ok(out)
 }

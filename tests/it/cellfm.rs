@@ -187,6 +187,7 @@ fn cellfm_embed_command_matches_the_port() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "-d", "cells.h5ad", "--batch-size", "3"], &env);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "-d", "cells.h5ad", "--batch-size", "3"], &env, "X_cellfm", 2, 0);
     assert!(r.stderr.contains("140 of the data's 300 genes are in the model's 160-gene table"), "{}", r.stderr);
     let out = ctx.path("cells.cellfm.h5ad");
     let h = hdf5::File::open(&out).unwrap();

@@ -356,3 +356,53 @@ pub fn manifest_without_checksum(ctx: &TestContext, entry: &str) -> PathBuf {
     std::fs::write(&manifest, format!("{}{kept}{}", &text[..at], &text[end..])).unwrap();
     manifest
 }
+
+/// Rows of the blocks the shard tests use (`SCFOUNDRY_BLOCK_ROWS`): small enough to split the
+/// test files, the same for the sharded and the unsharded run.
+pub const SHARD_BLOCK_ROWS: &str = "8";
+
+/// `embed` with `args` (which name no `-o`) once whole and once in `shards` shards, each with
+/// `SCFOUNDRY_BLOCK_ROWS` = [`SHARD_BLOCK_ROWS`] and `env`: `obsm[key]` must be equal byte for
+/// byte, every shard must have read only its own rows (plus `halo` more at most), and the
+/// merged output must say in its provenance that it merged. Returns the sharded run's folder.
+#[track_caller]
+pub fn assert_shards_equal(ctx: &TestContext, args: &[&str], env: &[(&str, &Path)], key: &str, shards: usize, halo: u64) -> PathBuf {
+    let block = Path::new(SHARD_BLOCK_ROWS);
+    let mut env: Vec<(&str, &Path)> = env.to_vec();
+    env.push(("SCFOUNDRY_BLOCK_ROWS", block));
+    let whole = format!("whole-{key}.h5ad");
+    let split = format!("sharded-{key}.h5ad");
+    let runs = ctx.path(&format!("runs-{key}"));
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["-o", &whole]);
+    ctx.run_env(&a, &env).success();
+    let shard_count = shards.to_string();
+    let mut b: Vec<&str> = args.to_vec();
+    b.extend(["-o", &split, "--shards", &shard_count, "--max-forks", "2", "--runs-dir", runs.to_str().unwrap()]);
+    let r = ctx.run_env(&b, &env);
+    r.success();
+    let (x, dx) = read_obsm(&ctx.path(&whole), key);
+    let (y, dy) = read_obsm(&ctx.path(&split), key);
+    assert_eq!(dx, dy, "{key}: widths differ");
+    let same = x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits());
+    if !same {
+        let first = x.iter().zip(&y).position(|(p, q)| p.to_bits() != q.to_bits());
+        panic!("{key}: the sharded output differs from the whole run (first at value {first:?} of {})\n{}", x.len(), r.stderr);
+    }
+    let run = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir()).expect("a run folder");
+    let plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+    let mut seen = 0;
+    for t in plan["tasks"].as_array().unwrap() {
+        if t["step"]["kind"] != "project" {
+            continue;
+        }
+        let (s, e) = (t["step"]["start"].as_u64().unwrap(), t["step"]["end"].as_u64().unwrap());
+        let res: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("tasks").join(t["task_id"].to_string()).join("result.json")).unwrap()).unwrap();
+        let read = res["rows_read"].as_u64().expect("a shard reports rows_read");
+        let outside = res["rows_read_outside"].as_u64().expect("a shard reports rows_read_outside");
+        assert!(read - outside == e - s && outside <= halo, "{key}: shard {s}..{e} read {read} rows of X, {outside} outside its own");
+        seen += 1;
+    }
+    assert_eq!(seen, shards, "{key}: expected {shards} shards in {}", run.display());
+    run
+}

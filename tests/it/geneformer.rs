@@ -115,6 +115,8 @@ fn geneformer_embed_command_with_model_dir() {
     let dir = fx().join("v1");
     let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap(), "--batch-size", "8"]);
     r.success();
+    // blocks are whole groups of 20 batches: batches of 2 give blocks of 40 of the 50 cells
+    crate::common::assert_shards_equal(&ctx, &["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap(), "--batch-size", "2"], &[], "X_geneformer", 2, 0);
     let out = ctx.path("cells.geneformer.h5ad");
     let (got, dim) = read_obsm(&out, "X_geneformer");
     assert_eq!(dim, 32);

@@ -73,6 +73,7 @@ fn genept_embed_command_matches_upstream() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("pbmc.h5ad")).unwrap();
     let r = ctx.run(&["embed", "-m", "genept", "-d", "pbmc.h5ad", "--model-dir", dir().to_str().unwrap()]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["embed", "-m", "genept", "-d", "pbmc.h5ad", "--model-dir", dir().to_str().unwrap()], &[], "X_genept", 3, 0);
     r.stderr_has("165 of 765 genes (var_names) have no GenePT embedding");
     let out = ctx.path("pbmc.genept.h5ad");
     let (got, dim) = read_obsm(&out, "X_genept");

@@ -40,6 +40,7 @@ fn langcell_embed_command_with_model_dir() {
     std::fs::copy(cells_h5ad(), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run(&["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "5"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["embed", "-m", "langcell", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "1"], &[], "X_langcell", 2, 0);
     assert!(r.stderr.contains("were truncated"), "{}", r.stderr);
     let (got, dim) = read_obsm(&ctx.path("cells.langcell.h5ad"), "X_langcell");
     assert_eq!(dim, 256);

@@ -143,6 +143,7 @@ fn scbert_embed_command_matches_upstream() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scbert", "-d", "cells.h5ad", "--batch-size", "4"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scbert", "-d", "cells.h5ad", "--batch-size", "4"], &[], "X_scbert", 2, 0);
     // the genes and the cells upstream's preprocess.py would drop are reported
     assert!(r.stderr.contains("260 of the 300 reference genes"), "{}", r.stderr);
     assert!(r.stderr.contains("fewer than 200"), "{}", r.stderr);

@@ -120,6 +120,7 @@ fn sccello_embed_command_with_model_dir() {
     std::fs::copy(cells_h5ad(), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run(&["embed", "-m", "sccello", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "8"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["embed", "-m", "sccello", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "1"], &[], "X_sccello", 2, 0);
     // the file has var['ensembl_id'], not scCello's var['ensembl_ids']: said, and used
     assert!(r.stderr.contains("var has no `ensembl_ids` column"), "{}", r.stderr);
     assert!(r.stderr.contains("were truncated"), "{}", r.stderr);

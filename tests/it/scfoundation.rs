@@ -164,6 +164,7 @@ fn scfoundation_embed_command_matches_upstream() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scfoundation", "-d", "cells.h5ad"], &env);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scfoundation", "-d", "cells.h5ad", "--batch-size", "4"], &env, "X_scfoundation", 2, 0);
     assert!(r.stderr.contains("90 of the model's 98 genes are in the data; 8 are zero-filled"), "{}", r.stderr);
     let out = ctx.path("cells.scfoundation.h5ad");
     let h = hdf5::File::open(&out).unwrap();

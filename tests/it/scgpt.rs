@@ -237,6 +237,7 @@ fn scgpt_embed_command_matches_upstream() {
     ctx.demo("pbmc68k_counts.h5ad");
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "--batch-size", "16"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "--batch-size", "4"], &[], "X_scgpt", 3, 0);
     assert!(r.stderr.contains("680 of 765 genes (var_names) are in scGPT's vocabulary"), "{}", r.stderr);
     let out = ctx.path("pbmc68k_counts.scgpt.h5ad");
     let (got, dim) = read_obsm(&out, "X_scgpt");

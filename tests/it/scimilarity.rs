@@ -118,6 +118,7 @@ fn scimilarity_embed_command_matches_upstream() {
     std::fs::rename(model_copy(&ctx, "m", |_| {}), &model).unwrap();
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "--batch-size", "16"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "--batch-size", "4"], &[], "X_scimilarity", 3, 0);
     r.stderr_has("240 of the model's 300 genes are in the data; 60 are not and were zero-filled");
     r.stderr_has("upstream's align_dataset refuses data with fewer than 5000");
     let out = ctx.path("pbmc.scimilarity.h5ad");

@@ -161,6 +161,7 @@ fn scvi_embed_command_runs_saved_models() {
     let model = dir().join("default");
     let r = ctx.run(&["embed", "-m", "scvi", "-d", "q.h5ad", "--model-dir", model.to_str().unwrap(), "--batch-size", "16"]);
     r.success().stderr_has("10 of the model's 120 genes are not in the data and are zero-filled").stderr_has("15 of the data's 125 genes are not in the model");
+    crate::common::assert_shards_equal(&ctx, &["embed", "-m", "scvi", "-d", "q.h5ad", "--model-dir", model.to_str().unwrap(), "--batch-size", "4"], &[], "X_scvi", 2, 0);
     let (got, dim) = read_obsm(&ctx.path("q.scvi.h5ad"), "X_scvi");
     assert_eq!(dim, 10);
     let e = max_rel_err(&got, &reference("default")["latent"], dim);

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{obs_strings, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{obs_strings, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::c2s::{self, C2sTokenizer, GptNeoX, Prompter};
@@ -75,12 +75,12 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let mut batches = Batches::new(dev, batch, task_dir);
     let mut prompter = Prompter::new(&ad.var_names, top, spec.seed)?;
 
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_c2s";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("c2s: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, C2s.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("c2s: embed", task_rows.len() as u64, "cells");
     let (mut tokens_total, mut longest, mut too_long, mut short) = (0usize, 0usize, 0usize, 0usize);
-    for (s, e) in x.blocks(200_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut seqs: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -101,10 +101,9 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
         // longest first, so a batch's cells have similar lengths (each cell's embedding does not
         // depend on its batch: see methods/c2s.rs)
         let rows = batches.run_longest_first(&seqs, dim, Vec::len, |b| model.embed(&b.iter().map(|s| s.as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if short > 0 {
         notes.push(format!("{short} cell(s) express fewer than --top-genes {top} genes: their sentences are shorter (the prompt still says {top}, as upstream's)"));
     }
@@ -129,7 +128,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     w.insert("config".into(), json!(config_path.display().to_string()));
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// C2S's options, from `methods/c2s.toml`.
@@ -143,6 +142,11 @@ pub struct Params {
 pub struct C2s;
 
 impl Method for C2s {
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, serde_json::Value>) -> usize {
+        let _ = params;
+        crate::tasks::shard::block_rows(x, 200_000, 1)
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         verified_weights(pf.method, pf.weights_dir, c2s::REQUIRED_ENTRIES).map(drop)
     }

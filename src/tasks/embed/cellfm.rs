@@ -6,10 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::cellfm::{self, CellFm, CellInput, CellProblem, GeneMap};
@@ -72,12 +72,12 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let dim = model.dim();
     let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_cellfm";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("cellfm: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, CellFmMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("cellfm: embed", task_rows.len() as u64, "cells");
     let mut tokens = LengthStats::default();
-    for (s, e) in x.blocks(2_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellInput> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -98,10 +98,9 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
             cells.push(c);
         }
         let rows = batches.run_longest_first(&cells, dim, |c| c.genes.len(), |b| model.embed(b), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     notes.extend(tokens.note("genes per cell"));
     if !model.dims.st_tokens {
         notes.push("the state_dict has no ST_emb: the port's embedding_infer read-out (the cls token alone in front of the genes) is used".into());
@@ -124,7 +123,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     w.insert("gene_info".into(), json!(info_path.display().to_string()));
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// CellFM's options, from `methods/cellfm.toml`.
@@ -137,6 +136,11 @@ pub struct Params {
 pub struct CellFmMethod;
 
 impl Method for CellFmMethod {
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, serde_json::Value>) -> usize {
+        let _ = params;
+        crate::tasks::shard::block_rows(x, 2_000_000, 1)
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         verified_weights(pf.method, pf.weights_dir, cellfm::REQUIRED_ENTRIES).map(drop)
     }

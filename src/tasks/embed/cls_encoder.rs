@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{gene_ids, commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{gene_ids, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::nn::cls_encoder::{Arch, ClsEncoder};
@@ -95,12 +95,12 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
         notes.push(format!("{} var entries share an Ensembl id with another; each was ranked on its own, as upstream (nothing summed)", table.n_repeated));
     }
     let dim = model.dim();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = format!("X_{name}");
-    let ds = out.create_obsm(&key, ad.n_obs, dim)?;
-    let p = rep.step(&format!("{name}: embed"), ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ClsEncoderMethod(arch).block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, &key, ad.n_obs, dim)?;
+    let p = rep.step(&format!("{name}: embed"), task_rows.len() as u64, "cells");
     let (mut only_cls, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
-    for (s, e) in x.blocks(2_000_000) {
+    for (s, e) in task_rows.blocks() {
         for start in (s..e).step_by(batch * 20) {
             let end = (start + batch * 20).min(e);
             let b = x.read_rows(start, end)?;
@@ -117,11 +117,10 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
             let order = length_order(&cells);
             let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
             let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-            write_rows(&ds, start, &rows, dim)?;
+            out.write(start, &rows)?;
         }
     }
     p.finish();
-    drop(ds);
     if only_cls > 0 {
         notes.push(format!("{only_cls} cell(s) have no gene in the dictionaries: their tokens are <cls> alone, embedded as upstream does"));
     }
@@ -151,7 +150,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     }
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    commit_embedding(spec, out, &key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// scCello's and LangCell's options, from their tomls.
@@ -164,6 +163,12 @@ pub struct Params {
 pub struct ClsEncoderMethod(pub Arch);
 
 impl Method for ClsEncoderMethod {
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, serde_json::Value>) -> usize {
+        // cells are sorted by length in groups of 20 batches: blocks are whole groups
+        let batch = params.get("batch_size").and_then(serde_json::Value::as_u64).unwrap_or(1).max(1) as usize;
+        crate::tasks::shard::block_rows(x, 2_000_000, batch * 20)
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         match pf.model_dir {
             Some(d) => Dictionaries::find(d).map(drop),

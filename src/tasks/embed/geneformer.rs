@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
-use crate::tasks::runtime::{cell_totals, commit_embedding, gene_ids, precision, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{cell_totals, gene_ids, precision, verified_weights, Batches, TaskDevice};
 
 fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
@@ -61,22 +61,22 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     if table.n_duplicated > 0 {
         notes.push(format!("{} var entries share an Ensembl id with another; their counts were summed, as upstream's collapse_gene_ids", table.n_duplicated));
     }
-    let totals = cell_totals(&ad, &x, &mut notes)?;
     let dim = model.hidden();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_geneformer";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("geneformer: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, GeneformerMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let totals = cell_totals(&ad, &x, task_rows.start..task_rows.end, &mut notes)?;
+    let p = rep.step("geneformer: embed", task_rows.len() as u64, "cells");
     let (mut empty, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
     // blocks of cells: tokenised together, run longest first, written in the input order
-    for (s, e) in x.blocks(2_000_000) {
+    for (s, e) in task_rows.blocks() {
         for start in (s..e).step_by(batch.max(1) * 20) {
             let end = (start + batch.max(1) * 20).min(e);
             let b = x.read_rows(start, end)?;
             let cells: Vec<Vec<u32>> = (0..b.n_rows())
                 .map(|i| {
                     let (idx, vals) = b.row(i);
-                    let ranked = table.rank(idx, vals, totals[start + i]);
+                    let ranked = table.rank(idx, vals, totals[start + i - task_rows.start]);
                     if ranked.len() > model.input_size - if model.dict.specials.is_some() { 2 } else { 0 } {
                         truncated += 1;
                     }
@@ -90,11 +90,10 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
             p.inc((cells.len() - order.len()) as u64);
             let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
             let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
-            write_rows(&ds, start, &rows, dim)?;
+            out.write(start, &rows)?;
         }
     }
     p.finish();
-    drop(ds);
     if empty > 0 {
         notes.push(format!("{empty} cell(s) have no gene in the token dictionary: their embedding is NaN (upstream drops such cells)"));
     }
@@ -119,7 +118,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// Geneformer's options, from `methods/geneformer.toml`.
@@ -134,6 +133,12 @@ pub struct Params {
 pub struct GeneformerMethod;
 
 impl Method for GeneformerMethod {
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, serde_json::Value>) -> usize {
+        // cells are sorted by length in groups of 20 batches: blocks are whole groups
+        let batch = params.get("batch_size").and_then(serde_json::Value::as_u64).unwrap_or(1).max(1) as usize;
+        crate::tasks::shard::block_rows(x, 2_000_000, batch * 20)
+    }
+
     fn finetunes(&self) -> bool {
         true
     }

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights};
+use crate::tasks::runtime::verified_weights;
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::tasks::method::{one_step, Method, Preflight};
-use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::genept::{self, Lookup, Table};
@@ -48,11 +48,11 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
         lookup.missing, ad.n_vars
     ));
     let dim = table.dim;
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let rows = TaskRows::new(spec, ad.n_obs, GenePt.block_rows(&x, &spec.params))?;
     let key = "X_genept";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("genept: embed", ad.n_obs as u64, "cells");
-    for (s, e) in x.blocks(1_000_000) {
+    let out = EmbeddingOut::create(spec, &rows, key, ad.n_obs, dim)?;
+    let p = rep.step("genept: embed", rows.len() as u64, "cells");
+    for (s, e) in rows.blocks() {
         let b = x.read_rows(s, e)?;
         let n = b.n_rows();
         let mut rows = vec![0f32; n * dim];
@@ -66,11 +66,10 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
                 }
             },
         );
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
         p.inc(n as u64);
     }
     p.finish();
-    drop(ds);
     let mut params = spec.params.clone();
     params.insert("device".into(), json!("cpu"));
     params.insert("genes_matched".into(), json!(lookup.matched()));
@@ -79,7 +78,7 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// GenePT: the table's entry.

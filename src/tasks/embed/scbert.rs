@@ -6,10 +6,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scbert::{self, GeneAlign, ScBert};
@@ -63,14 +63,14 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let batch = method::task_params::<Params>(spec)?.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scbert";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scbert: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ScBertMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scbert: embed", task_rows.len() as u64, "cells");
     let (mut few, mut empty) = (0usize, Vec::new());
     // blocks of about 2M stored values (some 2,000 cells of ~1,000 expressed genes); at
     // 16,907 tokens a cell their token rows stay near 135 MB
-    for (s, e) in x.blocks(2_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -91,10 +91,9 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
         }
         let order: Vec<usize> = (0..cells.len()).collect();
         let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if few > 0 {
         notes.push(format!(
             "{few} cell(s) express fewer than {} of the reference genes: upstream's preprocess.py drops them (filter_cells min_genes=200); they are embedded here",
@@ -118,7 +117,7 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// scBERT's options, from `methods/scbert.toml`.
@@ -131,6 +130,11 @@ pub struct Params {
 pub struct ScBertMethod;
 
 impl Method for ScBertMethod {
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, serde_json::Value>) -> usize {
+        let _ = params;
+        crate::tasks::shard::block_rows(x, 2_000_000, 1)
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         verified_weights(pf.method, pf.weights_dir, scbert::REQUIRED_ENTRIES).map(drop)
     }

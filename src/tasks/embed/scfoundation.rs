@@ -6,9 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{one_step, Method, Preflight};
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scfoundation::{self, CellInput, CellProblem, GeneAlignment, ScFoundation};
@@ -55,12 +55,12 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     }
     let dim = model.dim();
     let mut batches = Batches::new(dev, scfoundation::BATCH_SIZE, task_dir);
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scfoundation";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scfoundation: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ScFoundationMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scfoundation: embed", task_rows.len() as u64, "cells");
     let mut tokens = LengthStats::default();
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellInput> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -85,10 +85,9 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
         let mut order: Vec<usize> = (0..cells.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].values.len()));
         let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     notes.extend(tokens.note("tokens per cell (expressed model genes + T + S)"));
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
@@ -107,7 +106,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// scFoundation: the table's entry.

@@ -6,14 +6,14 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
-use crate::tasks::runtime::{commit_embedding, precision, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{precision, some_cells, verified_weights, Batches, TaskDevice};
 
 /// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
 /// (embed_data's `gene_col`; "index" means var_names, as upstream).
@@ -68,12 +68,12 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         notes.push(format!("{matched} of {} genes ({source}) are in scGPT's vocabulary; the others are left out, as upstream's embed_data does", names.len()));
     }
     let dim = model.dim();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scgpt";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scgpt: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ScgptMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scgpt: embed", task_rows.len() as u64, "cells");
     let (mut sampled, mut empty) = (0usize, Vec::new());
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let cells: Vec<scgpt::Cell> = (0..b.n_rows())
             .map(|i| {
@@ -88,10 +88,9 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
         let lens: Vec<usize> = cells.iter().map(|c| c.genes.len()).collect();
         let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if sampled > 0 {
         notes.push(format!("{sampled} cell(s) had more than {} genes and were sampled to --max-len {max_len} (seeded by --seed, as upstream samples at random)", max_len - 1));
     }
@@ -113,7 +112,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("cells_without_vocab_genes".into(), json!(empty.len()));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// scGPT's options, from `methods/scgpt.toml`.

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scimilarity::{self, Alignment, Encoder};
@@ -71,12 +71,12 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = enc.latent;
     let n_genes = enc.n_genes;
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scimilarity";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scimilarity: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, Scimilarity.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scimilarity: embed", task_rows.len() as u64, "cells");
     let (mut fractional, mut empty) = (None::<(usize, f32)>, 0usize);
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         for i in 0..b.n_rows() {
             let (idx, vals) = b.row(i);
@@ -110,10 +110,9 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
             },
             |k| p.inc(k as u64),
         )?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if let Some((row, v)) = fractional {
         notes.push(format!(
             "{} holds non-integer values (e.g. {v} at cell {row}): SCimilarity normalises raw counts itself (upstream reads layers['counts']); pass the counts layer with --layer if this is not one",
@@ -136,7 +135,7 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     params.insert("cell_embedding".into(), json!("encoder output, L2-normalised (Encoder.forward)"));
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(model_dir.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// SCimilarity's options, from `methods/scimilarity.toml`.

@@ -7,10 +7,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scprint::{self, CellProblem, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
@@ -59,14 +59,14 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let dim = model.dim();
     let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scprint";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scprint: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ScPrintMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scprint: embed", task_rows.len() as u64, "cells");
     // one RandomState for the whole run, drawn from cell after cell, as upstream's global numpy
     let mut rng = RandomState::new(spec.seed as u32);
     let (mut sampled, mut filled, mut expressed) = (0usize, 0usize, 0usize);
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellTokens> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -90,10 +90,9 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
         }
         let order: Vec<usize> = (0..cells.len()).collect();
         let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if ad.n_obs > 0 {
         notes.push(format!(
             "{max_len} genes per cell (--max-len); mean {:.0} expressed model genes per cell; {sampled} cell(s) had more and were sampled, {filled} had fewer and got random zero-count genes (both drawn as upstream's numpy RandomState with --seed {})",
@@ -117,7 +116,7 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("genes_present".into(), json!(align.present));
     let mut w = serde_json::Map::new();
     w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// scPRINT's options, from `methods/scprint.toml`.

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, Batches, TaskDevice};
+use crate::tasks::runtime::{Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scvi_pretrained::{self as sp, GeneAlignment, Latent, PretrainedScvi, SavedModel};
@@ -161,12 +161,12 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
     let g = model.n_genes;
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_scvi";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("scvi: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, ScviMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("scvi: embed", task_rows.len() as u64, "cells");
     let (mut non_integer, mut empty) = (0usize, 0usize);
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         for i in 0..b.n_rows() {
             let (idx, vals) = b.row(i);
@@ -203,10 +203,9 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
             },
             |k| p.inc(k as u64),
         )?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if non_integer > 0 {
         notes.push(format!("{non_integer} cell(s) hold non-integer values: scVI models raw counts (scvi-tools warns about such data at setup)"));
     }
@@ -233,7 +232,7 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     );
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(saved.path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, json!(crate::weights::sha256_file(&saved.path, |_| {})?), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, json!(crate::weights::sha256_file(&saved.path, |_| {})?), notes)
 }
 
 /// Pretrained scVI's options, from `methods/scvi.toml`.

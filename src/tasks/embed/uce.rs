@@ -5,10 +5,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::uce::{self, ChromTable, Config, GeneMap, Uce};
@@ -85,12 +85,12 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
     let dim = model.dim();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_uce";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let p = rep.step("uce: embed", ad.n_obs as u64, "cells");
+    let task_rows = TaskRows::new(spec, ad.n_obs, UceMethod.block_rows(&x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("uce: embed", task_rows.len() as u64, "cells");
     let (mut empty, mut few) = (Vec::new(), 0usize);
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut sentences: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
@@ -115,10 +115,9 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
         }
         let order: Vec<usize> = (0..sentences.len()).collect();
         let rows = batches.run_lagged(sentences.len(), dim, &order, None, 0.0, |idx| model.embed_tensor(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        write_rows(&ds, s, &rows, dim)?;
+        out.write(s, &rows)?;
     }
     p.finish();
-    drop(ds);
     if few > 0 {
         notes.push(format!("{few} cell(s) express fewer than {} of the filtered genes: upstream's filter_cells drops them; they are embedded here", cfg.min_genes));
     }
@@ -144,7 +143,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// UCE's options, from `methods/uce.toml`.

@@ -1,0 +1,426 @@
+//! Sharded embeddings, shared by every method that embeds cells one by one.
+//!
+//! A task embeds its rows ([`TaskRows`]): all of them, or one shard's. Rows go through the
+//! model in blocks of a fixed number of rows laid over the whole file, the same grid for every
+//! task of a run, and shards start and end on that grid: so the cells of a batch, and the
+//! padding and sums they share, are the same whether the run is sharded or not, and on the CPU
+//! the merged output equals the unsharded one byte for byte.
+//!
+//! The embedding goes to [`EmbeddingOut`]: the output file for a whole run, a raw f32 file in
+//! the run's work folder (plus a small JSON record with the shard's parameters, notes and the
+//! file's sha256) for a shard. [`merge`] writes the output from the shard files; a resumed run
+//! keeps the shards whose record and checksum hold ([`shard_done`]).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use hdf5::Dataset;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::anndata::write::{write_rows, PendingOutput};
+use crate::anndata::{AnnData, Matrix};
+use crate::error::{Error, Result};
+use crate::runner::{Step, TaskResult, TaskSpec};
+use crate::tasks::runtime::commit_embedding;
+
+/// Rows of a block for about `target_nnz` stored values a block, a multiple of `align` (a
+/// method's batch, or the group it sorts cells in), from the file's mean stored values per
+/// row: the same number for every task that reads the same file with the same parameters.
+/// `$SCFOUNDRY_BLOCK_ROWS` sets the rows instead (still a multiple of `align`).
+pub fn block_rows(x: &Matrix, target_nnz: u64, align: usize) -> usize {
+    let align = align.max(1);
+    let mean = x.nnz_estimate().div_ceil(x.n_rows.max(1) as u64).max(1);
+    let rows = match std::env::var(crate::env::EnvVars::BLOCK_ROWS).ok().and_then(|v| v.parse::<usize>().ok()) {
+        Some(r) => r.max(1),
+        None => (target_nnz / mean).clamp(1, 65_536) as usize,
+    };
+    rows.div_ceil(align) * align
+}
+
+/// The rows one task embeds and the grid of blocks it reads them in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRows {
+    pub start: usize,
+    pub end: usize,
+    /// Rows per block of the grid laid over the whole file.
+    pub block: usize,
+}
+
+impl TaskRows {
+    /// The rows of `spec`'s step among the file's `n_obs`: all of them, or a shard's, which
+    /// must start on the grid of `block` rows (the planner aligns shards to it).
+    pub fn new(spec: &TaskSpec, n_obs: usize, block: usize) -> Result<TaskRows> {
+        let block = block.max(1);
+        let (start, end) = match &spec.step {
+            Step::Project { start, end, .. } => (*start, *end),
+            _ => (0, n_obs),
+        };
+        if end > n_obs || start > end || (start % block != 0) || (end != n_obs && end % block != 0) {
+            return Err(Error::BadOption {
+                option: "task spec".into(),
+                detail: format!("the shard's rows {start}..{end} are not whole blocks of {block} rows of the {n_obs} cells"),
+                hint: Some("the run was planned for other data or other parameters: start the run again".into()),
+            });
+        }
+        Ok(TaskRows { start, end, block })
+    }
+
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// The blocks of this task's rows, on the grid of the whole file.
+    pub fn blocks(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut s = self.start;
+        while s < self.end {
+            let e = ((s / self.block + 1) * self.block).min(self.end);
+            out.push((s, e));
+            s = e;
+        }
+        out
+    }
+}
+
+pub use crate::runner::shard_ranges;
+
+/// What a finished shard leaves beside its rows: enough for the merge to write the output's
+/// provenance, and for a resumed run to trust the rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub shard: usize,
+    pub start: usize,
+    pub end: usize,
+    pub n_obs: usize,
+    pub key: String,
+    pub dim: usize,
+    pub matrix: String,
+    pub params: Map<String, Value>,
+    pub weights: Map<String, Value>,
+    pub sha256: Value,
+    pub notes: Vec<String>,
+    /// sha256 of the shard's rows file.
+    pub rows_sha256: String,
+    /// Rows of X the shard read (distinct rows; its own, plus any neighbours its method needs).
+    pub rows_read: u64,
+    /// Of those, rows outside the shard's own.
+    pub rows_read_outside: u64,
+}
+
+/// The folder the steps of a sharded run share.
+pub fn work_dir(spec: &TaskSpec) -> Result<PathBuf> {
+    let w = spec.work.clone().ok_or_else(|| Error::BadOption { option: "task spec".into(), detail: "a sharded step needs a `work` folder".into(), hint: None })?;
+    std::fs::create_dir_all(&w).map_err(|e| Error::Io { path: w.clone(), source: e })?;
+    Ok(w)
+}
+
+/// Shard `i`'s rows: little-endian f32, rows x dim.
+pub fn rows_path(work: &Path, shard: usize) -> PathBuf {
+    work.join(format!("shard{shard}.f32"))
+}
+
+/// Shard `i`'s record ([`ShardRecord`]).
+pub fn record_path(work: &Path, shard: usize) -> PathBuf {
+    work.join(format!("shard{shard}.json"))
+}
+
+fn sha256_of(path: &Path) -> Result<String> {
+    let mut f = File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The record of shard `i` covering `start..end` when it finished and its rows are intact
+/// (size and sha256), else `None`: what a resumed run keeps.
+pub fn shard_done(work: &Path, shard: usize, start: usize, end: usize) -> Option<ShardRecord> {
+    let text = std::fs::read_to_string(record_path(work, shard)).ok()?;
+    let r: ShardRecord = serde_json::from_str(&text).ok()?;
+    if r.shard != shard || r.start != start || r.end != end {
+        return None;
+    }
+    let rows = rows_path(work, shard);
+    let len = std::fs::metadata(&rows).ok()?.len();
+    if len != ((end - start) * r.dim * 4) as u64 {
+        return None;
+    }
+    (sha256_of(&rows).ok()? == r.rows_sha256).then_some(r)
+}
+
+/// Where an embedding task writes its rows: the output file, or a shard's rows file.
+pub struct EmbeddingOut {
+    key: String,
+    dim: usize,
+    n_obs: usize,
+    rows: TaskRows,
+    target: Target,
+}
+
+/// Distinct rows in the ranges `reads`, and how many of them lie outside `start..end`.
+fn count_rows(reads: &[(usize, usize)], start: usize, end: usize) -> (u64, u64) {
+    let mut r: Vec<(usize, usize)> = reads.iter().copied().filter(|(a, b)| a < b).collect();
+    r.sort();
+    let (mut total, mut inside) = (0u64, 0u64);
+    let mut cur: Option<(usize, usize)> = None;
+    let mut flush = |(a, b): (usize, usize)| {
+        total += (b - a) as u64;
+        inside += b.min(end).saturating_sub(a.max(start)) as u64;
+    };
+    for (a, b) in r {
+        cur = match cur {
+            Some((ca, cb)) if a <= cb => Some((ca, cb.max(b))),
+            Some(c) => {
+                flush(c);
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    if let Some(c) = cur {
+        flush(c);
+    }
+    (total, total - inside)
+}
+
+enum Target {
+    Output { out: PendingOutput, ds: Dataset },
+    Shard { shard: usize, work: PathBuf, tmp: PathBuf, file: File },
+}
+
+/// A new output for `spec`: a copy of the input with `obsm[key]` added, or with
+/// `--embedding-only` a new file holding the obs index, the embedding and its provenance.
+fn create_output(spec: &TaskSpec, key: &str, n_obs: usize, dim: usize) -> Result<(PendingOutput, Dataset)> {
+    let out = if spec.embedding_only {
+        let ad = AnnData::open(&spec.data)?;
+        PendingOutput::create_embedding_only(&spec.out, &ad.obs_names)?
+    } else {
+        PendingOutput::create(&spec.data, &spec.out)?
+    };
+    let ds = out.create_obsm(key, n_obs, dim)?;
+    Ok((out, ds))
+}
+
+impl EmbeddingOut {
+    /// The output of `spec`'s step: rows `rows` of the embedding `key`, `n_obs x dim` in all.
+    pub fn create(spec: &TaskSpec, rows: &TaskRows, key: &str, n_obs: usize, dim: usize) -> Result<EmbeddingOut> {
+        let target = match &spec.step {
+            Step::Project { shard, .. } => {
+                let work = work_dir(spec)?;
+                let path = rows_path(&work, *shard);
+                let tmp = path.with_extension(format!("f32.{}.tmp", std::process::id()));
+                let file = std::fs::OpenOptions::new().create(true).truncate(true).write(true).open(&tmp).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+                file.set_len((rows.len() * dim * 4) as u64).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+                crate::lifecycle::register(&tmp);
+                Target::Shard { shard: *shard, work, tmp, file }
+            }
+            _ => {
+                let (out, ds) = create_output(spec, key, n_obs, dim)?;
+                Target::Output { out, ds }
+            }
+        };
+        Ok(EmbeddingOut { key: key.into(), dim, n_obs, rows: rows.clone(), target })
+    }
+
+    /// Rows `start..` (global row numbers, within this task's rows) of the embedding.
+    pub fn write(&self, start: usize, values: &[f32]) -> Result<()> {
+        let n = values.len() / self.dim.max(1);
+        if start < self.rows.start || start + n > self.rows.end {
+            return Err(Error::Model { context: "writing the embedding".into(), detail: format!("rows {start}..{} are outside this task's rows {}..{}", start + n, self.rows.start, self.rows.end) });
+        }
+        match &self.target {
+            Target::Output { ds, .. } => write_rows(ds, start, values, self.dim),
+            Target::Shard { tmp, file, shard, .. } => {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let at = ((start - self.rows.start) * self.dim * 4) as u64;
+                file.write_all_at(&bytes, at).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+                if std::env::var(crate::env::EnvVars::KILL_SHARD).ok().and_then(|v| v.parse::<usize>().ok()) == Some(*shard) {
+                    // SAFETY: a test hook; the process ends here as a killed job would
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Finish: the output's provenance and rename into place, or the shard's rows and record.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit(self, spec: &TaskSpec, matrix: &str, params: Map<String, Value>, weights: Map<String, Value>, sha256: Value, notes: Vec<String>) -> Result<TaskResult> {
+        // every read of this process (a task process runs one task), before the output too
+        let reads = crate::anndata::matrix::rows_read();
+        let (rows_read, rows_read_outside) = count_rows(&reads, self.rows.start, self.rows.end);
+        match self.target {
+            Target::Output { out, ds } => {
+                drop(ds);
+                let mut r = commit_embedding(spec, out, &self.key, matrix, params, weights, sha256, self.n_obs, self.dim, notes)?;
+                r.rows_read = Some(rows_read);
+                Ok(r)
+            }
+            Target::Shard { shard, work, tmp, file } => {
+                file.sync_all().map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+                drop(file);
+                let path = rows_path(&work, shard);
+                std::fs::rename(&tmp, &path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+                crate::lifecycle::unregister(&tmp);
+                let record = ShardRecord {
+                    shard,
+                    start: self.rows.start,
+                    end: self.rows.end,
+                    n_obs: self.n_obs,
+                    key: self.key.clone(),
+                    dim: self.dim,
+                    matrix: matrix.into(),
+                    params,
+                    weights,
+                    sha256,
+                    notes: notes.clone(),
+                    rows_sha256: sha256_of(&path)?,
+                    rows_read,
+                    rows_read_outside,
+                };
+                let rec = record_path(&work, shard);
+                let tmp_rec = rec.with_extension("json.tmp");
+                std::fs::write(&tmp_rec, serde_json::to_string_pretty(&record).unwrap_or_default()).map_err(|e| Error::Io { path: tmp_rec.clone(), source: e })?;
+                std::fs::rename(&tmp_rec, &rec).map_err(|e| Error::Io { path: rec.clone(), source: e })?;
+                Ok(TaskResult { output: Some(path), obsm_key: Some(self.key), n_obs: self.rows.len(), dim: self.dim, notes, rows_read: Some(rows_read), rows_read_outside: Some(rows_read_outside), ..Default::default() })
+            }
+        }
+    }
+}
+
+/// The parameters of the merged output: shard 0's, where every shard agrees; a `mean_*` value
+/// that differs is the mean over all cells; any other value that differs is listed by shard.
+fn merge_params(records: &[ShardRecord]) -> Map<String, Value> {
+    let mut out = records[0].params.clone();
+    let total: usize = records.iter().map(|r| r.end - r.start).sum();
+    for (k, v0) in &records[0].params {
+        if records.iter().all(|r| r.params.get(k) == Some(v0)) {
+            continue;
+        }
+        let nums: Option<Vec<f64>> = records.iter().map(|r| r.params.get(k).and_then(Value::as_f64)).collect();
+        let merged = match nums {
+            Some(n) if k.starts_with("mean_") => json!(n.iter().zip(records).map(|(v, r)| v * (r.end - r.start) as f64).sum::<f64>() / total.max(1) as f64),
+            _ => json!(records.iter().map(|r| format!("shard {} ({}..{}): {}", r.shard, r.start, r.end, r.params.get(k).map(Value::to_string).unwrap_or_else(|| "-".into()))).collect::<Vec<_>>().join("; ")),
+        };
+        out.insert(k.clone(), merged);
+    }
+    out
+}
+
+/// The notes of the merged output: those every shard made once, the others prefixed with their
+/// shard.
+fn merge_notes(records: &[ShardRecord]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in records {
+        for n in &r.notes {
+            if records.iter().all(|o| o.notes.contains(n)) {
+                if !out.contains(n) {
+                    out.push(n.clone());
+                }
+            } else {
+                out.push(format!("shard {} (cells {}..{}): {n}", r.shard, r.start, r.end));
+            }
+        }
+    }
+    out
+}
+
+/// The last step of a sharded embedding: the output written from the shard files, exactly as
+/// an unsharded run writes it (the same rows, the same provenance but for what the shards
+/// report apart). The shard files stay in the work folder until the output is in place.
+pub fn merge(spec: &TaskSpec, shards: &[(usize, usize)]) -> Result<TaskResult> {
+    let work = work_dir(spec)?;
+    let mut records = Vec::new();
+    for (i, &(start, end)) in shards.iter().enumerate() {
+        let r = shard_done(&work, i, start, end).ok_or_else(|| Error::BadField {
+            path: rows_path(&work, i),
+            field: format!("shard {i}"),
+            detail: format!("rows {start}..{end} are missing, incomplete or fail their checksum"),
+            hint: Some("run the shard again: `scfoundry embed --resume RUN_DIR` re-runs only such shards".into()),
+        })?;
+        records.push(r);
+    }
+    let first = records.first().ok_or_else(|| Error::BadOption { option: "task spec".into(), detail: "a merge needs at least one shard".into(), hint: None })?.clone();
+    let n_obs = first.n_obs;
+    let covered = shards.first().map(|s| s.0) == Some(0) && shards.last().map(|s| s.1) == Some(n_obs) && shards.windows(2).all(|w| w[0].1 == w[1].0);
+    if !covered || records.iter().any(|r| r.key != first.key || r.dim != first.dim || r.n_obs != n_obs || r.matrix != first.matrix) {
+        return Err(Error::BadOption { option: "shards".into(), detail: format!("the shards {shards:?} do not cover the {n_obs} cells in order with one embedding"), hint: Some("start the run again".into()) });
+    }
+    let (out, ds) = create_output(spec, &first.key, n_obs, first.dim)?;
+    let dim = first.dim;
+    // copied in blocks of at most 64k rows: memory does not grow with the cell count
+    for (i, r) in records.iter().enumerate() {
+        let path = rows_path(&work, i);
+        let mut f = File::open(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+        let mut s = r.start;
+        while s < r.end {
+            let e = (s + 65_536).min(r.end);
+            let mut bytes = vec![0u8; (e - s) * dim * 4];
+            f.read_exact(&mut bytes).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+            let rows: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            write_rows(&ds, s, &rows, dim)?;
+            s = e;
+        }
+    }
+    drop(ds);
+    let params = merge_params(&records);
+    let notes = merge_notes(&records);
+    let mut result = commit_embedding(spec, out, &first.key, &first.matrix, params, first.weights.clone(), first.sha256.clone(), n_obs, dim, notes)?;
+    result.rows_read = Some(0);
+    let mut summary = Vec::new();
+    for r in &records {
+        summary.push(format!("shard {}: cells {}..{}, read {} rows of X ({} outside its cells)", r.shard, r.start, r.end, r.rows_read, r.rows_read_outside));
+    }
+    result.summary = summary;
+    Ok(result)
+}
+
+/// Write `bytes` to `path` through a temporary file beside it.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_whole_blocks_covering_all_rows() {
+        assert_eq!(shard_ranges(10, 3, 1), vec![(0, 3), (3, 6), (6, 10)]);
+        assert_eq!(shard_ranges(100, 3, 16), vec![(0, 32), (32, 64), (64, 100)]);
+        // more shards than blocks: one shard a block
+        assert_eq!(shard_ranges(40, 8, 16), vec![(0, 16), (16, 32), (32, 40)]);
+        assert_eq!(shard_ranges(0, 4, 16), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn task_rows_follow_the_grid_of_the_whole_file() {
+        let r = TaskRows { start: 32, end: 100, block: 16 };
+        assert_eq!(r.blocks(), vec![(32, 48), (48, 64), (64, 80), (80, 96), (96, 100)]);
+        assert_eq!(r.len(), 68);
+    }
+
+    #[test]
+    fn rows_read_are_counted_once_and_split_inside_outside() {
+        assert_eq!(count_rows(&[(0, 10), (5, 15), (40, 42)], 0, 16), (17, 2));
+        assert_eq!(count_rows(&[(8, 16), (8, 16)], 8, 16), (8, 0));
+        assert_eq!(count_rows(&[], 0, 4), (0, 0));
+    }
+}
