@@ -30,6 +30,9 @@ impl EnvVars {
     /// values a block; rounded up to the method's batch). Shards are whole blocks, so smaller
     /// blocks let a small file be split; sharded and unsharded runs must use the same value.
     pub const BLOCK_ROWS: &'static str = "SCFOUNDRY_BLOCK_ROWS";
+    /// Set by the local runner on a shard's task process: the file the task counts its cells
+    /// into, for the run's one progress bar (`progress::ShardBar`).
+    pub const PROGRESS_FILE: &'static str = "SCFOUNDRY_PROGRESS_FILE";
     /// Set by the local runner on the task processes it starts, whose stdin is then a pipe from
     /// the runner: when it closes (the runner died), the task removes its unfinished output and
     /// exits (see `lifecycle`).

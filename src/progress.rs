@@ -102,12 +102,107 @@ pub fn for_settings(quiet: bool, progress: bool) -> Box<dyn Reporter> {
     }
 }
 
-/// The reporter for the current settings.
+/// The reporter for the current settings. In a shard's task process started by the local
+/// runner ($SCFOUNDRY_PROGRESS_FILE set), cells go to that file for the runner's one bar
+/// ([`ShardBar`]) and notes to stderr.
 pub fn reporter(quiet: bool) -> Box<dyn Reporter> {
+    if let Some(path) = std::env::var_os(crate::env::EnvVars::PROGRESS_FILE) {
+        return Box::new(ToFile(std::path::PathBuf::from(path)));
+    }
     if quiet {
         Box::new(Silent)
     } else {
         Box::new(Bars)
+    }
+}
+
+/// Counts a task's cells into a file (the count as decimal text, rewritten at most 4 times a
+/// second and when a step finishes) for the runner that draws the bar.
+struct ToFile(std::path::PathBuf);
+
+struct FileCount {
+    path: std::path::PathBuf,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    last: std::sync::Mutex<std::time::Instant>,
+}
+
+impl FileCount {
+    fn write(&self) {
+        let tmp = self.path.with_extension("tmp");
+        if std::fs::write(&tmp, self.done.load(std::sync::atomic::Ordering::Relaxed).to_string()).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.path);
+        }
+    }
+}
+
+impl Progress for FileCount {
+    fn inc(&self, n: u64) {
+        self.done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut last) = self.last.lock() {
+            if last.elapsed() >= Duration::from_millis(250) {
+                *last = std::time::Instant::now();
+                self.write();
+            }
+        }
+    }
+    fn finish(&self) {
+        self.write();
+    }
+}
+
+impl Reporter for ToFile {
+    fn step(&self, _: &str, _: u64, unit: &str) -> Box<dyn Progress> {
+        // cells are what the whole run counts; other steps (files, genes) draw nothing
+        if unit != "cells" {
+            return Box::new(NoProgress);
+        }
+        Box::new(FileCount { path: self.0.clone(), done: Default::default(), last: std::sync::Mutex::new(std::time::Instant::now()) })
+    }
+    fn note(&self, msg: &str) {
+        eprintln!("{msg}");
+    }
+}
+
+/// One bar for a run of several task processes: cells done over all of them (each writes its
+/// count to its own file, see [`reporter`]), rate and ETA; drawn until dropped.
+pub struct ShardBar {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ShardBar {
+    /// Draw `label`'s bar over `total` cells from the counts in `files`; nothing when `draw` is
+    /// false.
+    pub fn start(label: &str, total: u64, files: Vec<std::path::PathBuf>, draw: bool) -> ShardBar {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if !draw {
+            return ShardBar { stop, thread: None };
+        }
+        let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
+        let style = ProgressStyle::with_template(&format!("{{spinner}} {label:<24} [{{bar:30}}] {{human_pos}}/{{human_len}} cells {{per_sec}} ({{eta}})"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        pb.set_style(style);
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || loop {
+            let done: u64 = files.iter().filter_map(|f| std::fs::read_to_string(f).ok()).filter_map(|t| t.trim().parse::<u64>().ok()).sum();
+            pb.set_position(done.min(total));
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                pb.finish_and_clear();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        });
+        ShardBar { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for ShardBar {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -211,6 +211,10 @@ pub fn run_local(run: &Run, tasks: &[TaskSpec], max_forks: usize) -> Result<Vec<
         }
     }
     if !projects.is_empty() {
+        // one bar for all shards, fed by the cells each shard's task counts
+        let total: u64 = projects.iter().map(|t| match t.step { Step::Project { start, end, .. } => (end - start) as u64, _ => 0 }).sum();
+        let files = projects.iter().map(|t| runner::progress_file(run, t.task_id)).collect();
+        let _bar = crate::progress::ShardBar::start(&format!("{}: {} shards", projects[0].method, projects.len()), total, files, projects[0].progress && !projects[0].quiet);
         let next = AtomicUsize::new(0);
         let done: Mutex<Vec<Result<Outcome>>> = Mutex::new(Vec::new());
         let failed = std::sync::atomic::AtomicBool::new(false);

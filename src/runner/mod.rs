@@ -239,6 +239,11 @@ pub fn cached_outcome(run: &Run, spec: &TaskSpec) -> Outcome {
     Outcome { exit: 0, record, stats, result }
 }
 
+/// Where task `task_id` of a sharded run counts its cells (see `progress::ShardBar`).
+pub fn progress_file(run: &Run, task_id: u64) -> PathBuf {
+    run.task_dir(task_id).join("cells_done")
+}
+
 /// Run one task as a child process of this binary and wait for it.
 pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     let spec_path = write_spec(run, spec)?;
@@ -249,6 +254,10 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     // stdin is a pipe the task watches: if this process dies, the pipe closes and the task
     // removes its unfinished output and exits (lifecycle.rs)
     cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::piped()).env(crate::env::EnvVars::PARENT_PIPE, "1");
+    if matches!(spec.step, Step::Project { .. }) {
+        // a shard counts its cells for the run's one bar (progress::ShardBar)
+        cmd.env(crate::env::EnvVars::PROGRESS_FILE, progress_file(run, spec.task_id));
+    }
     // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
     let _slot = match spec.gpu {
         Some(n) => {

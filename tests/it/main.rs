@@ -42,3 +42,4 @@ mod scfoundation;
 mod scprint;
 mod cellplm;
 mod cellfm;
+mod shards;

@@ -310,6 +310,10 @@ pub struct Params {
 pub struct Pca;
 
 impl Method for Pca {
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
     fn transfers(&self) -> bool {
         true
     }
