@@ -259,3 +259,49 @@ fn import_graph_has_no_circles() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// What adding a method costs (CONTRIBUTING.md, "Add a method"): each entry of the table has its
+/// toml, its model file, its adapter, its docs page and its tests under its own name, apart from
+/// the exceptions listed here with their reason.
+#[test]
+fn every_method_has_its_files() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // (method, the file's kind, where it is instead or "" for none, why)
+    let exceptions: &[(&str, &str, &str, &str)] = &[
+        ("pca", "docs", "", "README.md's method table and BENCHMARKS.md cover it"),
+        ("harmony", "docs", "", "README.md's method table and BENCHMARKS.md cover it"),
+        ("scvi", "model", "src/methods/scvi_pretrained.rs", "scvi-tools' saved models, beside the de novo model"),
+        ("scvi", "tests", "tests/it/scvi_pretrained.rs", "named after its model file"),
+        ("scvi_denovo", "model", "src/methods/scvi.rs", "the scVI model it trains"),
+        ("sccello", "adapter", "src/tasks/embed/cls_encoder.rs", "one adapter for the two [CLS] encoders"),
+        ("langcell", "adapter", "src/tasks/embed/cls_encoder.rs", "one adapter for the two [CLS] encoders"),
+    ];
+    let mut missing = Vec::new();
+    for (name, _) in scfoundry::tasks::table::METHODS {
+        let adapter = if root.join(format!("src/tasks/integrate/{name}.rs")).is_file() { format!("src/tasks/integrate/{name}.rs") } else { format!("src/tasks/embed/{name}.rs") };
+        let wanted = [
+            ("toml", format!("methods/{name}.toml")),
+            ("model", format!("src/methods/{name}.rs")),
+            ("adapter", adapter),
+            ("docs", format!("docs/{name}.md")),
+            ("tests", format!("tests/it/{name}.rs")),
+        ];
+        for (kind, path) in wanted {
+            let path = match exceptions.iter().find(|(m, k, _, _)| m == name && *k == kind) {
+                Some((_, _, "", _)) => continue,
+                Some((_, _, instead, _)) => instead.to_string(),
+                None => path,
+            };
+            if !root.join(&path).is_file() {
+                missing.push(format!("{name}: {kind} {path}"));
+            }
+        }
+    }
+    // a page excused as missing that now exists makes its exception stale
+    for (m, kind, instead, _) in exceptions {
+        if *kind == "docs" && instead.is_empty() {
+            assert!(!root.join(format!("docs/{m}.md")).is_file(), "docs/{m}.md exists; drop its exception");
+        }
+    }
+    assert!(missing.is_empty(), "methods lacking their files (CONTRIBUTING.md, \"Add a method\"):\n{}", missing.join("\n"));
+}
