@@ -149,7 +149,7 @@ fn cited_pages_and_sections_exist() {
         }
         for (i, _) in text.match_indices(".md") {
             let before = &text[..i];
-            let start = before.rfind(|c: char| !(c.is_ascii_uppercase() || c == '_')).map_or(0, |j| j + 1);
+            let start = before.char_indices().rev().find(|(_, c)| !(c.is_ascii_uppercase() || *c == '_')).map_or(0, |(j, c)| j + c.len_utf8());
             let name = &before[start..];
             let prev = before[..start].chars().last();
             if name.len() < 2 || !name.starts_with(|c: char| c.is_ascii_uppercase()) || prev.is_some_and(|c| c == '/' || c.is_ascii_alphanumeric() || c == '<') {
