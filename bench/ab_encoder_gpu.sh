@@ -8,7 +8,7 @@
 #   bash bench/ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]
 #   ONLY=geneformer_v1,scgpt bash bench/ab_encoder_gpu.sh ...      # some shapes only
 # A binary may be a script that sets an environment variable and execs scfoundry, for an A/B of
-# one binary's two paths (SCFOUNDRY_FUSED_NORM=0, SCFOUNDRY_GEMM_TUNE=0).
+# one binary's two paths (SCFOUNDRY_FUSED_NORM=0, SCFOUNDRY_ATTENTION=portable).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ab_encoder_gpu.sh OUT_DIR BINARY_A BINARY_B [REPEATS]}; A=${2:?}; B=${3:?}; N=${4:-2}

@@ -40,7 +40,7 @@ HIDDEN = 256
 
 
 def cell(i, s):
-    """Gene ids and values of bench cell i with s genes (as src/commands/bench_encoder.rs)."""
+    """Gene ids and values of bench cell i with s genes (as src/bin/scfoundry-bench/encoder.rs)."""
     step = max(N_GENES // max(s, 1), 1)
     genes = [1 + (k * step) % N_GENES for k in range(s)]
     vals = [0.5 + ((i * 7919 + k * 104729) % 1000) / 200.0 for k in range(s)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One scfoundry binary under several environments (the switches of its GPU paths:
-# SCFOUNDRY_EVENT_TRACKING, SCFOUNDRY_FUSED_NORM, SCFOUNDRY_ATTENTION, SCFOUNDRY_GEMM_TUNE, ...),
+# SCFOUNDRY_FUSED_NORM, SCFOUNDRY_ATTENTION),
 # interleaved round by round so that the card's clock, which moves between calls, moves all of
 # them alike: `__bench-encoder` at the four full-size encoder shapes (bench/encoder_shapes.sh),
 # the bf16 matrix ceiling before and after. Prints one line a run, then each shape's mean useful

@@ -6,7 +6,6 @@
 #
 #   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
 #   VARIANTS="fused sync" bash bench/fused_gpu.sh OUT_DIR   # the read-back A/B: one batch behind vs each batch
-#   VARIANTS="fused pageable" ...   # token ids uploaded from page-locked memory (gpu/upload.rs) vs pageable
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: fused_gpu.sh OUT_DIR}
@@ -33,11 +32,9 @@ for s in "${shapes[@]}"; do
   # portable: the same with the mma.sync attention kernel; unfused: candle's ops
   for v in ${VARIANTS:-fused portable unfused}; do
     # sync: fused, each batch read back before the next is queued (before gpu/readback.rs)
-    extra=(--check --profile); [[ $v == unfused ]] && extra=(--unfused); [[ $v == sync ]] && extra=(--sync-batches); [[ $v == pageable ]] && extra=()
+    extra=(--check --profile); [[ $v == unfused ]] && extra=(--unfused); [[ $v == sync ]] && extra=(--sync-batches)
     kernel=; [[ $v == portable ]] && kernel=portable
-    # pageable: token ids uploaded from ordinary memory (before gpu/upload.rs)
-    pageable=; [[ $v == pageable ]] && pageable=1
-    line=$(SCFOUNDRY_PAGEABLE_UPLOAD=$pageable SCFOUNDRY_ATTENTION=$kernel timeout "${STEP_TIMEOUT:-150}" "$B" __bench-encoder "${common[@]}" "${extra[@]}" 2>"$OUT/$name.$v.err") || line="{\"error\":\"$(tail -1 "$OUT/$name.$v.err" | tr -d '"')\"}"
+    line=$(SCFOUNDRY_ATTENTION=$kernel timeout "${STEP_TIMEOUT:-150}" "$B" __bench-encoder "${common[@]}" "${extra[@]}" 2>"$OUT/$name.$v.err") || line="{\"error\":\"$(tail -1 "$OUT/$name.$v.err" | tr -d '"')\"}"
     echo "{\"shape\":\"$name\",\"variant\":\"$v\",\"run\":$line}" >> "$OUT/fused.jsonl"
   done
 done

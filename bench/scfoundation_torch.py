@@ -31,7 +31,7 @@ SEQ_LEN = N_GENES + 2
 
 
 def cell(i, s):
-    """Positions and values of bench cell i with s genes (as src/commands/bench_encoder.rs)."""
+    """Positions and values of bench cell i with s genes (as src/bin/scfoundry-bench/encoder.rs)."""
     step = max(N_GENES // max(s, 1), 1)
     pos = [(k * step) % N_GENES for k in range(s)] + [N_GENES, N_GENES + 1]
     val = [0.5 + ((i * 7919 + k * 104729) % 1000) / 200.0 for k in range(s)] + [4.0, 3.5]

@@ -37,7 +37,7 @@ PRED = [1 + 1 + i for i in (0, 2, 5, 6)]  # cell_type, disease, ethnicity, sex a
 
 
 def cell(i, s, max_len):
-    """Gene ids, counts and depth of bench cell i with s expressed genes (as bench_encoder.rs)."""
+    """Gene ids, counts and depth of bench cell i with s expressed genes (as src/bin/scfoundry-bench/encoder.rs)."""
     step = max(N_GENES // max(max_len, 1), 1)
     genes = [(k * step + i) % N_GENES for k in range(max_len)]
     counts = [1.0 + ((i * 7919 + k * 104729) % 50) if k < s else 0.0 for k in range(max_len)]

@@ -4,7 +4,7 @@
 Trains scvi-tools' SCVI with the settings scvi_denovo uses on the same cells and genes, writes
 its latent mean to a copy of the input (obsm['X_scvi_tools_s<seed>'], one per seed), copies in
 other embeddings to compare (--add KEY=FILE:OBSM_KEY), and writes scvi-tools' ELBO history per
-seed to a TSV. Score the result with `scfoundry benchmark` (see BENCHMARKS.md, "scvi_denovo").
+seed to a TSV. Score the result with `scfoundry benchmark` (see BENCHMARKS.md, "Integration: scvi_denovo").
 
     ~/.cache/scfoundry/scvi-venv/bin/python scripts/scvi_reference.py \
         --data /tmp/wu.scvi_denovo.h5ad --out /tmp/wu.compare.h5ad --seeds 0 1 2 \

@@ -58,7 +58,8 @@ pub enum Commands {
     /// Fine-tune a classification head (and optionally the last encoder layers) on labelled
     /// cells; saves the weights with provenance and curves, and predicts labels for new data.
     Finetune(FinetuneArgs),
-    /// Integrate batches: harmony (corrects an embedding) or seurat (anchors on expression); scvi_denovo is planned.
+    /// Integrate batches: harmony (corrects an embedding), seurat (anchors on expression) or
+    /// scvi_denovo (a scVI model trained on the data).
     Integrate(IntegrateArgs),
     /// Score embeddings with the scIB metrics (scib-metrics 0.5.10 definitions) and rank them.
     Benchmark(BenchmarkArgs),
@@ -443,9 +444,8 @@ pub struct KnobArgs {
     /// geneformer: `cell` (mean of the gene states, default) or `cls` (the <cls> state, V2 models).
     #[arg(long, value_name = "MODE", value_parser = ["cell", "cls"])]
     pub emb_mode: Option<String>,
-    /// geneformer: `f32` (default) or `bf16`, on a GPU only: weights and activations in bfloat16,
-    /// attention through the fused variable-length kernel. The CPU always runs f32.
-    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16"])]
+    // The methods that honour it are those whose toml lists it: see `precision_help`.
+    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16"], help = precision_help())]
     pub precision: Option<String>,
     /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
@@ -463,6 +463,17 @@ pub struct KnobArgs {
     /// cellplm: obs column grouping the cells embedded together (default `batch`).
     #[arg(long, value_name = "COL")]
     pub batch_key: Option<String>,
+}
+
+/// `--precision`'s help, naming the methods whose `methods/<name>.toml` lists it.
+fn precision_help() -> String {
+    let reg = crate::registry::Registry::builtin();
+    let names: Vec<&str> = reg.methods.values().filter(|m| m.implemented && m.knob("--precision").is_some()).map(|m| m.name.as_str()).collect();
+    format!(
+        "{}: `f32` (default) or `bf16`, on a GPU only: weights and activations in bfloat16, attention \
+         through the fused variable-length kernel. The CPU always runs f32.",
+        names.join(", ")
+    )
 }
 
 impl KnobArgs {
@@ -628,7 +639,7 @@ pub struct IntegrateArgs {
 
 /// scvi_denovo's options (scvi-tools' SCVI defaults; see docs/scvi_denovo.md).
 #[derive(Debug, Args, Default, Clone, serde::Serialize, serde::Deserialize)]
-#[command(next_help_heading = "scvi_denovo")]
+#[command(next_help_heading = "Training a scVI model (--method scvi_denovo)")]
 pub struct ScviArgs {
     /// scvi_denovo: train on this many highly variable genes (scanpy's seurat flavour on
     /// normalised counts; default 2000; 0 keeps every gene).
@@ -737,8 +748,8 @@ Training runs as one task, in a run folder (trace.txt, report.json): a process o
 (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's FINETUNE \
 process (--executor nextflow).")]
 pub struct FinetuneArgs {
-    /// The method whose embedding the head sits on: pca, cellama, geneformer or scgpt
-    /// (see `scfoundry methods`). Not needed with --model.
+    /// The method whose embedding the head sits on (one that cannot be fine-tuned is refused
+    /// with the list of those that can). Not needed with --model.
     #[arg(long, short, required_unless_present = "model")]
     pub method: Option<String>,
     /// Labelled training .h5ad (never modified). Not needed with --model.

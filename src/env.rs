@@ -60,19 +60,8 @@ impl EnvVars {
     pub const FONT: &'static str = "SCFOUNDRY_FONT";
     /// Set to any value to print the seconds of each phase of PCA and of the linear algebra.
     pub const PROFILE: &'static str = "SCFOUNDRY_PROFILE";
-    /// `portable`: the portable attention kernel even on a Hopper GPU (to run the path other
-    /// GPUs take on a Hopper card).
+    /// `portable`: the portable attention kernel even on a Hopper GPU (the path other GPUs take).
     pub const ATTENTION: &'static str = "SCFOUNDRY_ATTENTION";
-    /// `0`: the two-kernel matrix product and layer norm instead of the fused Hopper kernel.
+    /// `0`: the matrix product and the layer norm as two kernels instead of the fused Hopper one.
     pub const FUSED_NORM: &'static str = "SCFOUNDRY_FUSED_NORM";
-    /// How the fused encoder's matrix products choose a cuBLASLt algorithm (gpu/options.rs).
-    pub const GEMM_TUNE: &'static str = "SCFOUNDRY_GEMM_TUNE";
-    /// `1`: cudarc's event tracking on (off by default: one stream per device needs none).
-    pub const EVENT_TRACKING: &'static str = "SCFOUNDRY_EVENT_TRACKING";
-    /// `1`: candle's ordinary uploads instead of page-locked buffers, for comparison.
-    pub const PAGEABLE_UPLOAD: &'static str = "SCFOUNDRY_PAGEABLE_UPLOAD";
-    /// `1`: the fused encoder records the host seconds of each step (the encoder bench prints them).
-    pub const HOST_STEPS: &'static str = "SCFOUNDRY_HOST_STEPS";
-    /// Bytes the default CUDA pool of the encoder bench keeps on synchronising (0: the driver's).
-    pub const POOL_RELEASE: &'static str = "SCFOUNDRY_POOL_RELEASE";
 }

@@ -1,6 +1,6 @@
-//! `scfoundry finetune`: train a classification head on a method's cell embedding (pca,
-//! cellama, geneformer, scgpt), optionally with the last N encoder layers of a transformer,
-//! and predict labels for new data.
+//! `scfoundry finetune`: train a classification head on a method's cell embedding (the
+//! methods whose table entry gives a backbone, [`crate::tasks::method::Backbone`]), optionally
+//! with the last N encoder layers of a transformer, and predict labels for new data.
 //!
 //! Training writes, into `--out DIR`: `model.safetensors` (`head.weight`, `head.bias` and the
 //! unfrozen layers' tensors under their checkpoint names), `finetune.json` (provenance: method,
@@ -9,7 +9,8 @@
 //! `pca_var_names.json`), since the head sits on that projection. `--predict new.h5ad` (after
 //! training, or with `--model DIR`) writes a copy of new.h5ad with `obs['<label>_pred']` and
 //! `obs['<label>_pred_confidence']`. The work is one task (`task`), run where `--executor`
-//! says; the input is checked here first. The training code is `methods/finetune.rs`.
+//! says; the input is checked here first. The training code is `nn/finetune.rs`; each
+//! method's backbone is in its adapter (`tasks/embed/<name>.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,17 +24,17 @@ use crate::anndata::write::PendingOutput;
 use crate::anndata::AnnData;
 use crate::cli::FinetuneArgs;
 use crate::commands::embed::resolve_method_params;
-use crate::tasks::runtime::{verified_weights, TaskDevice};
+use crate::tasks::runtime::TaskDevice;
 use crate::commands::ExitStatus;
 use crate::error::{Error, Hdf5Context, Result};
 use crate::executor::{self, nextflow};
 use crate::nn::finetune::{self as ft, Cached, Features, Head, LoadHook, TrainOptions};
+use crate::tasks::method::{Backbone, BackboneFrom, BackboneLoad, LoadedBackbone};
 use crate::progress::{reporter, warn};
 use crate::runner::{options_params, TaskResult, TaskSpec};
 use crate::settings::Settings;
-use crate::weights::{self, Manifest};
+use crate::weights;
 
-/// Methods `finetune` can train on.
 /// The methods `finetune` trains a head on (the table's entries that say so).
 pub fn methods() -> Vec<&'static str> {
     crate::tasks::table::names(|m| m.finetunes())
@@ -361,197 +362,23 @@ pub fn load_saved(dir: &Path) -> Result<Saved> {
 
 // ---- the backbone: what produces the features the head reads ----------------------------
 
-/// A method's model (or fit) and the per-cell inputs it reads from one file.
-enum Backbone {
-    Pca { fit: crate::methods::pca::PcaFit, fit_var: Vec<String>, opts: crate::methods::pca::PcaOptions },
-    Cellama { enc: crate::methods::cellama::Encoder, top: usize, features: Vec<String> },
-    Geneformer { model: crate::methods::geneformer::Geneformer, column: String },
-    Scgpt { model: crate::methods::scgpt::Model, gene_col: String },
-}
-
-/// Per-cell inputs of one file.
-enum Inputs {
-    Emb(Tensor),
-    Sentences(Vec<String>),
-    Tokens(Vec<Vec<u32>>),
-    Cells(Vec<crate::methods::scgpt::Cell>),
-}
-
-struct ModelFeatures<'a> {
-    bb: &'a Backbone,
-    inputs: &'a Inputs,
-}
-
-impl Features for ModelFeatures<'_> {
-    fn forward(&mut self, cells: &[usize]) -> Result<Tensor> {
-        match (self.bb, self.inputs) {
-            (_, Inputs::Emb(t)) => Cached(t.clone()).forward(cells),
-            (Backbone::Cellama { enc, .. }, Inputs::Sentences(s)) => enc.encode_tensor(&cells.iter().map(|&i| s[i].clone()).collect::<Vec<_>>()),
-            (Backbone::Geneformer { model, .. }, Inputs::Tokens(t)) => model.forward_tensor(cells.iter().map(|&i| t[i].as_slice()).collect()),
-            (Backbone::Scgpt { model, .. }, Inputs::Cells(c)) => model.embed_tensor(&cells.iter().map(|&i| &c[i]).collect::<Vec<_>>()),
-            _ => Err(Error::Model { context: "fine-tuning".into(), detail: "inputs do not fit the model".into() }),
-        }
-    }
-}
-
-fn param_u64(p: &Map<String, Value>, k: &str, d: u64) -> u64 {
-    p.get(k).and_then(Value::as_u64).unwrap_or(d)
-}
-fn param_str(p: &Map<String, Value>, k: &str) -> Option<String> {
-    p.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from)
-}
-
-/// Load a transformer backbone through `hook`; the base weights' sha256 go to `shas`.
-fn load_model(spec: &TaskSpec, params: &Map<String, Value>, hook: &LoadHook, device: &Device, shas: &mut Map<String, Value>) -> Result<(Backbone, PathBuf)> {
-    let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    match spec.method.as_str() {
-        "cellama" => {
-            use crate::methods::cellama;
-            *shas = verified_weights("cellama", &wdir, cellama::REQUIRED_ENTRIES)?;
-            let dir = cellama::model_dir(&wdir, &Manifest::load()?);
-            let enc = cellama::Encoder::load_hooked(&dir, device.clone(), Some(hook))?;
-            let features = param_str(params, "obs_features").map(|f| f.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
-            Ok((Backbone::Cellama { enc, top: param_u64(params, "top_genes", cellama::DEFAULT_TOP_GENES as u64) as usize, features }, dir))
-        }
-        "geneformer" => {
-            use crate::methods::geneformer::{self, Dictionaries, EmbMode, Geneformer};
-            let dir = match param_str(params, "model_dir") {
-                Some(d) => PathBuf::from(d),
-                None => {
-                    *shas = verified_weights("geneformer", &wdir, geneformer::REQUIRED_ENTRIES)?;
-                    geneformer::model_dir(&wdir, &Manifest::load()?)
-                }
-            };
-            let emb_layer = params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1) as i32;
-            let mode = EmbMode::parse(params.get("emb_mode").and_then(Value::as_str).unwrap_or("cell"))?;
-            let model = Geneformer::load_hooked(&dir, Dictionaries::find(&dir)?, emb_layer, mode, device.clone(), Some(hook))?;
-            if shas.is_empty() {
-                for p in [&model.weights_path, &model.dict.token_path, &model.dict.median_path] {
-                    let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-                    shas.insert(name, json!(weights::sha256_file(p, |_| {})?));
-                }
-            }
-            let column = param_str(params, "gene_column").unwrap_or_else(|| geneformer::DEFAULT_GENE_COLUMN.to_string());
-            Ok((Backbone::Geneformer { model, column }, dir))
-        }
-        "scgpt" => {
-            use crate::methods::scgpt;
-            *shas = verified_weights("scgpt", &wdir, scgpt::REQUIRED_ENTRIES)?;
-            let dir = scgpt::model_dir(&wdir, &Manifest::load()?);
-            let model = scgpt::Model::load_hooked(&dir, param_u64(params, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize, device.clone(), Some(hook))?;
-            Ok((Backbone::Scgpt { model, gene_col: param_str(params, "gene_col").unwrap_or_else(|| "index".into()) }, dir))
-        }
-        other => Err(Error::NotImplemented { name: format!("finetune {other}"), version: env!("CARGO_PKG_VERSION") }),
-    }
-}
-
-/// The inputs of every cell of `ad` for the backbone, and which cells can be used (geneformer:
-/// cells with tokens). `train`: pca projects with its own fit (the training data).
-fn inputs(bb: &Backbone, ad: &AnnData, seed: u64, device: &Device, train: bool, notes: &mut Vec<String>) -> Result<(Inputs, Vec<bool>)> {
-    let x = ad.matrix(None)?;
-    let n = ad.n_obs;
-    let all = vec![true; n];
-    match bb {
-        Backbone::Pca { fit, fit_var, opts } => {
-            use crate::methods::pca;
-            let rep = reporter(true);
-            let nc = fit.variance.len();
-            let mut emb = vec![0f32; n * nc];
-            let sink = |start: usize, rows: &[f32]| {
-                emb[start * nc..start * nc + rows.len()].copy_from_slice(rows);
-                Ok(())
-            };
-            if train {
-                pca::transform(&x, fit, opts, rep.as_ref(), sink)?;
-            } else {
-                let map = pca::align_genes(fit, fit_var, &ad.var_names);
-                let m = fit.hvg_genes.len();
-                if map.present_fraction(m) < crate::tasks::embed::pca::DEFAULT_MIN_GENE_OVERLAP {
-                    return Err(Error::BadField {
-                        path: ad.path.clone(),
-                        field: "var_names".into(),
-                        detail: format!("holds {} of the {m} highly variable genes the model was trained on", m - map.missing.len()),
-                        hint: Some("predict on data with the training data's genes (var_names)".into()),
-                    });
-                }
-                if !map.missing.is_empty() {
-                    notes.push(format!("{} of the model's {m} highly variable genes are missing from {} and count as zero", map.missing.len(), ad.path.display()));
-                }
-                let names = pca::Names { obs: &ad.obs_names, var: &ad.var_names };
-                let sf = pca::size_factors(&x, &names, opts)?;
-                pca::transform_mapped(&x, fit, &map, &sf, opts, rep.as_ref(), sink)?;
-            }
-            let t = Tensor::from_vec(emb, (n, nc), device).map_err(|e| Error::Model { context: "moving the embedding".into(), detail: e.to_string() })?;
-            Ok((Inputs::Emb(t), all))
-        }
-        Backbone::Cellama { top, features, .. } => {
-            let obs = crate::tasks::runtime::obs_strings(ad, features, notes)?;
-            let mut out = Vec::with_capacity(n);
-            for (s, e) in x.blocks(1_000_000) {
-                let b = x.read_rows(s, e)?;
-                out.extend(crate::tasks::embed::cellama::cellama_sentences(&b, &ad.var_names, &obs, *top));
-            }
-            Ok((Inputs::Sentences(out), all))
-        }
-        Backbone::Geneformer { model, column } => {
-            use crate::methods::geneformer::GeneTable;
-            let ids = crate::tasks::runtime::gene_ids(ad, column)?;
-            let table = GeneTable::new(&ids, &model.dict)?;
-            let totals = crate::tasks::runtime::cell_totals(ad, &x, 0..ad.n_obs, notes)?;
-            let mut cells = Vec::with_capacity(n);
-            for (s, e) in x.blocks(1_000_000) {
-                let b = x.read_rows(s, e)?;
-                for i in 0..b.n_rows() {
-                    let (idx, vals) = b.row(i);
-                    cells.push(model.tokens(table.rank(idx, vals, totals[s + i])));
-                }
-            }
-            let usable: Vec<bool> = cells.iter().map(|c: &Vec<u32>| !c.is_empty()).collect();
-            let empty = usable.iter().filter(|u| !**u).count();
-            if empty > 0 {
-                notes.push(format!("{empty} cell(s) of {} have no gene in the token dictionary: they are left out (no prediction)", ad.path.display()));
-            }
-            Ok((Inputs::Tokens(cells), usable))
-        }
-        Backbone::Scgpt { model, gene_col } => {
-            let names = crate::tasks::embed::scgpt::scgpt_gene_names(ad, gene_col)?;
-            let gene_ids = crate::methods::scgpt::match_genes(&names, &model.vocab);
-            if gene_ids.iter().all(Option::is_none) {
-                return Err(Error::BadField { path: ad.path.clone(), field: "var_names".into(), detail: "none of the genes is in scGPT's vocabulary".into(), hint: Some("pass --gene-col with the var column of gene symbols".into()) });
-            }
-            let mut cells = Vec::with_capacity(n);
-            for (s, e) in x.blocks(1_000_000) {
-                let b = x.read_rows(s, e)?;
-                for i in 0..b.n_rows() {
-                    let (idx, vals) = b.row(i);
-                    cells.push(model.tokenizer.cell(idx, vals, &gene_ids, seed, s + i));
-                }
-            }
-            Ok((Inputs::Cells(cells), all))
-        }
-    }
-}
-
-fn model_dim(bb: &Backbone) -> usize {
-    match bb {
-        Backbone::Pca { fit, .. } => fit.variance.len(),
-        Backbone::Cellama { enc, .. } => enc.hidden,
-        Backbone::Geneformer { model, .. } => model.hidden(),
-        Backbone::Scgpt { model, .. } => model.dim(),
-    }
+/// The method's fine-tuning backbone, from the table.
+fn load_backbone(spec: &TaskSpec, params: &Map<String, Value>, hook: &LoadHook, device: &Device, from: BackboneFrom) -> Result<LoadedBackbone> {
+    let load = BackboneLoad { spec, params, hook, device, from };
+    crate::tasks::table::get(&spec.method)
+        .and_then(|m| m.backbone(&load))
+        .unwrap_or_else(|| Err(Error::NotImplemented { name: format!("finetune {}", spec.method), version: env!("CARGO_PKG_VERSION") }))
 }
 
 /// With no trainable layer, run the model once over the usable cells and keep the embedding.
-fn freeze(bb: &Backbone, inp: Inputs, usable: &[bool], batch: usize, device: &Device, label: &str) -> Result<Inputs> {
-    if matches!(inp, Inputs::Emb(_)) {
-        return Ok(inp);
+fn freeze<'a>(mut f: Box<dyn Features + 'a>, dim: usize, usable: &[bool], batch: usize, device: &Device, label: &str) -> Result<Box<dyn Features + 'a>> {
+    if f.precomputed() {
+        return Ok(f);
     }
     let rep = reporter(false);
     let cells: Vec<usize> = (0..usable.len()).filter(|&i| usable[i]).collect();
     let p = rep.step(label, cells.len() as u64, "cells");
-    let dim = model_dim(bb);
     let mut rows = vec![0f32; usable.len() * dim];
-    let mut f = ModelFeatures { bb, inputs: &inp };
     let ctx = |e: candle_core::Error| Error::Model { context: "embedding cells".into(), detail: e.to_string() };
     for chunk in cells.chunks(batch.max(1)) {
         let t = f.forward(chunk)?.detach().to_device(&Device::Cpu).map_err(ctx)?;
@@ -562,7 +389,7 @@ fn freeze(bb: &Backbone, inp: Inputs, usable: &[bool], batch: usize, device: &De
         p.inc(chunk.len() as u64);
     }
     p.finish();
-    Ok(Inputs::Emb(Tensor::from_vec(rows, (usable.len(), dim), device).map_err(ctx)?))
+    Ok(Box::new(Cached(Tensor::from_vec(rows, (usable.len(), dim), device).map_err(ctx)?)))
 }
 
 // ---- the task -----------------------------------------------------------------------------
@@ -611,33 +438,13 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
     let dev = TaskDevice::start(spec)?;
     let device = dev.device.clone();
     let hook = LoadHook::new(o.unfreeze_layers as usize, HashMap::new());
-    let mut shas = Map::new();
-    let mut extra_files: Vec<(String, PathBuf)> = Vec::new();
-    let (bb, base_dir) = if spec.method == "pca" {
-        use crate::methods::pca::{self, Names, PcaOptions};
-        let x = ad.matrix(None)?;
-        let opts = PcaOptions {
-            n_comps: param_u64(&o.method_params, "n_comps", 50) as usize,
-            n_top_genes: param_u64(&o.method_params, "n_top_genes", 2000) as usize,
-            seed: spec.seed,
-            ..PcaOptions::default()
-        };
-        let fit = pca::fit(&x, &Names { obs: &ad.obs_names, var: &ad.var_names }, &opts, reporter(true).as_ref())?;
-        let fit_path = out.join("pca_fit.json");
-        fit.save(&fit_path)?;
-        let var_path = out.join("pca_var_names.json");
-        write_atomic(&var_path, &serde_json::to_vec(&ad.var_names)?)?;
-        extra_files.push(("pca_fit".into(), fit_path));
-        extra_files.push(("pca_var_names".into(), var_path));
-        notes.push("pca is fitted on every cell of the training file (labels are not used), then the head is trained on that projection".into());
-        (Backbone::Pca { fit, fit_var: ad.var_names.clone(), opts }, None)
-    } else {
-        let (bb, dir) = load_model(spec, &o.method_params, &hook, &device, &mut shas).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
-        dev.mark_loaded();
-        (bb, Some(dir))
-    };
-    let (inp, usable) = inputs(&bb, &ad, spec.seed, &device, true, &mut notes)?;
-    let inp = if o.unfreeze_layers == 0 { freeze(&bb, inp, &usable, o.predict_batch_size as usize, &device, &format!("{}: embed", spec.method))? } else { inp };
+    let loaded = load_backbone(spec, &o.method_params, &hook, &device, BackboneFrom::Training { data: &ad, out }).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let LoadedBackbone { backbone: bb, base_dir, shas, files: extra_files, notes: loaded_notes } = loaded;
+    notes.extend(loaded_notes);
+    let dim = bb.dim();
+    let (inp, usable) = bb.features(&ad, spec.seed, &device, true, &mut notes)?;
+    let inp = if o.unfreeze_layers == 0 { freeze(inp, dim, &usable, o.predict_batch_size as usize, &device, &format!("{}: embed", spec.method))? } else { inp };
     // the labelled, usable cells: training indexes these
     let keep: Vec<usize> = (0..labels.cells.len()).filter(|&k| usable[labels.cells[k]]).collect();
     let rows: Vec<usize> = keep.iter().map(|&k| labels.cells[k]).collect();
@@ -647,17 +454,17 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
         notes.push("no cell was held out for validation (too few cells per label): early stopping watches the training loss".into());
     }
     // the training code indexes 0..rows.len(); map to the file's rows
-    struct Rows<'a> {
-        inner: ModelFeatures<'a>,
-        rows: &'a [usize],
+    struct Rows<'a, 'b> {
+        inner: Box<dyn Features + 'a>,
+        rows: &'b [usize],
     }
-    impl Features for Rows<'_> {
+    impl Features for Rows<'_, '_> {
         fn forward(&mut self, cells: &[usize]) -> Result<Tensor> {
             let r: Vec<usize> = cells.iter().map(|&i| self.rows[i]).collect();
             self.inner.forward(&r)
         }
     }
-    let mut feats = Rows { inner: ModelFeatures { bb: &bb, inputs: &inp }, rows: &rows };
+    let mut feats = Rows { inner: inp, rows: &rows };
     let topts = TrainOptions {
         epochs: o.epochs as usize,
         batch_size: o.batch_size as usize,
@@ -669,7 +476,6 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
     };
     let layers = hook.vars();
     let quiet = spec.quiet || !spec.progress;
-    let dim = model_dim(&bb);
     let trained = ft::train(&mut feats, dim, &codes, labels.classes.len(), &split, &layers, &topts, &device, |s| {
         if !quiet {
             eprintln!(
@@ -684,6 +490,7 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
             );
         }
     })?;
+    drop(feats);
     // model.safetensors: the head and the unfrozen layers of the best epoch
     let mut tensors = vec![("head.weight".to_string(), trained.head_w.clone()), ("head.bias".to_string(), trained.head_b.clone())];
     tensors.extend(trained.layers.iter().cloned());
@@ -784,26 +591,25 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
             drop(bb);
             let overrides: HashMap<String, Tensor> = trained.layers.iter().cloned().collect();
             let hook = LoadHook::new(0, overrides);
-            load_model(spec, &o.method_params, &hook, &device, &mut Map::new())?.0
+            load_backbone(spec, &o.method_params, &hook, &device, BackboneFrom::Weights)?.backbone
         } else {
             bb
         };
-        summary.push(predict_file(spec, &bb, &head, &labels.classes, &o.label_key, p, po, o, &device, &mut notes, Some(out))?);
+        summary.push(predict_file(spec, bb.as_ref(), &head, &labels.classes, &o.label_key, p, po, o, &device, &mut notes, Some(out))?);
     }
     dev.write_report(task_dir, None, Some(o.batch_size as usize));
     Ok(TaskResult { output: Some(out.clone()), n_obs: ad.n_obs, dim, notes, summary, ..Default::default() })
 }
 
 #[allow(clippy::too_many_arguments)]
-fn predict_file(spec: &TaskSpec, bb: &Backbone, head: &Head, classes: &[String], label_key: &str, data: &Path, out: &Path, o: &FinetuneOptions, device: &Device, notes: &mut Vec<String>, model_dir: Option<&Path>) -> Result<String> {
+fn predict_file(spec: &TaskSpec, bb: &dyn Backbone, head: &Head, classes: &[String], label_key: &str, data: &Path, out: &Path, o: &FinetuneOptions, device: &Device, notes: &mut Vec<String>, model_dir: Option<&Path>) -> Result<String> {
     let ad = AnnData::open(data)?;
     ad.check_usable()?;
-    let (inp, usable) = inputs(bb, &ad, spec.seed, device, false, notes)?;
+    let (mut f, usable) = bb.features(&ad, spec.seed, device, false, notes)?;
     let cells: Vec<usize> = (0..ad.n_obs).filter(|&i| usable[i]).collect();
-    let mut f = ModelFeatures { bb, inputs: &inp };
     let rep = reporter(spec.quiet || !spec.progress);
     let p = rep.step("finetune: predict", cells.len() as u64, "cells");
-    let (c, conf) = ft::predict(&mut f, head, &cells, o.predict_batch_size as usize, |k| p.inc(k as u64))?;
+    let (c, conf) = ft::predict(f.as_mut(), head, &cells, o.predict_batch_size as usize, |k| p.inc(k as u64))?;
     p.finish();
     let mut codes = vec![-1i32; ad.n_obs];
     let mut confidence = vec![f32::NAN; ad.n_obs];
@@ -864,26 +670,11 @@ fn predict_task(spec: &TaskSpec, o: &FinetuneOptions, dir: &Path, task_dir: &Pat
     }
     let head = Head::from_tensors(&w, &b)?;
     let mut notes = Vec::new();
-    let bb = if saved.method == "pca" {
-        let fit = crate::methods::pca::PcaFit::load(&dir.join("pca_fit.json"))?;
-        let vp = dir.join("pca_var_names.json");
-        let text = std::fs::read(&vp).map_err(|e| Error::Io { path: vp.clone(), source: e })?;
-        let fit_var: Vec<String> = serde_json::from_slice(&text)?;
-        let opts = crate::methods::pca::PcaOptions {
-            n_comps: fit.variance.len(),
-            n_top_genes: fit.hvg_genes.len(),
-            seed: saved.seed,
-            target_sum: fit.target_sum,
-            ..Default::default()
-        };
-        Backbone::Pca { fit, fit_var, opts }
-    } else {
-        let hook = LoadHook::new(0, tensors);
-        load_model(spec, &saved.method_params, &hook, &device, &mut Map::new()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?.0
-    };
+    let hook = LoadHook::new(0, tensors);
+    let bb = load_backbone(spec, &saved.method_params, &hook, &device, BackboneFrom::Saved(dir)).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?.backbone;
     let data = o.predict.clone().unwrap_or_else(|| spec.data.clone());
     let out = o.predict_out.clone().unwrap_or_else(|| spec.out.clone());
-    let line = predict_file(spec, &bb, &head, &saved.classes, &o.label_key, &data, &out, o, &device, &mut notes, Some(dir))?;
+    let line = predict_file(spec, bb.as_ref(), &head, &saved.classes, &o.label_key, &data, &out, o, &device, &mut notes, Some(dir))?;
     dev.write_report(task_dir, None, Some(o.predict_batch_size as usize));
     Ok(TaskResult { output: Some(out), n_obs: 0, dim: saved.dim, notes, summary: vec![line], ..Default::default() })
 }

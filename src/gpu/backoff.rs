@@ -48,8 +48,8 @@ pub fn extra_hint(allocator: AllocatorKind) -> String {
     }
 }
 
-/// Most cells a batch by tokens holds, as a multiple of `--batch-size` (measured on the H200:
-/// BENCHMARKS.md, "Batches by tokens").
+/// Most cells a batch by tokens holds, as a multiple of `--batch-size` (docs/gpu.md, "Out of
+/// memory", gives the gains measured on the H200).
 pub const BATCH_GROWTH: usize = 8;
 
 /// Batches by tokens: `batch` cells of the longest cell's length (`cost(0)`; the cells run

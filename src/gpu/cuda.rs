@@ -452,7 +452,7 @@ fn set_release_threshold(pool: CUmemoryPool, mut bytes: u64) -> Result<(), GpuEr
 /// which every synchronisation (a batch's read-back) may hand the pool's free memory back for the
 /// next batch to map again (BENCHMARKS.md). Taken by `--allocator async`
 /// ([`Resource::new`]) and by the `__bench-*` commands, which allocate from the default pool with
-/// no resource installed (`commands::bench_encoder::bench_device`). Needs a context of `dev` bound.
+/// no resource installed (`bench_device` in `src/bin/scfoundry-bench/encoder.rs`). Needs a context of `dev` bound.
 pub fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Result<(), GpuError> {
     let bytes = match threshold {
         Some(b) => b,
@@ -524,7 +524,7 @@ pub fn start(spec: &super::DeviceSpec) -> Result<Runtime, GpuError> {
 }
 
 /// Latency of allocation + free pairs under each mode, with sizes log-uniform in 1 KiB-64 MiB
-/// (seeded), measured as ANCHORS.md measures RMM: `pairs` immediate pairs, then `pairs` frees of
+/// (seeded), measured as bench/alloc_rmm.py measures RMM: `pairs` immediate pairs, then `pairs` frees of
 /// a random one of 64 live buffers followed by a new allocation.
 #[derive(Debug, Clone, Serialize)]
 pub struct LatencyRow {

@@ -71,18 +71,6 @@ pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> 
     }
 }
 
-/// With `SCFOUNDRY_HOST_STEPS=1`, the host seconds spent queueing each step (summed by step name
-/// over every layer and call since the last [`take_host_steps`]): where a batch's queueing time
-/// goes when the host, not the GPU, bounds a pass (`__bench-encoder` reports it).
-pub fn take_host_steps() -> Vec<(&'static str, f64)> {
-    #[cfg(feature = "cuda")]
-    {
-        std::mem::take(&mut *cuda::HOST_STEPS.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-    #[cfg(not(feature = "cuda"))]
-    Vec::new()
-}
-
 /// Seconds each step of the first layer takes on `x` (each step run `repeat` times between device
 /// synchronisations, the median kept): what a layer's time divides into. For `__bench-encoder
 /// --profile`.
@@ -124,13 +112,6 @@ mod cuda {
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
     pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
     pub(crate) const MODULE: &str = "scfoundry_encoder_ops";
-
-    /// Host seconds by step (`take_host_steps`), when SCFOUNDRY_HOST_STEPS=1.
-    pub(super) static HOST_STEPS: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
-    fn host_steps_on() -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| std::env::var(crate::env::EnvVars::HOST_STEPS).is_ok_and(|v| v == "1"))
-    }
 
     pub struct Fused<'a> {
         pub stack: &'a PostNormStack,
@@ -323,18 +304,6 @@ mod cuda {
                     steps.push(("layer_norm", Box::new(move |h, _, _, _| norm2(h))));
                 }
                 match self.profile {
-                    None if host_steps_on() => {
-                        for (name, step) in steps.iter_mut() {
-                            let start = std::time::Instant::now();
-                            step(&mut h, &mut qkv, &mut att, &mut ff)?;
-                            let took = start.elapsed().as_secs_f64();
-                            let mut all = HOST_STEPS.lock().unwrap_or_else(|e| e.into_inner());
-                            match all.iter_mut().find(|(n, _)| n == name) {
-                                Some(e) => e.1 += took,
-                                None => all.push((name, took)),
-                            }
-                        }
-                    }
                     None => {
                         for (_, step) in steps.iter_mut() {
                             step(&mut h, &mut qkv, &mut att, &mut ff)?;

@@ -4,18 +4,16 @@
 //! cuBLASLt's heuristic names one algorithm for a shape without running anything; for the
 //! encoders' tall, narrow products (tens of thousands of token rows, 256 to 3,072 columns, a bias
 //! and maybe ReLU or a residual in the epilogue) its first choice is not always the fastest.
-//! [`Lt::linear`] asks for up to [`GemmTune::DEFAULT_CANDIDATES`] algorithms the first time it
+//! [`Lt::linear`] asks for up to [`CANDIDATES`] algorithms the first time it
 //! meets a shape (the token count rounded up to a power of two), times each on the call's own
 //! operands, and keeps the fastest; later calls reuse it (checked with `cublasLtMatmulAlgoCheck`
 //! when their token count differs). Timing writes only to memory the step is about to overwrite
 //! anyway: the output itself, or, for products that add into their output (the residual steps),
-//! a work buffer the caller names as free. `SCFOUNDRY_GEMM_TUNE` (gpu/options.rs): `0` takes the
-//! heuristic's first choice untimed, `N` times N candidates, `log` (or `N,log`) prints each
-//! shape's timings to stderr.
+//! a work buffer the caller names as free.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
@@ -23,7 +21,9 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView,
 use candle_core::Result;
 use half::bf16;
 
-use crate::gpu::options::GemmTune;
+/// How many of the heuristic's best algorithms are timed for a new shape (its first choice
+/// was up to 15% slower at scGPT's and UCE's shapes; docs/gpu.md).
+pub(crate) const CANDIDATES: usize = 8;
 
 /// cuBLASLt's workspace, as NVIDIA recommends for Hopper.
 const WORKSPACE: usize = 32 << 20;
@@ -47,19 +47,6 @@ struct Key {
 struct Choice {
     algo: sys::cublasLtMatmulAlgo_t,
     tokens: usize,
-}
-
-/// SCFOUNDRY_GEMM_TUNE, read once (gpu/options.rs); a value it does not understand is reported
-/// once and the default kept.
-fn tune_mode() -> GemmTune {
-    static MODE: OnceLock<GemmTune> = OnceLock::new();
-    *MODE.get_or_init(|| {
-        let value = std::env::var(crate::env::EnvVars::GEMM_TUNE).ok();
-        GemmTune::parse(value.as_deref()).unwrap_or_else(|e| {
-            eprintln!("warning: {e}; timing {} candidates", GemmTune::DEFAULT_CANDIDATES);
-            GemmTune { candidates: GemmTune::DEFAULT_CANDIDATES, log: false }
-        })
-    })
 }
 
 /// One cuBLASLt handle with its workspace and the algorithms chosen so far, per stream.
@@ -239,7 +226,7 @@ impl Lt {
                         _ => &mut *out,
                     };
                     let (tp, _tg) = target.device_ptr_mut(s);
-                    self.choose_timed(&d, key, tokens, wp, xp, tp, beta, (tokens * n * k) as f64 * 2.0)?
+                    self.choose_timed(&d, key, tokens, wp, xp, tp, beta)?
                 }
             }
         };
@@ -257,18 +244,15 @@ impl Lt {
     /// Times the heuristic's candidates into `target` (the output, or a free buffer of its size)
     /// and keeps the fastest for the shape.
     #[allow(clippy::too_many_arguments)]
-    fn choose_timed(&self, d: &Descs, key: Key, tokens: usize, w: u64, x: u64, target: u64, beta: f32, flops: f64) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let GemmTune { candidates: count, log } = tune_mode();
-        let candidates = self.heuristics(d, count.max(1))?;
-        let mut best = (f32::INFINITY, candidates[0].algo, 0usize);
+    fn choose_timed(&self, d: &Descs, key: Key, tokens: usize, w: u64, x: u64, target: u64, beta: f32) -> Result<sys::cublasLtMatmulAlgo_t> {
+        let candidates = self.heuristics(d, CANDIDATES)?;
+        let mut best = (f32::INFINITY, candidates[0].algo);
         if candidates.len() > 1 {
             let ctx = self.stream.context();
             let (start, end) = (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| err("event", e))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| err("event", e))?);
-            let mut report = Vec::new();
-            for (i, c) in candidates.iter().enumerate() {
+            for c in &candidates {
                 // a candidate cuBLASLt turns down at launch is left out, not the product
-                if let Err(e) = self.launch(d, &c.algo, w, x, target, beta) {
-                    report.push(format!("#{i} failed ({e})"));
+                if self.launch(d, &c.algo, w, x, target, beta).is_err() {
                     continue;
                 }
                 start.record(&self.stream).map_err(|e| err("event", e))?;
@@ -277,13 +261,9 @@ impl Lt {
                 }
                 end.record(&self.stream).map_err(|e| err("event", e))?;
                 let ms = start.elapsed_ms(&end).map_err(|e| err("event", e))? / 3.0;
-                report.push(format!("#{i} {:.1} us ({:.0} TFLOP/s)", ms * 1e3, flops / (ms as f64) / 1e9));
                 if ms < best.0 {
-                    best = (ms, c.algo, i);
+                    best = (ms, c.algo);
                 }
-            }
-            if log {
-                eprintln!("gemm {tokens} x {} by {} x {}{}{}: chose #{} of {}", key.k, key.n, key.k, if key.accumulate { " +residual" } else { "" }, if key.relu { " relu" } else { "" }, best.2, report.join(", "));
             }
         }
         self.chosen.lock().expect("not poisoned").insert(key, Choice { algo: best.1, tokens });

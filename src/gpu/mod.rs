@@ -158,16 +158,13 @@ pub fn preflight(spec: &DeviceSpec) -> Result<(), GpuError> {
 /// event tracking off. candle queues all of a device's work on one stream (CUDA's per-thread
 /// default stream), and our own copies (`pinned.rs`, `readback.rs`) record the events they need
 /// themselves, so tracking only adds work: cudarc creates two events for every allocation (and
-/// destroys them with it) whether or not a second stream ever exists. `SCFOUNDRY_EVENT_TRACKING=1`
-/// keeps cudarc's default (for an A/B; BENCHMARKS.md).
+/// destroys them with it) whether or not a second stream ever exists.
 pub fn cuda_device(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     let device = candle_core::Device::new_cuda(ordinal)?;
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = &device {
-        if std::env::var(crate::env::EnvVars::EVENT_TRACKING).map_or(true, |v| v != "1") {
-            // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
-            unsafe { d.disable_event_tracking() };
-        }
+        // Safety: one stream a device (candle's); nothing of ours waits on cudarc's events
+        unsafe { d.disable_event_tracking() };
     }
     Ok(device)
 }

@@ -276,38 +276,6 @@ pub struct DeviceSpec {
     pub allocator: AllocatorOptions,
 }
 
-/// `SCFOUNDRY_GEMM_TUNE`: how the fused encoder's matrix products pick their cuBLASLt algorithm
-/// (gpu/gemm.rs). `candidates` of the heuristic's best are timed once per shape (0: its first
-/// choice, untimed); `log` prints each shape's timings to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GemmTune {
-    pub candidates: usize,
-    pub log: bool,
-}
-
-impl GemmTune {
-    /// How many candidates are timed unless the variable says otherwise.
-    pub const DEFAULT_CANDIDATES: usize = 8;
-
-    /// The variable's value (None: unset) read; the error names what it accepts.
-    pub fn parse(value: Option<&str>) -> Result<GemmTune, String> {
-        let default = GemmTune { candidates: Self::DEFAULT_CANDIDATES, log: false };
-        let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(default) };
-        let (n, log) = match v.strip_suffix(",log") {
-            Some(n) => (n, true),
-            None if v == "log" => return Ok(GemmTune { log: true, ..default }),
-            None => (v, false),
-        };
-        let candidates = match n {
-            "off" => 0,
-            n => n.parse::<usize>().ok().filter(|&c| c <= 64).ok_or_else(|| {
-                format!("SCFOUNDRY_GEMM_TUNE={v} is not understood: use 0 or off (the heuristic's first choice), a number of candidates up to 64, log, or N,log")
-            })?,
-        };
-        Ok(GemmTune { candidates, log })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,21 +352,5 @@ mod tests {
         let t: AllocatorOptions = toml::from_str("kind = \"managed-pool\"\nmaximum_pool_size = \"200GiB\"").unwrap();
         assert_eq!(t.kind, AllocatorKind::ManagedPool);
         assert_eq!(t.maximum_pool_size, Some(ByteSize(200 << 30)));
-    }
-
-    #[test]
-    fn gemm_tune_reads_its_variable() {
-        let default = GemmTune { candidates: 8, log: false };
-        assert_eq!(GemmTune::parse(None), Ok(default));
-        assert_eq!(GemmTune::parse(Some("")), Ok(default));
-        assert_eq!(GemmTune::parse(Some("0")), Ok(GemmTune { candidates: 0, log: false }));
-        assert_eq!(GemmTune::parse(Some("off")), Ok(GemmTune { candidates: 0, log: false }));
-        assert_eq!(GemmTune::parse(Some("log")), Ok(GemmTune { candidates: 8, log: true }));
-        assert_eq!(GemmTune::parse(Some("16,log")), Ok(GemmTune { candidates: 16, log: true }));
-        assert_eq!(GemmTune::parse(Some(" 32 ")), Ok(GemmTune { candidates: 32, log: false }));
-        for bad in ["fast", "65", "-1", "8,verbose"] {
-            let e = GemmTune::parse(Some(bad)).unwrap_err();
-            assert!(e.contains(&format!("SCFOUNDRY_GEMM_TUNE={bad}")) && e.contains("N,log"), "{e}");
-        }
     }
 }

@@ -6,8 +6,6 @@
 //! batch i + 1. Here the values are copied into one of eight page-locked buffers (`pinned.rs`,
 //! each reused once the copy made from it eight uploads before is done; a batch makes 2-4: its
 //! ids, its cells' offsets for the encoder, the rows to read out) and from there on the stream.
-//! `SCFOUNDRY_PAGEABLE_UPLOAD=1` takes candle's ordinary upload instead, for comparison
-//! (bench/fused_gpu.sh's `pageable` variant).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -16,7 +14,7 @@ use candle_core::{Device, Result, Tensor};
 pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
-        if !data.is_empty() && !cuda::pageable() {
+        if !data.is_empty() {
             return cuda::upload(data, dev);
         }
     }
@@ -45,12 +43,6 @@ mod cuda {
         static RING: RefCell<Ring> = RefCell::new(Ring::default());
     }
 
-    /// Whether SCFOUNDRY_PAGEABLE_UPLOAD=1 asks for candle's ordinary uploads.
-    pub fn pageable() -> bool {
-        static PAGEABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *PAGEABLE.get_or_init(|| std::env::var(crate::env::EnvVars::PAGEABLE_UPLOAD).is_ok_and(|v| v == "1"))
-    }
-
     pub fn upload(data: &[u32], dev: &CudaDevice) -> Result<Tensor> {
         let dst = upload_slice(data, dev)?;
         let n = dst.len();
@@ -58,9 +50,9 @@ mod cuda {
     }
 
     /// `data` on the device's stream as a raw slice (for kernels that take their indices
-    /// inside a custom op), through page-locked memory unless SCFOUNDRY_PAGEABLE_UPLOAD=1.
+    /// inside a custom op), through page-locked memory.
     pub fn upload_slice(data: &[u32], dev: &CudaDevice) -> Result<CudaSlice<u32>> {
-        if data.is_empty() || pageable() {
+        if data.is_empty() {
             return dev.clone_htod(data);
         }
         let err = |e| candle_core::Error::Msg(format!("uploading a batch to the GPU: {e:?}"));

@@ -587,7 +587,7 @@ impl GptNeoX {
     }
 }
 
-/// FLOPs of one forward pass over `s` tokens (matmuls only), as bench_encoder counts them:
+/// FLOPs of one forward pass over `s` tokens (matmuls only), as the bench binary (src/bin/scfoundry-bench) counts them:
 /// L x (2 s (4 d^2 + 2 d f) + 4 s^2 d); causal attention is counted whole, as PyTorch runs it.
 pub fn forward_flops(c: &Config, s: usize) -> f64 {
     crate::nn::cell_flops(c.num_hidden_layers, c.hidden_size, c.intermediate_size, s)

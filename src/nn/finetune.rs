@@ -123,6 +123,11 @@ pub fn predict_rows(logits: &Tensor) -> candle_core::Result<(Vec<u32>, Vec<f32>)
 pub trait Features {
     /// Rows `(cells.len(), dim)` on the training device.
     fn forward(&mut self, cells: &[usize]) -> Result<Tensor>;
+
+    /// Whether the features are a fixed embedding already (nothing to run before training).
+    fn precomputed(&self) -> bool {
+        false
+    }
 }
 
 /// A fixed embedding (n x d) held on the device.
@@ -133,6 +138,10 @@ impl Features for Cached {
         let ctx = model_err("selecting embedding rows");
         let idx = Tensor::from_vec(cells.iter().map(|&i| i as u32).collect::<Vec<_>>(), cells.len(), self.0.device()).map_err(&ctx)?;
         self.0.index_select(&idx, 0).map_err(&ctx)
+    }
+
+    fn precomputed(&self) -> bool {
+        true
     }
 }
 

@@ -2,8 +2,9 @@
 //! one entry in [`crate::tasks::table::METHODS`]; its defaults, device support and honoured
 //! options come from its `methods/<name>.toml` alone.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use candle_core::Device;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -11,6 +12,7 @@ use crate::anndata::AnnData;
 use crate::cli::IntegrateArgs;
 use crate::tasks::integrate::IntegrateOptions;
 use crate::error::{Error, Result};
+use crate::nn::finetune::{Features, LoadHook};
 use crate::runner::{Step, TaskResult, TaskSpec};
 
 /// What the checks before a run may read: nothing here is written.
@@ -90,6 +92,11 @@ pub trait Method: Sync {
         false
     }
 
+    /// The backbone `finetune` trains a head on; `None` where the method is not fine-tuned.
+    fn backbone(&self, _load: &BackboneLoad) -> Option<Result<LoadedBackbone>> {
+        None
+    }
+
     /// Whether `finetune --unfreeze-layers` trains some of the method's encoder layers.
     fn unfreezes(&self) -> bool {
         false
@@ -120,6 +127,61 @@ pub trait Method: Sync {
     fn integrate(&self, _spec: &TaskSpec) -> Option<anyhow::Result<TaskResult>> {
         None
     }
+}
+
+/// What fine-tuning trains a head on: a method's model, or its fit.
+pub trait Backbone {
+    /// The width of the features.
+    fn dim(&self) -> usize;
+
+    /// The features of the cells of `ad`, and which cells have any (the others get no
+    /// prediction). `train`: `ad` is the training data.
+    fn features<'a>(&'a self, ad: &AnnData, seed: u64, device: &Device, train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn Features + 'a>, Vec<bool>)>;
+}
+
+/// Where a fine-tuning backbone comes from.
+pub enum BackboneFrom<'a> {
+    /// Training on `data`: a method that fits (rather than loads weights) fits it and saves
+    /// the fit in `out`.
+    Training { data: &'a AnnData, out: &'a Path },
+    /// A fine-tuned model's folder, the `--out` of training.
+    Saved(&'a Path),
+    /// The method's weights only (prediction right after training).
+    Weights,
+}
+
+/// What loading a fine-tuning backbone reads.
+pub struct BackboneLoad<'a> {
+    pub spec: &'a TaskSpec,
+    /// The method's parameters in effect (the toml's defaults and the options given).
+    pub params: &'a Map<String, Value>,
+    /// Model weights load through this hook: it makes the last layers trainable, or puts
+    /// fine-tuned tensors in their place.
+    pub hook: &'a LoadHook,
+    pub device: &'a Device,
+    pub from: BackboneFrom<'a>,
+}
+
+/// A loaded fine-tuning backbone and what the record says of it.
+pub struct LoadedBackbone {
+    pub backbone: Box<dyn Backbone>,
+    /// The base weights' folder.
+    pub base_dir: Option<PathBuf>,
+    /// The base weights' sha256, by file name.
+    pub shas: Map<String, Value>,
+    /// Files written beside the fine-tuned model: (key in finetune.json's `files`, path).
+    pub files: Vec<(String, PathBuf)>,
+    pub notes: Vec<String>,
+}
+
+/// An integer parameter, or `default`.
+pub fn param_u64(p: &Map<String, Value>, key: &str, default: u64) -> u64 {
+    p.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// A non-empty string parameter.
+pub fn param_str(p: &Map<String, Value>, key: &str) -> Option<String> {
+    p.get(key).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from)
 }
 
 /// A model config's layer count: the file, its key, and the layers at the end that a run

@@ -178,8 +178,8 @@ fn geneformer_cells_without_dictionary_genes_get_nan() {
 
 /// `__bench-encoder --arch bert` (the throughput benchmark of bench/encoder_throughput.sh) on
 /// the CPU at a tiny shape: its packed encoder agrees with candle-transformers' padded BertModel
-/// on the same random weights for both feed-forward activations it offers (ReLU, which all four
-/// issue #5 models use, and BERT's GELU), and the JSON line names the activation it ran; the
+/// on the same random weights for both feed-forward activations it offers (ReLU, which the four
+/// encoder shapes' models use, and BERT's GELU), and the JSON line names the activation it ran; the
 /// batches' embeddings read back one batch behind agree with plain reads.
 #[test]
 fn bench_encoder_packed_matches_padded_bert_for_both_activations() {

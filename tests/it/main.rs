@@ -21,6 +21,7 @@ mod knn_transfer;
 mod pca;
 mod orchestration;
 mod registry;
+mod release;
 mod runner;
 mod sccello;
 mod langcell;

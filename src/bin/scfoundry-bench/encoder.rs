@@ -4,7 +4,7 @@
 //! Cells take their token counts from a file of real lengths (genes expressed per cell, capped
 //! at `--max-len`). With `--order sorted` the cells run longest first, so the cells of a batch
 //! have nearly the same length and padding (masked) is a small share of the work; `file` runs
-//! them as they come. FLOPs count only real tokens, as ANCHORS.md does:
+//! them as they come. FLOPs count only real tokens (as BENCHMARKS.md's encoder tables):
 //! L x (2 s (4 d^2 + 2 d f) + 4 s^2 d) per cell of s tokens. The PyTorch side of the comparison
 //! is bench/encoder_torch.py; bench/encoder_throughput.sh runs both on the device.
 
@@ -57,8 +57,7 @@ fn device_of(name: &str) -> anyhow::Result<Device> {
 
 /// `--device` of the `__bench-*` commands: the CPU, or CUDA device 0 as [`cuda_device`] opens it,
 /// its default pool (which they allocate from, no resource installed) keeping its memory as
-/// `--allocator async` does (`scfoundry::gpu::cuda::keep_in_default_pool`); `SCFOUNDRY_POOL_RELEASE=BYTES` sets
-/// another threshold (0: the driver's default; for an A/B, BENCHMARKS.md).
+/// `--allocator async` does (`scfoundry::gpu::cuda::keep_in_default_pool`).
 pub fn bench_device(name: &str) -> Result<candle_core::Device, scfoundry::error::Error> {
     let bad = |detail: String, hint: &str| scfoundry::error::Error::BadOption { option: "--device".into(), detail, hint: Some(hint.into()) };
     match name {
@@ -67,13 +66,9 @@ pub fn bench_device(name: &str) -> Result<candle_core::Device, scfoundry::error:
             let device = scfoundry::gpu::cuda_device(0).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry (scripts/build-cuda.sh) on a machine with a GPU"))?;
             #[cfg(feature = "cuda")]
             if let candle_core::Device::Cuda(d) = &device {
-                let threshold = match std::env::var(scfoundry::env::EnvVars::POOL_RELEASE) {
-                    Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| bad(format!("SCFOUNDRY_POOL_RELEASE={v:?}"), "a number of bytes (0: the driver's default)"))?),
-                    Err(_) => None,
-                };
                 let ctx = d.cuda_stream().context().clone();
                 ctx.bind_to_thread().map_err(|e| bad(format!("cuCtxSetCurrent: {e}"), "a CUDA build of scfoundry on a machine with a GPU"))?;
-                scfoundry::gpu::cuda::keep_in_default_pool(ctx.cu_device(), threshold).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry on a machine with a GPU"))?;
+                scfoundry::gpu::cuda::keep_in_default_pool(ctx.cu_device(), None).map_err(|e| bad(e.to_string(), "a CUDA build of scfoundry on a machine with a GPU"))?;
             }
             Ok(device)
         }
@@ -594,8 +589,8 @@ fn run_scgpt(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
 }
 
 /// `--arch gemm`: the matrix-product ceiling that the encoders' useful TFLOP/s are held against
-/// (issue #5's target is half the card's measured bf16 ceiling; ANCHORS.md's ~790 TFLOP/s was
-/// measured on another day, so the benchmark scripts measure it again in the same call). Square
+/// (the target is half the card's measured bf16 ceiling; the ceiling moves from day to day, so
+/// the benchmark scripts measure it again in the same call). Square
 /// products through cuBLAS (candle's matmul) at n = 4,096, 8,192 and 16,384 (`--hidden n` for one
 /// size), `reps` products a timing, the best of `--repeat` timings; the ceiling is the fastest size.
 fn run_gemm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
@@ -781,7 +776,6 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         if calls == 0 {
             // the warm-up batch (modules loaded, first products timed) is not a pass's
             *parts.borrow_mut() = [0.0; 4];
-            let _ = scfoundry::gpu::fused_encoder::take_host_steps();
         }
         calls += 1;
         Ok(out)
@@ -790,7 +784,6 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     // the mean over the timed passes (the first may hold cuBLASLt timing a token count new to it)
     let per_pass = |v: f64| v / a.repeat.max(1) as f64;
     let host_parts: serde_json::Map<String, serde_json::Value> = ["pack", "embed", "encoder", "pool"].iter().zip(parts.borrow().iter()).map(|(k, &v)| (k.to_string(), json!(per_pass(v)))).collect();
-    let host_steps: serde_json::Map<String, serde_json::Value> = scfoundry::gpu::fused_encoder::take_host_steps().into_iter().map(|(k, v)| (k.to_string(), json!(per_pass(v)))).collect();
     let real: usize = lens.iter().sum();
     let computed: usize = if a.padded { batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum() } else { real };
     let flops: f64 = lens.iter().map(|&s| cell_flops(layers, hidden, ffn, s)).sum();
@@ -805,8 +798,8 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "read_back": if a.sync_batches { "each batch before the next" } else { "one batch behind" },
         // a pass's host seconds queueing batches and waiting for their read back (mean of the passes)
         "host_queue_s": timing.queue_s, "host_wait_s": timing.wait_s,
-        // the packed path's queueing by part, and by encoder step with SCFOUNDRY_HOST_STEPS=1
-        "host_parts_s": host_parts, "host_steps_s": host_steps,
+        // the packed path's queueing by part
+        "host_parts_s": host_parts,
         "norm_weights": a.norm_weights,
         "batching": a.batching, "batches": batches.len(), "largest_batch": batches.iter().map(Vec::len).max().unwrap_or(0),
     });
@@ -842,7 +835,7 @@ mod tests {
 
     #[test]
     fn flops_match_the_anchor_table() {
-        // ANCHORS.md: Geneformer V1 at 2048 tokens, 8041 cells/s is 311 TFLOP/s
+        // Geneformer V1 at 2048 tokens: 8041 cells/s is 311 TFLOP/s
         let tf = cell_flops(6, 256, 512, 2048) * 8041.0 / 1e12;
         assert!((tf - 311.0).abs() < 2.0, "{tf}");
         // UCE 33L: 230 cells/s is 550 TFLOP/s

@@ -286,7 +286,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 
 // 32 query rows a warp, 128 a block (grid x = ceil(longest / 128)), maxima fixed by the first key
 // tile; two blocks an SM. Measured on the H200 against 16 rows a warp (128 registers, four blocks
-// an SM): attention 12-17% faster at the four shapes of issue #5 (BENCHMARKS.md).
+// an SM): attention 12-17% faster at the four encoder shapes (bench/encoder_shapes.sh; BENCHMARKS.md).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
 varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {

@@ -16,10 +16,10 @@
 //     range (and bf16's, the same), so each tile's row sums are checked against [0, 2^64], and a
 //     warp with a sum outside (a key 64 binary orders of magnitude above the first tile's
 //     maximum, or NaN) recomputes its scores with mma.sync and takes the online softmax for
-//     that tile. +3.6-5.1% on the H200 at issue #5's shapes; 0.71x when every later tile takes
+//     that tile. +3.6-5.1% on the H200 at the four encoder shapes; 0.71x when every later tile takes
 //     the exact path (bench/attention_kernels.cu, v1_late_keys_x40);
 //   - key/value tiles are copied STAGES - 1 tiles ahead, by TMA (one thread issues a few bulk
-//     tensor copies a tile, completing on an mbarrier; +19-22% at issue #5's shapes on the H200
+//     tensor copies a tile, completing on an mbarrier; +19-22% at the four encoder shapes on the H200
 //     against every thread issuing cp.async, which the template keeps for the harness). Two
 //     blocks an SM interleave one block's softmax with the other's matrix products.
 // Not here (measured slower at these shapes on the H200, BENCHMARKS.md): the softmax overlapped

@@ -161,6 +161,10 @@ impl Method for Cellama {
         true
     }
 
+    fn backbone(&self, load: &method::BackboneLoad) -> Option<Result<method::LoadedBackbone>> {
+        Some(load_backbone(load))
+    }
+
     fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
         let path = cellama::model_dir(weights_dir, &Manifest::load()?).join("config.json");
         Ok(Some(crate::tasks::method::LayerCount { path, key: "num_hidden_layers", left_out: 0 }))
@@ -172,5 +176,53 @@ impl Method for Cellama {
 
     fn transfer(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         one_step(step, || transfer_embed_cellama(spec, task_dir))
+    }
+}
+
+// ---- fine-tuning ---------------------------------------------------------------------------
+
+/// cellama's encoder as a fine-tuning backbone, with the sentence options in effect.
+struct Backbone {
+    enc: Encoder,
+    top: usize,
+    obs_features: Vec<String>,
+}
+
+fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
+    let wdir = load.spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights(&load.spec.method, &wdir, cellama::REQUIRED_ENTRIES)?;
+    let dir = cellama::model_dir(&wdir, &Manifest::load()?);
+    let enc = Encoder::load_hooked(&dir, load.device.clone(), Some(load.hook))?;
+    let obs_features = method::param_str(load.params, "obs_features").map(|f| f.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
+    let top = method::param_u64(load.params, "top_genes", cellama::DEFAULT_TOP_GENES as u64) as usize;
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { enc, top, obs_features }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+}
+
+/// The cells' sentences, encoded on demand.
+struct Sentences<'a> {
+    enc: &'a Encoder,
+    sentences: Vec<String>,
+}
+
+impl crate::nn::finetune::Features for Sentences<'_> {
+    fn forward(&mut self, cells: &[usize]) -> Result<candle_core::Tensor> {
+        self.enc.encode_tensor(&cells.iter().map(|&i| self.sentences[i].clone()).collect::<Vec<_>>())
+    }
+}
+
+impl method::Backbone for Backbone {
+    fn dim(&self) -> usize {
+        self.enc.hidden
+    }
+
+    fn features<'a>(&'a self, ad: &AnnData, _seed: u64, _device: &candle_core::Device, _train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
+        let x = ad.matrix(None)?;
+        let obs = obs_strings(ad, &self.obs_features, notes)?;
+        let mut sentences = Vec::with_capacity(ad.n_obs);
+        for (s, e) in x.blocks(1_000_000) {
+            let b = x.read_rows(s, e)?;
+            sentences.extend(cellama_sentences(&b, &ad.var_names, &obs, self.top));
+        }
+        Ok((Box::new(Sentences { enc: &self.enc, sentences }), vec![true; ad.n_obs]))
     }
 }

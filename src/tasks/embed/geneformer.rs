@@ -147,6 +147,10 @@ impl Method for GeneformerMethod {
         true
     }
 
+    fn backbone(&self, load: &method::BackboneLoad) -> Option<Result<method::LoadedBackbone>> {
+        Some(load_backbone(load))
+    }
+
     fn layer_count(&self, weights_dir: &Path, params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
         let dir = match params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()) {
             Some(d) => PathBuf::from(d),
@@ -166,5 +170,78 @@ impl Method for GeneformerMethod {
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         one_step(step, || embed_geneformer(spec, task_dir))
+    }
+}
+
+// ---- fine-tuning ---------------------------------------------------------------------------
+
+/// Geneformer as a fine-tuning backbone, with the var column of its gene ids.
+struct Backbone {
+    model: crate::methods::geneformer::Geneformer,
+    column: String,
+}
+
+fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
+    use crate::methods::geneformer::{self, Dictionaries, EmbMode, Geneformer};
+    let mut shas = serde_json::Map::new();
+    let dir = match method::param_str(load.params, "model_dir") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let wdir = load.spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+            shas = verified_weights(&load.spec.method, &wdir, geneformer::REQUIRED_ENTRIES)?;
+            geneformer::model_dir(&wdir, &Manifest::load()?)
+        }
+    };
+    let emb_layer = load.params.get("emb_layer").and_then(Value::as_i64).unwrap_or(-1) as i32;
+    let mode = EmbMode::parse(load.params.get("emb_mode").and_then(Value::as_str).unwrap_or("cell"))?;
+    let model = Geneformer::load_hooked(&dir, Dictionaries::find(&dir)?, emb_layer, mode, load.device.clone(), Some(load.hook))?;
+    if shas.is_empty() {
+        for p in [&model.weights_path, &model.dict.token_path, &model.dict.median_path] {
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            shas.insert(name, json!(weights::sha256_file(p, |_| {})?));
+        }
+    }
+    let column = method::param_str(load.params, "gene_column").unwrap_or_else(|| geneformer::DEFAULT_GENE_COLUMN.to_string());
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, column }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+}
+
+/// The cells' tokens, run through the model on demand.
+struct Tokens<'a> {
+    model: &'a crate::methods::geneformer::Geneformer,
+    cells: Vec<Vec<u32>>,
+}
+
+impl crate::nn::finetune::Features for Tokens<'_> {
+    fn forward(&mut self, cells: &[usize]) -> Result<candle_core::Tensor> {
+        self.model.forward_tensor(cells.iter().map(|&i| self.cells[i].as_slice()).collect())
+    }
+}
+
+impl method::Backbone for Backbone {
+    fn dim(&self) -> usize {
+        self.model.hidden()
+    }
+
+    /// Cells with no gene in the token dictionary have no features.
+    fn features<'a>(&'a self, ad: &AnnData, _seed: u64, _device: &candle_core::Device, _train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
+        use crate::methods::geneformer::GeneTable;
+        let x = ad.matrix(None)?;
+        let ids = gene_ids(ad, &self.column)?;
+        let table = GeneTable::new(&ids, &self.model.dict)?;
+        let totals = cell_totals(ad, &x, 0..ad.n_obs, notes)?;
+        let mut cells = Vec::with_capacity(ad.n_obs);
+        for (s, e) in x.blocks(1_000_000) {
+            let b = x.read_rows(s, e)?;
+            for i in 0..b.n_rows() {
+                let (idx, vals) = b.row(i);
+                cells.push(self.model.tokens(table.rank(idx, vals, totals[s + i])));
+            }
+        }
+        let usable: Vec<bool> = cells.iter().map(|c| !c.is_empty()).collect();
+        let empty = usable.iter().filter(|u| !**u).count();
+        if empty > 0 {
+            notes.push(format!("{empty} cell(s) of {} have no gene in the token dictionary: they are left out (no prediction)", ad.path.display()));
+        }
+        Ok((Box::new(Tokens { model: &self.model, cells }), usable))
     }
 }

@@ -326,6 +326,10 @@ impl Method for Pca {
         true
     }
 
+    fn backbone(&self, load: &method::BackboneLoad) -> Option<Result<method::LoadedBackbone>> {
+        Some(load_backbone(load))
+    }
+
     fn embed(&self, spec: &TaskSpec, _task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         Some(match step {
             Step::Embed => embed_pca(spec),
@@ -341,5 +345,106 @@ impl Method for Pca {
             Step::Embed => Some(transfer_embed_pca(spec)),
             _ => None,
         }
+    }
+}
+
+// ---- fine-tuning ---------------------------------------------------------------------------
+
+/// PCA as a fine-tuning backbone: a fit, and the genes of the data it was fitted on.
+struct Backbone {
+    fit: PcaFit,
+    fit_var: Vec<String>,
+    opts: PcaOptions,
+}
+
+/// Training fits PCA on every cell of the training file and saves the fit beside the model;
+/// prediction reads it back.
+fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
+    match load.from {
+        method::BackboneFrom::Training { data, out } => {
+            let x = data.matrix(None)?;
+            let opts = PcaOptions {
+                n_comps: method::param_u64(load.params, "n_comps", 50) as usize,
+                n_top_genes: method::param_u64(load.params, "n_top_genes", 2000) as usize,
+                seed: load.spec.seed,
+                ..PcaOptions::default()
+            };
+            let fit = pca::fit(&x, &Names { obs: &data.obs_names, var: &data.var_names }, &opts, reporter(true).as_ref())?;
+            let fit_path = out.join(FIT_FILE);
+            fit.save(&fit_path)?;
+            let var_path = out.join(VAR_NAMES_FILE);
+            let tmp = var_path.with_extension("json.tmp");
+            let bytes = serde_json::to_vec(&data.var_names).map_err(|e| Error::Model { context: "writing the fit's genes".into(), detail: e.to_string() })?;
+            std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
+            std::fs::rename(&tmp, &var_path).map_err(|e| Error::Io { path: var_path.clone(), source: e })?;
+            Ok(method::LoadedBackbone {
+                backbone: Box::new(Backbone { fit, fit_var: data.var_names.clone(), opts }),
+                base_dir: None,
+                shas: serde_json::Map::new(),
+                files: vec![("pca_fit".into(), fit_path), ("pca_var_names".into(), var_path)],
+                notes: vec!["pca is fitted on every cell of the training file (labels are not used), then the head is trained on that projection".into()],
+            })
+        }
+        method::BackboneFrom::Saved(dir) => {
+            let fit = PcaFit::load(&dir.join(FIT_FILE))?;
+            let vp = dir.join(VAR_NAMES_FILE);
+            let text = std::fs::read(&vp).map_err(|e| Error::Io { path: vp.clone(), source: e })?;
+            let fit_var: Vec<String> = serde_json::from_slice(&text).map_err(|e| Error::BadField {
+                path: vp.clone(),
+                field: "(the file)".into(),
+                detail: format!("is not a list of gene names: {e}"),
+                hint: Some("pass --model the --out folder of a `scfoundry finetune` run".into()),
+            })?;
+            let opts = PcaOptions { n_comps: fit.variance.len(), n_top_genes: fit.hvg_genes.len(), seed: load.spec.seed, target_sum: fit.target_sum, ..Default::default() };
+            Ok(method::LoadedBackbone { backbone: Box::new(Backbone { fit, fit_var, opts }), base_dir: None, shas: serde_json::Map::new(), files: Vec::new(), notes: Vec::new() })
+        }
+        method::BackboneFrom::Weights => Err(Error::Model { context: "fine-tuning".into(), detail: "pca has no weights: its backbone is the fit of the training data".into() }),
+    }
+}
+
+/// The fit's file beside a fine-tuned model, and the genes it was fitted on.
+const FIT_FILE: &str = "pca_fit.json";
+const VAR_NAMES_FILE: &str = "pca_var_names.json";
+
+impl method::Backbone for Backbone {
+    fn dim(&self) -> usize {
+        self.fit.variance.len()
+    }
+
+    /// The training data projects with its own genes; other data through the fit's genes,
+    /// refused when it holds fewer than half of them.
+    fn features<'a>(&'a self, ad: &AnnData, _seed: u64, device: &candle_core::Device, train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
+        let (fit, opts) = (&self.fit, &self.opts);
+        let x = ad.matrix(None)?;
+        let n = ad.n_obs;
+        let rep = reporter(true);
+        let nc = fit.variance.len();
+        let mut emb = vec![0f32; n * nc];
+        let sink = |start: usize, rows: &[f32]| {
+            emb[start * nc..start * nc + rows.len()].copy_from_slice(rows);
+            Ok(())
+        };
+        if train {
+            pca::transform(&x, fit, opts, rep.as_ref(), sink)?;
+        } else {
+            let map = pca::align_genes(fit, &self.fit_var, &ad.var_names);
+            let m = fit.hvg_genes.len();
+            if map.present_fraction(m) < DEFAULT_MIN_GENE_OVERLAP {
+                return Err(Error::BadField {
+                    path: ad.path.clone(),
+                    field: "var_names".into(),
+                    detail: format!("holds {} of the {m} highly variable genes the model was trained on", m - map.missing.len()),
+                    hint: Some("predict on data with the training data's genes (var_names)".into()),
+                });
+            }
+            if !map.missing.is_empty() {
+                notes.push(format!("{} of the model's {m} highly variable genes are missing from {} and count as zero", map.missing.len(), ad.path.display()));
+            }
+            let names = Names { obs: &ad.obs_names, var: &ad.var_names };
+            let sf = pca::size_factors(&x, &names, opts)?;
+            pca::transform_mapped(&x, fit, &map, &sf, opts, rep.as_ref(), sink)?;
+        }
+        let t = candle_core::Tensor::from_vec(emb, (n, nc), device).map_err(|e| Error::Model { context: "moving the embedding".into(), detail: e.to_string() })?;
+        Ok((Box::new(crate::nn::finetune::Cached(t)), vec![true; n]))
     }
 }

@@ -135,6 +135,10 @@ impl Method for ScgptMethod {
         true
     }
 
+    fn backbone(&self, load: &method::BackboneLoad) -> Option<Result<method::LoadedBackbone>> {
+        Some(load_backbone(load))
+    }
+
     fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
         let path = crate::methods::scgpt::model_dir(weights_dir, &Manifest::load()?).join("args.json");
         Ok(Some(crate::tasks::method::LayerCount { path, key: "nlayers", left_out: 0 }))
@@ -146,5 +150,59 @@ impl Method for ScgptMethod {
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         one_step(step, || embed_scgpt(spec, task_dir))
+    }
+}
+
+// ---- fine-tuning ---------------------------------------------------------------------------
+
+/// scGPT as a fine-tuning backbone, with the var column of its gene symbols.
+struct Backbone {
+    model: crate::methods::scgpt::Model,
+    gene_col: String,
+}
+
+fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
+    use crate::methods::scgpt;
+    let wdir = load.spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights(&load.spec.method, &wdir, scgpt::REQUIRED_ENTRIES)?;
+    let dir = scgpt::model_dir(&wdir, &Manifest::load()?);
+    let model = scgpt::Model::load_hooked(&dir, method::param_u64(load.params, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize, load.device.clone(), Some(load.hook))?;
+    let gene_col = method::param_str(load.params, "gene_col").unwrap_or_else(|| "index".into());
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, gene_col }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+}
+
+/// The cells' tokens, run through the model on demand.
+struct Cells<'a> {
+    model: &'a crate::methods::scgpt::Model,
+    cells: Vec<crate::methods::scgpt::Cell>,
+}
+
+impl crate::nn::finetune::Features for Cells<'_> {
+    fn forward(&mut self, cells: &[usize]) -> Result<candle_core::Tensor> {
+        self.model.embed_tensor(&cells.iter().map(|&i| &self.cells[i]).collect::<Vec<_>>())
+    }
+}
+
+impl method::Backbone for Backbone {
+    fn dim(&self) -> usize {
+        self.model.dim()
+    }
+
+    fn features<'a>(&'a self, ad: &AnnData, seed: u64, _device: &candle_core::Device, _train: bool, _notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
+        let x = ad.matrix(None)?;
+        let names = scgpt_gene_names(ad, &self.gene_col)?;
+        let gene_ids = crate::methods::scgpt::match_genes(&names, &self.model.vocab);
+        if gene_ids.iter().all(Option::is_none) {
+            return Err(Error::BadField { path: ad.path.clone(), field: "var_names".into(), detail: "none of the genes is in scGPT's vocabulary".into(), hint: Some("pass --gene-col with the var column of gene symbols".into()) });
+        }
+        let mut cells = Vec::with_capacity(ad.n_obs);
+        for (s, e) in x.blocks(1_000_000) {
+            let b = x.read_rows(s, e)?;
+            for i in 0..b.n_rows() {
+                let (idx, vals) = b.row(i);
+                cells.push(self.model.tokenizer.cell(idx, vals, &gene_ids, seed, s + i));
+            }
+        }
+        Ok((Box::new(Cells { model: &self.model, cells }), vec![true; ad.n_obs]))
     }
 }
