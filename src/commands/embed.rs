@@ -133,6 +133,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     ad.check_usable()?;
     entry.check_data(&pf, &ad)?;
     ad.matrix(args.layer.as_deref())?;
+    if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), args.skip_counts_check)? {
+        warn(&w);
+    }
     let n_obs = ad.n_obs;
     drop(ad);
 
