@@ -180,6 +180,11 @@ pub struct EmbedArgs {
     /// Read the matrix from layers[NAME] instead of X.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Skip the counts check. Methods that need raw counts (`input_values = "raw_counts"` in
+    /// methods/<name>.toml) read a sample of rows first and stop on negative or log-transformed
+    /// values (docs/reliability.md); use this when the matrix does hold counts.
+    #[arg(long)]
+    pub skip_counts_check: bool,
     /// Seed for every random step (recorded in the output's provenance).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -543,6 +548,11 @@ pub struct TransferArgs {
     /// Read the matrix from layers[NAME] instead of X, in both files.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
+    /// Skip the counts check. Methods that need raw counts (`input_values = "raw_counts"` in
+    /// methods/<name>.toml) read a sample of rows first and stop on negative or log-transformed
+    /// values (docs/reliability.md); use this when the matrix does hold counts.
+    #[arg(long)]
+    pub skip_counts_check: bool,
     /// Vote in obsm[KEY], which both files already hold (from `scfoundry embed` or another
     /// tool, e.g. X_scVI), instead of embedding them: no embedding task runs.
     #[arg(long, value_name = "KEY")]
@@ -618,11 +628,13 @@ pub struct IntegrateArgs {
     /// instead of X.
     #[arg(long, value_name = "NAME")]
     pub layer: Option<String>,
-    /// seurat: the matrix already holds log-normalised values (log1p of counts per 10,000).
-    /// Without it the matrix must hold raw counts, which are log-normalised as Seurat's
-    /// NormalizeData does.
-    #[arg(long)]
-    pub log_normalized: bool,
+    /// The matrix does not hold raw counts: skip the counts check (methods that need raw
+    /// counts read a sample of rows first and stop on negative or log-transformed values).
+    /// seurat then takes the matrix as log-normalised values (log1p of counts per 10,000) and
+    /// does not normalise it again; without it the matrix must hold raw counts, which seurat
+    /// log-normalises as Seurat's NormalizeData does. Also spelled --log-normalized.
+    #[arg(long, alias = "log-normalized")]
+    pub skip_counts_check: bool,
     /// seurat: CCA dimensions for the anchors and PCA dimensions for the weights (default 30).
     #[arg(long, value_name = "N")]
     pub dims: Option<usize>,
@@ -794,6 +806,11 @@ pub struct FinetuneArgs {
     /// Where --predict writes (default: <predict stem>.finetune.h5ad beside it).
     #[arg(long, value_name = "H5AD", requires = "predict")]
     pub predict_out: Option<PathBuf>,
+    /// Skip the counts check. Methods that need raw counts (`input_values = "raw_counts"` in
+    /// methods/<name>.toml) read a sample of rows first and stop on negative or log-transformed
+    /// values (docs/reliability.md); use this when the matrix does hold counts.
+    #[arg(long)]
+    pub skip_counts_check: bool,
     /// Seed for the split, the head's initial weights and the shuffling (recorded).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

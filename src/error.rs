@@ -45,6 +45,9 @@ pub enum Error {
         hint: String,
     },
 
+    #[error("{path}: counts check: {method} needs raw counts, but {field} {detail}")]
+    CountsCheck { path: PathBuf, method: String, field: String, detail: String, hint: String },
+
     #[error("{path}: var names are not unique: {name:?} appears {count} times ({n_dup} duplicated names in all)")]
     DuplicateVarNames { path: PathBuf, name: String, count: usize, n_dup: usize },
 
@@ -142,6 +145,7 @@ impl Error {
             }
             Error::NonFinite { .. } => Some("remove or fix cells with NaN or infinite values before embedding".into()),
             Error::NotRawCounts { hint, .. } => Some(hint.clone()),
+            Error::CountsCheck { hint, .. } => Some(hint.clone()),
             Error::DuplicateVarNames { .. } => Some(
                 "make gene names unique first, e.g. in Python `adata.var_names_make_unique()`, and write the file again".into(),
             ),

@@ -22,6 +22,9 @@ use std::sync::Mutex;
 use crate::env::EnvVars;
 
 static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Called with the signal's number before an interrupted process exits (the runner records the
+/// interrupted tasks in the run folder).
+static ON_INTERRUPT: Mutex<Option<fn(i32)>> = Mutex::new(None);
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
 
 /// Install the signal watcher, and for a task process started with a parent pipe, the parent
@@ -49,6 +52,10 @@ pub fn install() {
         let n = unsafe { libc::read(read_end, b.as_mut_ptr().cast(), 1) };
         if n == 1 {
             let sig = b[0] as i32;
+            let hook = ON_INTERRUPT.lock().ok().and_then(|h| *h);
+            if let Some(record) = hook {
+                record(sig);
+            }
             abandon(&format!("interrupted by {}", signal_name(sig)), 128 + sig);
         }
     });
@@ -73,6 +80,24 @@ extern "C" fn on_signal(sig: libc::c_int) {
     // SAFETY: write(2) is async-signal-safe.
     unsafe {
         libc::write(fd, (&b as *const u8).cast(), 1);
+    }
+}
+
+/// Run `f` with the signal's number when SIGINT, SIGTERM or SIGHUP interrupts this process,
+/// before the unfinished outputs are removed and the process exits.
+pub fn on_interrupt(f: fn(i32)) {
+    if let Ok(mut h) = ON_INTERRUPT.lock() {
+        *h = Some(f);
+    }
+}
+
+/// `SIGINT`, `SIGTERM`, `SIGHUP`: a signal's name as report.json records it.
+pub fn signal_short_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
     }
 }
 

@@ -140,6 +140,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     entry.check_data(&pf, &ad)?;
     let x = ad.matrix(args.layer.as_deref())?;
     let block = entry.block_rows(&x, &params);
+    if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), args.skip_counts_check)? {
+        warn(&w);
+    }
     let n_obs = ad.n_obs;
     drop(x);
     drop(ad);

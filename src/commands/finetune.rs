@@ -258,9 +258,16 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     let ad = AnnData::open(&data)?;
     ad.check_usable()?;
     let labels = read_labels(&ad, &label_key)?;
+    if let Some(w) = crate::tasks::counts::check(&m, &ad, None, a.skip_counts_check)? {
+        warn(&w);
+    }
     drop((ad, labels));
     if let Some(p) = &a.predict {
-        AnnData::open(p)?.check_usable()?;
+        let pad = AnnData::open(p)?;
+        pad.check_usable()?;
+        if let Some(w) = crate::tasks::counts::check(&m, &pad, None, a.skip_counts_check)? {
+            warn(&w);
+        }
     }
     let out = a.out.clone().unwrap_or_else(|| default_out(&data, &m.name));
     if out.is_file() {

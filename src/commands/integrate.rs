@@ -41,13 +41,20 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         batch_key: args.batch_key.clone(),
         theta: args.theta,
         layer: args.layer.clone(),
-        log_normalized: args.log_normalized,
+        log_normalized: args.skip_counts_check,
         dims: args.dims,
         k_weight: args.k_weight,
         scvi: args.scvi.clone(),
         batch_size: args.batch.batch_size,
     };
     // the input is checked before any run folder exists; the task reads it again
+    if m.needs_raw_counts() && !args.skip_counts_check {
+        let ad = crate::anndata::AnnData::open(&args.data)?;
+        ad.check_usable()?;
+        if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), false)? {
+            warn(&w);
+        }
+    }
     entry.check_integrate_data(&args.data, &opts)?;
     let out_path = match (&args.out, args.in_place) {
         (_, true) => args.data.clone(),

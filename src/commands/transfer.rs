@@ -159,8 +159,11 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     // Everything cheap is checked before a run folder exists.
     let rad = AnnData::open(&a.reference)?;
     rad.check_usable()?;
-    if precomputed.is_none() {
+    if let (None, Some(m)) = (&precomputed, &m) {
         rad.matrix(a.layer.as_deref())?;
+        if let Some(w) = crate::tasks::counts::check(m, &rad, a.layer.as_deref(), a.skip_counts_check)? {
+            warn(&w);
+        }
     }
     let ref_labels = read_labels(&rad, &a.label_key, "reference")?.expect("the reference's labels are required");
     let labelled: Vec<usize> = (0..rad.n_obs).filter(|&i| ref_labels.values[i].is_some()).collect();
@@ -191,8 +194,11 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
     }
     let qad = AnnData::open(&a.query)?;
     qad.check_usable()?;
-    if precomputed.is_none() {
+    if let (None, Some(m)) = (&precomputed, &m) {
         qad.matrix(a.layer.as_deref())?;
+        if let Some(w) = crate::tasks::counts::check(m, &qad, a.layer.as_deref(), a.skip_counts_check)? {
+            warn(&w);
+        }
     }
     let query_labels = match read_labels(&qad, &a.label_key, "query") {
         Ok(l) => l,

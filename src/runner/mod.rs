@@ -197,6 +197,7 @@ impl Run {
 }
 
 /// The outcome of one task as seen by the runner.
+#[derive(Clone)]
 pub struct Outcome {
     pub exit: i32,
     pub record: TraceRecord,
@@ -269,6 +270,7 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     };
     let mut child = cmd.spawn().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let pid = child.id();
+    ledger::started(run, spec, pid, submit_ms, started);
     // held open until the task ends (`wait` would close a stdin it still owns)
     let _parent_pipe = child.stdin.take();
     let status = child.wait().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
@@ -292,11 +294,20 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
         wchar: stats.as_ref().map(|s| s.wchar),
         ..Default::default()
     };
-    Ok(Outcome { exit, record, stats, result })
+    let outcome = Outcome { exit, record, stats, result };
+    ledger::finished(run, &outcome);
+    Ok(outcome)
 }
 
-/// Write `trace.txt` and `report.json` for a finished run.
+/// Write `trace.txt` and `report.json` for a finished run; report.json's `status` is
+/// `completed` when every task exited 0, `failed` otherwise.
 pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Result<()> {
+    let status = if outcomes.iter().all(|o| o.exit == 0 && o.record.status == "COMPLETED") { "completed" } else { "failed" };
+    write_reports_as(run, spec, outcomes, serde_json::json!(status), None)
+}
+
+/// [`write_reports`] with the run's `status` (and the `signal` that interrupted it) given.
+fn write_reports_as(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome], status: serde_json::Value, signal: Option<&str>) -> Result<()> {
     // GPU tasks leave gpu.json (peak device memory, allocator, batch size): a table beside
     // trace.txt, and trace.txt's batch_size and peak_gpu_mem columns
     let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g))).collect();
@@ -333,6 +344,8 @@ pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Resul
         .collect();
     let report = serde_json::json!({
         "run_id": run.id,
+        "status": status,
+        "signal": signal,
         "tool": "scfoundry",
         "version": env!("CARGO_PKG_VERSION"),
         "command": spec.command,
@@ -369,4 +382,75 @@ fn render_gpu_table(rows: &[(&Outcome, crate::gpu::GpuReport)]) -> String {
         ));
     }
     t
+}
+
+/// The runs of this process and their tasks, running and finished, so that an interrupted
+/// parent (SIGINT, SIGTERM, SIGHUP; see `lifecycle.rs`) still writes `trace.txt` (its running
+/// tasks as `ABORTED`, exit 128 + the signal, as Nextflow writes them) and `report.json`
+/// (`"status": "interrupted"`, `"signal"`) before it exits.
+mod ledger {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    use super::{Outcome, Run, TaskSpec, TraceRecord};
+
+    struct Entry {
+        id: String,
+        dir: PathBuf,
+        locks: PathBuf,
+        spec: TaskSpec,
+        finished: Vec<Outcome>,
+        running: Vec<(TraceRecord, Instant)>,
+    }
+
+    static RUNS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+    fn with_entry(run: &Run, spec: &TaskSpec, f: impl FnOnce(&mut Entry)) {
+        let Ok(mut runs) = RUNS.lock() else { return };
+        let i = match runs.iter().position(|e| e.dir == run.dir) {
+            Some(i) => i,
+            None => {
+                runs.push(Entry { id: run.id.clone(), dir: run.dir.clone(), locks: run.locks.clone(), spec: spec.clone(), finished: Vec::new(), running: Vec::new() });
+                runs.len() - 1
+            }
+        };
+        f(&mut runs[i]);
+    }
+
+    /// A task process `pid` started for `spec`.
+    pub(super) fn started(run: &Run, spec: &TaskSpec, pid: u32, submit_ms: i64, at: Instant) {
+        crate::lifecycle::on_interrupt(interrupted);
+        let record = TraceRecord { task_id: spec.task_id, hash: spec.hash(), native_id: Some(pid.to_string()), name: spec.name.clone(), submit_ms, ..Default::default() };
+        with_entry(run, spec, |e| e.running.push((record, at)));
+    }
+
+    /// A task ended (its trace row is in `outcome`).
+    pub(super) fn finished(run: &Run, outcome: &Outcome) {
+        let Ok(mut runs) = RUNS.lock() else { return };
+        if let Some(e) = runs.iter_mut().find(|e| e.dir == run.dir) {
+            e.running.retain(|(r, _)| r.task_id != outcome.record.task_id);
+            e.finished.push(outcome.clone());
+        }
+    }
+
+    /// The interrupt hook: each run's trace.txt and report.json, the running tasks aborted.
+    fn interrupted(sig: i32) {
+        let Ok(runs) = RUNS.lock() else { return };
+        let signal = crate::lifecycle::signal_short_name(sig);
+        for e in runs.iter().filter(|e| !e.running.is_empty()) {
+            let mut outcomes = e.finished.clone();
+            for (r, at) in &e.running {
+                let ms = at.elapsed().as_millis() as u64;
+                let record = TraceRecord { status: "ABORTED".into(), exit: Some(128 + sig), duration_ms: Some(ms), ..r.clone() };
+                outcomes.push(Outcome { exit: 128 + sig, record, stats: None, result: None });
+            }
+            let run = Run { id: e.id.clone(), dir: e.dir.clone(), locks: e.locks.clone() };
+            let refs: Vec<&Outcome> = outcomes.iter().collect();
+            let status = serde_json::json!("interrupted");
+            if let Err(err) = super::write_reports_as(&run, &e.spec, &refs, status, Some(signal)) {
+                eprintln!("scfoundry: could not record the interrupted run in {}: {err}", e.dir.display());
+            }
+        }
+    }
 }

@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::runner::stats::TaskStats;
 use crate::runner::{Step, TaskResult, TaskSpec};
 
+pub mod counts;
 pub mod embed;
 pub mod integrate;
 pub mod method;

@@ -90,8 +90,8 @@ fn negative_value() {
     t.x[5 * 8 + 1] = -2.0;
     t.write(&ctx.path("neg.h5ad"));
     embed_fails(&ctx, "neg.h5ad", &[])
-        .stderr_has("neg.h5ad: pca needs raw counts, but X holds a negative value (-2) at cell 5 (cell_5), gene 1 (gene_1)")
-        .stderr_has("--layer");
+        .stderr_has("neg.h5ad: counts check: pca needs raw counts, but X holds a negative value (-2) at cell 5 (cell_5), gene 1 (gene_1)")
+        .stderr_has("--skip-counts-check");
 }
 
 #[test]
@@ -100,7 +100,10 @@ fn non_integer_value() {
     let mut t = Tiny::counts(10, 8);
     t.x[0] = 1.5;
     t.write(&ctx.path("lognorm.h5ad"));
-    embed_fails(&ctx, "lognorm.h5ad", &[]).stderr_has("X holds a non-integer value (1.5) at cell 0 (cell_0), gene 0 (gene_0)");
+    // one fractional value among counts: the counts check only warns; pca's own pass refuses it
+    let r = ctx.run(&["embed", "--method", "pca", "--data", "lognorm.h5ad"]);
+    r.failed().has_hint().stderr_has("warning: counts check: X holds fractional values (1 of").stderr_has("X holds a non-integer value (1.5) at cell 0 (cell_0), gene 0 (gene_0)");
+    assert!(!ctx.path("lognorm.pca.h5ad").exists());
 }
 
 #[test]
@@ -351,4 +354,122 @@ fn outputs_of_the_wrong_kind_are_refused_before_any_work() {
         assert!(!r.stderr.contains("caused by"), "{}", r.stderr);
     }
     assert_eq!(std::fs::read(ctx.path("afile")).unwrap(), b"keep me");
+}
+
+/// What a counts-check case does to the geneformer fixture's counts (CSR `X/data`, by row).
+#[derive(Clone, Copy)]
+enum Values {
+    /// log1p(normalize_total(X, 1e4)), scanpy's usual preprocessing.
+    LogNormalized,
+    /// One value made negative.
+    Negative,
+    /// Every count x 1.25: fractional, but counts by their size (alevin-fry, CellBender).
+    FractionalCounts,
+}
+
+/// The counts check on a method that needs raw counts (geneformer, `input_values =
+/// "raw_counts"`, on its small committed model): (case, values, extra arguments, expected exit
+/// code, text stderr must hold). Log-normalised or negative values stop before any run folder
+/// exists, naming the check, the override and, when the file has one, the counts layer;
+/// fractional counts only warn; the override lets the run go on.
+const COUNTS_CASES: &[(&str, Values, &[&str], i32, &str)] = &[
+    ("lognorm", Values::LogNormalized, &[], 1, "counts check: geneformer needs raw counts, but X looks log-transformed"),
+    ("lognorm_layer", Values::LogNormalized, &["--with-counts-layer"], 1, "pass `--layer counts` (this file has layers/counts)"),
+    ("lognorm_uses_layer", Values::LogNormalized, &["--with-counts-layer", "--layer", "counts"], 0, "wrote"),
+    ("negative", Values::Negative, &[], 1, "counts check: geneformer needs raw counts, but X holds a negative value (-3) at cell 7"),
+    ("fractional", Values::FractionalCounts, &[], 0, "warning: counts check: X holds fractional values"),
+    ("override", Values::LogNormalized, &["--skip-counts-check"], 0, "wrote"),
+];
+
+#[test]
+fn counts_check_stops_log_normalized_and_negative_input() {
+    let mut table = String::from("| case | X holds | arguments | exit | stderr holds |\n|---|---|---|---|---|\n");
+    for &(case, values, extra, code, needle) in COUNTS_CASES {
+        let values = match values {
+            Values::LogNormalized => "log1p(normalize_total(counts, 1e4))",
+            Values::Negative => "counts, one of them -3",
+            Values::FractionalCounts => "counts x 1.25",
+        };
+        let args = if extra.is_empty() { "-".to_string() } else { format!("`{}`", extra.join(" ").replace("--with-counts-layer", "(file has layers/counts)")) };
+        table.push_str(&format!("| `{case}` | {values} | {args} | {code} | {} |\n", needle.replace('|', "\\|")));
+    }
+    crate::docs::check_generated("docs/reliability.md", "counts-check", &table);
+    let fx = crate::common::repo().join("tests/fixtures/geneformer");
+    for &(case, values, extra, code, needle) in COUNTS_CASES {
+        let ctx = TestContext::new();
+        let data = ctx.path("cells.h5ad");
+        std::fs::copy(fx.join("pbmc68k_50.h5ad"), &data).unwrap();
+        let with_layer = extra.contains(&"--with-counts-layer");
+        {
+            let f = hdf5::File::open_rw(&data).unwrap();
+            let x = f.group("X").unwrap();
+            let counts: Vec<f32> = x.dataset("data").unwrap().read_raw().unwrap();
+            let indptr: Vec<i64> = x.dataset("indptr").unwrap().read_raw::<i64>().unwrap();
+            if with_layer {
+                let layers = f.group("layers").unwrap();
+                let g = layers.create_group("counts").unwrap();
+                crate::common::enc(&g, "csr_matrix", "0.1.0");
+                g.new_attr::<i64>().shape(2).create("shape").unwrap().write(&[50i64, 765]).unwrap();
+                g.new_dataset_builder().with_data(&counts).create("data").unwrap();
+                g.new_dataset_builder().with_data(&x.dataset("indices").unwrap().read_raw::<i64>().unwrap()).create("indices").unwrap();
+                g.new_dataset_builder().with_data(&indptr).create("indptr").unwrap();
+            }
+            let mut v = counts.clone();
+            match values {
+                Values::LogNormalized => {
+                    for r in 0..indptr.len() - 1 {
+                        let (a, b) = (indptr[r] as usize, indptr[r + 1] as usize);
+                        let total: f32 = v[a..b].iter().sum();
+                        for c in &mut v[a..b] {
+                            *c = (*c / total * 1e4).ln_1p();
+                        }
+                    }
+                }
+                Values::Negative => v[indptr[7] as usize] = -3.0,
+                Values::FractionalCounts => v.iter_mut().for_each(|c| *c *= 1.25),
+            }
+            x.dataset("data").unwrap().write_raw(&v).unwrap();
+        }
+        let before = sha256(&data);
+        let mut args = vec!["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir"];
+        let model = fx.join("v1");
+        args.push(model.to_str().unwrap());
+        args.extend(extra.iter().filter(|a| **a != "--with-counts-layer"));
+        let r = ctx.run(&args);
+        assert_eq!(r.code, code, "{case}: {}", r.stderr);
+        r.stderr_has(needle);
+        assert_eq!(before, sha256(&data), "{case}: the input changed");
+        if code != 0 {
+            r.user_error().has_hint().stderr_has("--skip-counts-check");
+            assert!(!ctx.path("runs").exists(), "{case}: a run folder for a run that cannot start");
+            assert!(!ctx.path("cells.geneformer.h5ad").exists(), "{case}: an output was left");
+        } else {
+            assert!(ctx.path("cells.geneformer.h5ad").exists(), "{case}: no output");
+        }
+    }
+}
+
+/// The same check guards every command that embeds, with one flag: transfer and finetune
+/// stop on log-normalised input, and `integrate`'s older `--log-normalized` is the same flag.
+#[test]
+fn counts_check_guards_transfer_and_finetune_and_shares_one_flag() {
+    let ctx = TestContext::new();
+    let mut t = Tiny::counts(40, 12).with_obs("cell_type", (0..40).map(|i| format!("t{}", i % 2)).collect());
+    for v in &mut t.x {
+        *v = (*v * 0.7).ln_1p();
+    }
+    t.write(&ctx.path("ln.h5ad"));
+    ctx.run(&["transfer", "-m", "pca", "--reference", "ln.h5ad", "--query", "ln.h5ad", "--label-key", "cell_type", "-o", "q.h5ad"])
+        .user_error()
+        .stderr_has("counts check: pca needs raw counts, but X looks log-transformed");
+    ctx.run(&["finetune", "-m", "pca", "-d", "ln.h5ad", "--label-key", "cell_type"]).user_error().stderr_has("counts check: pca needs raw counts");
+    assert!(!ctx.path("runs").exists());
+    for cmd in ["embed", "transfer", "finetune", "integrate"] {
+        ctx.run(&[cmd, "--help"]).success();
+        let help = ctx.run(&[cmd, "--help"]).stdout;
+        assert!(help.contains("--skip-counts-check"), "{cmd} --help lacks the flag:\n{help}");
+    }
+    let with_old_spelling = ctx.run(&["integrate", "-m", "seurat", "-d", "ln.h5ad", "--batch-key", "cell_type", "--log-normalized", "-o", "x.h5ad"]);
+    assert!(!with_old_spelling.stderr.contains("counts check"), "{}", with_old_spelling.stderr);
+    assert!(!with_old_spelling.stderr.contains("unexpected argument"), "{}", with_old_spelling.stderr);
 }

@@ -76,10 +76,41 @@ fn a_task_dies_with_its_killed_parent() {
 
 #[test]
 fn sigterm_to_the_parent_says_what_it_removed_and_stops_the_task() {
-    let (_ctx, out) = kill_parent_mid_task(libc::SIGTERM);
+    let (ctx, out) = kill_parent_mid_task(libc::SIGTERM);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{stderr}");
     assert!(stderr.contains("interrupted by SIGTERM"), "{stderr}");
+    run_folder_records_the_interruption(&ctx, "SIGTERM", 143);
+}
+
+#[test]
+fn sigint_to_the_parent_is_recorded_in_the_run_folder() {
+    let (ctx, out) = kill_parent_mid_task(libc::SIGINT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT), "{stderr}");
+    run_folder_records_the_interruption(&ctx, "SIGINT", 130);
+}
+
+/// The run folder of an interrupted run: trace.txt has the running task as ABORTED with exit
+/// 128 + the signal (Nextflow's words), report.json says `"status": "interrupted"` and the signal.
+fn run_folder_records_the_interruption(ctx: &TestContext, signal: &str, exit: i32) {
+    let runs: Vec<_> = std::fs::read_dir(ctx.path("runs")).unwrap().flatten().filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('.')).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let dir = runs[0].path();
+    let trace = std::fs::read_to_string(dir.join("trace.txt")).expect("trace.txt of the interrupted run");
+    let mut lines = trace.lines();
+    let header: Vec<&str> = lines.next().unwrap().split('\t').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} column: {header:?}"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 1, "{trace}");
+    assert_eq!(rows[0][col("status")], "ABORTED", "{trace}");
+    assert_eq!(rows[0][col("exit")], exit.to_string(), "{trace}");
+    assert!(rows[0][col("name")].starts_with("INTEGRATE_"), "{trace}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).expect("report.json of the interrupted run")).unwrap();
+    assert_eq!(report["status"], "interrupted", "{report}");
+    assert_eq!(report["signal"], signal, "{report}");
+    assert_eq!(report["tasks"][0]["status"], "ABORTED", "{report}");
+    assert_eq!(report["tasks"][0]["exit"], exit, "{report}");
 }
 
 /// Leftover temporary outputs of dead owners on this host are swept by the next run; one whose

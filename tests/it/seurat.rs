@@ -130,7 +130,7 @@ fn seurat_bad_input_is_clear() {
     t.x[3] = 0.5;
     let batches: Vec<String> = (0..40).map(|i| format!("b{}", i % 2)).collect();
     t.clone().with_obs("batch", batches.clone()).write(&ctx.path("frac.h5ad"));
-    ctx.run(&["integrate", "-m", "seurat", "-d", "frac.h5ad", "--batch-key", "batch"]).user_error().stderr_has("X: holds 0.5 at cell 0 (cell_0), gene gene_3").stderr_has("not a raw count").stderr_has("--log-normalized");
+    ctx.run(&["integrate", "-m", "seurat", "-d", "frac.h5ad", "--batch-key", "batch"]).failed().stderr_has("counts check: X holds fractional values").stderr_has("X: holds 0.5 at cell 0 (cell_0), gene gene_3").stderr_has("not a raw count").stderr_has("--log-normalized");
     // a batch of one cell
     let mut one = batches.clone();
     one[0] = "lonely".into();

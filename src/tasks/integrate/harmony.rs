@@ -108,8 +108,8 @@ impl Method for Harmony {
     }
 
     fn check_integrate_options(&self, args: &IntegrateArgs) -> anyhow::Result<()> {
-        if args.layer.is_some() || args.log_normalized || args.dims.is_some() || args.k_weight.is_some() {
-            warn("--layer, --log-normalized, --dims and --k-weight are seurat options; harmony ignores them");
+        if args.layer.is_some() || args.skip_counts_check || args.dims.is_some() || args.k_weight.is_some() {
+            warn("--layer, --skip-counts-check (--log-normalized), --dims and --k-weight are seurat options; harmony ignores them");
         }
         Ok(())
     }

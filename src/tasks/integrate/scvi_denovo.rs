@@ -323,8 +323,11 @@ impl crate::tasks::method::Method for ScviDenovo {
     }
 
     fn check_integrate_options(&self, args: &crate::cli::IntegrateArgs) -> anyhow::Result<()> {
-        if args.log_normalized || args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
-            crate::progress::warn("--log-normalized, --dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them (it trains on raw counts)");
+        if args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
+            crate::progress::warn("--dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them");
+        }
+        if args.skip_counts_check {
+            crate::progress::warn("--skip-counts-check skips the sampled counts check only: scvi_denovo trains on raw counts and still checks every value as it reads them");
         }
         Ok(())
     }

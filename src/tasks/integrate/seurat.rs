@@ -58,9 +58,9 @@ fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult> {
                 let v = vals[t];
                 let gene = ad.var_names.get(idx[t] as usize).cloned().unwrap_or_default();
                 let (detail, hint) = if o.log_normalized {
-                    (format!("holds {v} at cell {c} ({}), gene {gene}: log-normalised values are finite and non-negative", ad.obs_names[c]), "seurat needs log1p of counts per 10,000 (or raw counts without --log-normalized)".to_string())
+                    (format!("holds {v} at cell {c} ({}), gene {gene}: log-normalised values are finite and non-negative", ad.obs_names[c]), "seurat needs log1p of counts per 10,000 (or raw counts without --skip-counts-check, also spelled --log-normalized)".to_string())
                 } else {
-                    (format!("holds {v} at cell {c} ({}), gene {gene}, which is not a raw count", ad.obs_names[c]), "pass --log-normalized if the matrix is already log-normalised, or --layer NAME to read a layer of raw counts".to_string())
+                    (format!("holds {v} at cell {c} ({}), gene {gene}, which is not a raw count", ad.obs_names[c]), "pass --skip-counts-check (also spelled --log-normalized) if the matrix is already log-normalised, or --layer NAME to read a layer of raw counts".to_string())
                 };
                 return Err(Error::BadField { path: ad.path.clone(), field: x.field.clone(), detail, hint: Some(hint) }.into());
             }
