@@ -65,4 +65,14 @@ impl EnvVars {
     pub const HOST_STEPS: &'static str = "SCFOUNDRY_HOST_STEPS";
     /// Bytes the default CUDA pool of the encoder bench keeps on synchronising (0: the driver's).
     pub const POOL_RELEASE: &'static str = "SCFOUNDRY_POOL_RELEASE";
+    /// The GPUs a task may take, as `--gpu` takes them (`0,1,2,3`, `0-3`, `all`): read by
+    /// embed, transfer and finetune when --gpu is not given (the generated Nextflow config sets
+    /// it for the pipeline's processes).
+    pub const GPUS: &'static str = "SCFOUNDRY_GPUS";
+    /// The node-local folder of the GPU card locks (default `/tmp/scfoundry-gpu-locks-<uid>`);
+    /// every task of a node that shares cards must see the same folder (bind it into containers).
+    pub const GPU_LOCKS: &'static str = "SCFOUNDRY_GPU_LOCKS";
+    /// Test hook: the node's GPUs as `ORDINAL:UUID,...` (e.g. `0:GPU-aaaa,1:GPU-bbbb`) instead
+    /// of asking the driver, so that tests of the card locks run without a GPU.
+    pub const FAKE_GPUS: &'static str = "SCFOUNDRY_FAKE_GPUS";
 }

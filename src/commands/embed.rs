@@ -98,8 +98,12 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
         warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
     }
     if spec.kind == DeviceKind::Cuda && args.exec.base.executor == ExecutorKind::Local {
-        // the task sees only the pinned GPU (CUDA_VISIBLE_DEVICES): check the physical device here
-        let here = crate::gpu::DeviceSpec { ordinal: args.exec.gpu.unwrap_or(0) as usize, ..spec.clone() };
+        // each task sees only the card it takes (CUDA_VISIBLE_DEVICES): check one of the list here
+        let first = match &args.exec.gpu {
+            Some(crate::gpu::cards::GpuList::Cards(c)) => c.iter().copied().min().unwrap_or(0),
+            _ => 0,
+        };
+        let here = crate::gpu::DeviceSpec { ordinal: first as usize, ..spec.clone() };
         crate::gpu::preflight(&here).map_err(Error::Gpu)?;
     }
     Ok(spec)
@@ -114,9 +118,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let exec = &args.exec;
     // The executor's tools before any work.
     let pipeline = executor::preflight(&exec.base)?;
-    if exec.base.executor == ExecutorKind::Slurm && exec.gpu.is_some() {
-        warn("--gpu pins a device on this machine; with --executor slurm ask for GPUs with --gpus or --gres and Slurm chooses them");
-    }
+    let gpus = crate::commands::task_gpus(exec.base.executor, &exec.gpu);
     if exec.base.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }
@@ -155,7 +157,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let spec = TaskSpec {
         layer: args.layer.clone(),
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
-        gpu: exec.gpu,
+        gpus,
         device,
         ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, &args.data, &out, args.seed, params, s.quiet, s.progress)?
     };
@@ -164,7 +166,9 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     }
     let shards = if unsharded.is_some() { None } else { exec.shards };
     let tasks = executor::plan_embed(&spec, &run, n_obs, shards);
-    let outcomes = match executor::run_plan(&run, &tasks, &exec.base, exec.max_forks, s.quiet)? {
+    // with a GPU list, as many shards at once as it has entries (one task per card)
+    let max_forks = exec.max_forks.or_else(|| spec.gpus.as_ref().map(|g| g.slots_here() as u64));
+    let outcomes = match executor::run_plan(&run, &tasks, &exec.base, max_forks, s.quiet)? {
         Finished::Completed(o) => o,
         Finished::Failed(code) => return Ok(ExitStatus::Code(code)),
     };
@@ -184,8 +188,15 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
             runner::trace::fmt_memory(peak)
         );
         for o in &outcomes {
+            let card = o.result.as_ref().and_then(|r| r.card.as_ref());
             if let Some(g) = crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)) {
-                eprintln!("GPU {} ({}): peak {} in {} allocations, allocator {}", g.ordinal, g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
+                let which = match card {
+                    Some(c) => format!("{}: GPU {} {}", o.record.name, c.ordinal, c.uuid),
+                    None => format!("GPU {}", g.ordinal),
+                };
+                eprintln!("{which} ({}): peak {} in {} allocations, allocator {}", g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
+            } else if let Some(c) = card {
+                eprintln!("{}: GPU {} {}", o.record.name, c.ordinal, c.uuid);
             }
         }
         for n in r.notes {
@@ -212,8 +223,8 @@ fn run_nextflow(s: &Settings, args: &EmbedArgs, spec: &TaskSpec, run: &Run, p: &
     let nf = NfRun {
         run,
         weights_dir: &s.weights_dir,
-        gpu: args.exec.gpu,
-        max_forks: args.exec.max_forks.unwrap_or(1),
+        gpu: args.exec.gpu.clone(),
+        max_forks: args.exec.max_forks.unwrap_or_else(|| args.exec.gpu.as_ref().map_or(1, |g| g.slots_here() as u64)),
         params: nextflow_params(spec, run),
         passthrough: &args.exec.base.passthrough,
         quiet: s.quiet,

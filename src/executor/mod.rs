@@ -49,11 +49,7 @@ pub fn create_run(s: &Settings, exec: &ExecutorArgs, out: &Path, label: &str) ->
         (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
     };
     let base = std::path::absolute(&base).map_err(|e| Error::Io { path: base.clone(), source: e })?;
-    let mut run = Run::create(&base, label)?;
-    if let Some(ws) = &s.workspace {
-        run.locks = ws.root.join(".locks");
-    }
-    Ok(run)
+    Run::create(&base, label)
 }
 
 /// How a plan ended.
@@ -90,7 +86,7 @@ pub fn run_plan(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs, max_forks: O
 /// are printed here, so that they read the same whether the task ran here or on a node.
 pub fn run_single(s: &Settings, exec: &ExecutorArgs, pipeline: Option<nextflow::Pipeline>, run: &Run, spec: TaskSpec, nf_params: Vec<(String, String)>, published: &Path) -> anyhow::Result<ExitStatus> {
     if let Some(p) = pipeline {
-        let nf = nextflow::NfRun { run, weights_dir: &s.weights_dir, gpu: None, max_forks: 1, params: nf_params, passthrough: &exec.passthrough, quiet: s.quiet };
+        let nf = nextflow::NfRun { run, weights_dir: &s.weights_dir, gpu: spec.gpus.clone(), max_forks: 1, params: nf_params, passthrough: &exec.passthrough, quiet: s.quiet };
         return Ok(ExitStatus::from_code(nextflow::run_pipeline(&p, &nf, published, &spec.out)?));
     }
     let outcomes = match run_plan(run, std::slice::from_ref(&spec), exec, None, s.quiet)? {

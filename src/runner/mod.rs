@@ -2,7 +2,6 @@
 //! run folder `runs/<id>/`, which holds the task's spec and logs, a Nextflow-format
 //! `trace.txt` and a cost report (`report.json`).
 
-pub mod slots;
 pub mod stats;
 pub mod trace;
 
@@ -47,10 +46,10 @@ pub struct TaskSpec {
     /// Folder shared by the steps of a sharded run (the fit and the shard files).
     #[serde(default)]
     pub work: Option<PathBuf>,
-    /// Pin the task to this GPU: CUDA_VISIBLE_DEVICES in its environment and the workspace's
-    /// slot lock for the device held while it runs.
+    /// The GPUs the task may take (`--gpu`): the task process locks one free card of them
+    /// before its first CUDA call and sees only that card (`gpu::cards`).
     #[serde(default)]
-    pub gpu: Option<u32>,
+    pub gpus: Option<crate::gpu::cards::GpuList>,
     /// The device and allocator (cpu unless --device cuda).
     #[serde(default)]
     pub device: crate::gpu::DeviceSpec,
@@ -109,7 +108,7 @@ impl TaskSpec {
             run_id: run.id.clone(),
             step: Step::Embed,
             work: None,
-            gpu: None,
+            gpus: None,
             device: Default::default(),
         })
     }
@@ -154,14 +153,15 @@ pub struct TaskResult {
     /// Lines for stderr once the task is done (unless --quiet), e.g. what was written where.
     #[serde(default)]
     pub summary: Vec<String>,
+    /// The GPU card the task held (`--gpu`), so that the run's summary names each task's card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<crate::gpu::cards::CardRecord>,
 }
 
 /// A run folder.
 pub struct Run {
     pub id: String,
     pub dir: PathBuf,
-    /// Where GPU slot locks live (`<workspace>/.locks`), shared by all runs of a workspace.
-    pub locks: PathBuf,
 }
 
 impl Run {
@@ -172,7 +172,7 @@ impl Run {
         let id = format!("{}-{label}-{rand:04x}", now.format("%Y%m%d-%H%M%S"));
         let dir = base.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
-        Ok(Run { id, dir, locks: base.join(".locks") })
+        Ok(Run { id, dir })
     }
 
     pub fn task_dir(&self, task_id: u64) -> PathBuf {
@@ -215,15 +215,8 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
     // stdin is a pipe the task watches: if this process dies, the pipe closes and the task
     // removes its unfinished output and exits (lifecycle.rs)
     cmd.arg("__task").arg(&spec_path).stdin(std::process::Stdio::piped()).env(crate::env::EnvVars::PARENT_PIPE, "1");
-    // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
-    let _slot = match spec.gpu {
-        Some(n) => {
-            cmd.env("CUDA_VISIBLE_DEVICES", n.to_string());
-            let rep = crate::progress::reporter(spec.quiet);
-            Some(slots::acquire(&run.locks, n, || rep.note(&format!("{}: waiting for GPU {n} (another task of this workspace holds it)", spec.name)))?)
-        }
-        None => None,
-    };
+    // A task given GPUs takes its card itself (tasks::run, gpu::cards): no lock is held here,
+    // so a runner never waits on a card that one of its own tasks holds.
     let mut child = cmd.spawn().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let pid = child.id();
     // held open until the task ends (`wait` would close a stdin it still owns)
