@@ -4,6 +4,15 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::gpu::cards::GpuList;
+
+/// `--gpu`'s help, the same on every command that takes it.
+pub const GPU_HELP: &str = "The GPUs this command's tasks may take: `0`, `0,1,2,3`, `0-3` or `all` \
+(every card of the machine where the task runs). Each task locks one free card of the list by its UUID \
+(lock files in $SCFOUNDRY_GPU_LOCKS, default /tmp/scfoundry-gpu-locks-<uid>) and sees only that card; when all are \
+held it waits. A card listed twice (`0,0`) may be shared by two tasks. Numbers are nvidia-smi's.";
+
+
 #[derive(Debug, Parser)]
 #[command(
     name = "scfoundry",
@@ -75,6 +84,11 @@ pub enum Commands {
     /// Internal: run one task of a run folder.
     #[command(name = "__task", hide = true)]
     Task { spec: PathBuf },
+    /// Internal, for tests of the GPU card locks: take a card of GPUS as a task does, hold it
+    /// for MS milliseconds, then append `ordinal uuid slot start_ms end_ms CUDA_VISIBLE_DEVICES`
+    /// to RECORD.
+    #[command(name = "__hold-gpu", hide = true)]
+    HoldGpu { gpus: GpuList, record: PathBuf, ms: u64 },
 }
 
 #[derive(Debug, Args)]
@@ -243,12 +257,11 @@ pub struct ExecArgs {
     /// with --gpu, and at least one per 200,000 cells. With slurm the shards are a job array.
     #[arg(long, help_heading = "Executor", value_name = "N|auto", value_parser = parse_shards)]
     pub shards: Option<Shards>,
-    /// Pin GPU tasks to this device (CUDA_VISIBLE_DEVICES); the local runner holds the workspace's
-    /// lock for it, so one task uses a GPU at a time across all runs of the workspace.
-    #[arg(long, help_heading = "Executor", value_name = "N")]
-    pub gpu: Option<u32>,
-    /// At most N tasks at once: shards in the local runner, running elements of the Slurm job
-    /// array (`--array=0-K%N`), Nextflow's maxForks for GPU processes.
+    #[arg(long, help = GPU_HELP, help_heading = "Executor", value_name = "LIST", env = "SCFOUNDRY_GPUS")]
+    pub gpu: Option<GpuList>,
+    /// At most N tasks at once: shards in the local runner (default: the number of --gpu
+    /// entries, else 1), running elements of the Slurm job array (`--array=0-K%N`), Nextflow's
+    /// maxForks for GPU processes.
     #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
 }
@@ -312,10 +325,13 @@ pub struct SlurmArgs {
 
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
-    /// Pin every GPU task to this device.
-    #[arg(long, value_name = "N")]
-    pub gpu_id: Option<u32>,
-    /// At most N GPU tasks at once (maxForks of GPU processes; default 1).
+    /// The GPUs of the node the pipeline's GPU tasks share: `0`, `0,1,2,3`, `0-3` or `all`. Each
+    /// task locks one free card of the list (by UUID, in the lock folder, which containers get
+    /// bind-mounted); containers see every listed card. `--gpu-id` is the same option.
+    #[arg(long, visible_alias = "gpu-id", value_name = "LIST")]
+    pub gpu: Option<GpuList>,
+    /// At most N GPU tasks at once (maxForks of GPU processes; default: the number of --gpu
+    /// entries, else 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
     /// Container engine or scheduler the pinning is written for (repeatable); all when none.
@@ -511,7 +527,7 @@ impl KnobArgs {
 /// What integrate, benchmark and geometry say about executors in --help.
 pub const ONE_TASK_HELP: &str = "This command runs as one task, in a run folder (trace.txt, report.json): a process on this \
 machine (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's process \
-(--executor nextflow). It is not split into shards: --shards, --gpu and --max-forks are embed's only.";
+(--executor nextflow). It is not split into shards: --shards is embed's, --max-forks embed's and transfer's, --gpu embed's, transfer's and finetune's.";
 
 #[derive(Debug, Args)]
 #[command(after_help = "Example:\n  scfoundry transfer --method pca --reference ref.h5ad --query query.h5ad --label-key cell_type")]
@@ -569,10 +585,12 @@ pub struct TransferArgs {
     #[command(flatten)]
     pub knobs: KnobArgs,
     /// At most N tasks at once in the local runner (default 2: the reference and the query are
-    /// embedded at once; 1 runs them one after the other). Slurm runs the two jobs as it
-    /// schedules them; Nextflow as its executor does.
+    /// embedded at once, or the number of --gpu entries; 1 runs them one after the other).
+    /// Slurm runs the two jobs as it schedules them; Nextflow as its executor does.
     #[arg(long, help_heading = "Executor", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_forks: Option<u64>,
+    #[arg(long, help = GPU_HELP, help_heading = "Executor", value_name = "LIST", env = "SCFOUNDRY_GPUS")]
+    pub gpu: Option<GpuList>,
     #[command(flatten)]
     pub exec: ExecutorArgs,
 }
@@ -820,6 +838,8 @@ pub struct FinetuneArgs {
     pub knobs: KnobArgs,
     #[command(flatten)]
     pub device: DeviceArgs,
+    #[arg(long, help = GPU_HELP, help_heading = "Executor", value_name = "LIST", env = "SCFOUNDRY_GPUS")]
+    pub gpu: Option<GpuList>,
     #[command(flatten)]
     pub exec: ExecutorArgs,
 }

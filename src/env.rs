@@ -64,4 +64,14 @@ impl EnvVars {
     pub const ATTENTION: &'static str = "SCFOUNDRY_ATTENTION";
     /// `0`: the matrix product and the layer norm as two kernels instead of the fused Hopper one.
     pub const FUSED_NORM: &'static str = "SCFOUNDRY_FUSED_NORM";
+    /// The GPUs a task may take, as `--gpu` takes them (`0,1,2,3`, `0-3`, `all`): read by
+    /// embed, transfer and finetune when --gpu is not given (the generated Nextflow config sets
+    /// it for the pipeline's processes).
+    pub const GPUS: &'static str = "SCFOUNDRY_GPUS";
+    /// The node-local folder of the GPU card locks (default `/tmp/scfoundry-gpu-locks-<uid>`);
+    /// every task of a node that shares cards must see the same folder (bind it into containers).
+    pub const GPU_LOCKS: &'static str = "SCFOUNDRY_GPU_LOCKS";
+    /// Test hook: the node's GPUs as `ORDINAL:UUID,...` (e.g. `0:GPU-aaaa,1:GPU-bbbb`) instead
+    /// of asking the driver, so that tests of the card locks run without a GPU.
+    pub const FAKE_GPUS: &'static str = "SCFOUNDRY_FAKE_GPUS";
 }

@@ -62,6 +62,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         ];
         return scfoundry::tasks::run(spec, command_tasks).map(|()| ExitStatus::Success);
     }
+    if let Commands::HoldGpu { gpus, record, ms } = &cli.command {
+        return scfoundry::tasks::hold_gpu(gpus, record, *ms).map(|()| ExitStatus::Success);
+    }
     if let Commands::Init(a) = &cli.command {
         return commands::init::init(&a.dir, g.weights_dir.as_deref(), g.quiet);
     }
@@ -95,6 +98,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
         Commands::Config(a) => commands::config::run(&s, a),
         Commands::Trace(a) => commands::trace::run(a),
         Commands::Doctor(a) => commands::doctor::run(&s, a),
-        Commands::Init(_) | Commands::Task { .. } => unreachable!(),
+        Commands::Init(_) | Commands::Task { .. } | Commands::HoldGpu { .. } => unreachable!(),
     }
 }

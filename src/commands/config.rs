@@ -1,4 +1,4 @@
-//! `scfoundry config`: write the workspace's nextflow.config (GPU pinning, maxForks, cleanup,
+//! `scfoundry config`: write the workspace's nextflow.config (the GPUs tasks share, maxForks, cleanup,
 //! trace and report, the weights and work folders). The text comes from `nfconfig`.
 
 use std::path::PathBuf;
@@ -9,6 +9,11 @@ use crate::error::Error;
 use crate::nfconfig::{all_profiles, NfConfig};
 use crate::settings::Settings;
 
+/// --max-forks, else one GPU task per entry of --gpu (`all`: the cards of this machine), else 1.
+fn max_forks(args: &ConfigArgs) -> u64 {
+    args.max_forks.unwrap_or_else(|| args.gpu.as_ref().map_or(1, |g| g.slots_here() as u64))
+}
+
 pub fn build(s: &Settings, args: &ConfigArgs) -> anyhow::Result<NfConfig> {
     let root: PathBuf = match &s.workspace {
         Some(ws) => std::path::absolute(&ws.root)?,
@@ -18,8 +23,9 @@ pub fn build(s: &Settings, args: &ConfigArgs) -> anyhow::Result<NfConfig> {
     profiles.sort();
     profiles.dedup();
     Ok(NfConfig {
-        gpu_id: args.gpu_id,
-        max_forks: args.max_forks.unwrap_or(1),
+        gpus: args.gpu.clone(),
+        gpu_locks: crate::gpu::cards::lock_dir(),
+        max_forks: max_forks(args),
         profiles,
         weights_dir: std::path::absolute(&s.weights_dir)?,
         work_dir: root.join("work"),
@@ -47,11 +53,11 @@ pub fn run(s: &Settings, args: &ConfigArgs) -> anyhow::Result<ExitStatus> {
     std::fs::write(&tmp, &text).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
     std::fs::rename(&tmp, &dest).map_err(|e| Error::Io { path: dest.clone(), source: e })?;
     if !s.quiet {
-        let pin = match args.gpu_id {
-            Some(g) => format!("GPU tasks pinned to GPU {g}"),
+        let pin = match &args.gpu {
+            Some(g) => format!("GPU tasks share GPUs {g}, one card each, locks in {}", crate::gpu::cards::lock_dir().display()),
             None => "GPU tasks not pinned".into(),
         };
-        eprintln!("wrote {} ({pin}, maxForks {})", dest.display(), args.max_forks.unwrap_or(1));
+        eprintln!("wrote {} ({pin}, maxForks {})", dest.display(), max_forks(args));
     }
     Ok(ExitStatus::Success)
 }

@@ -98,8 +98,12 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
         warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
     }
     if spec.kind == DeviceKind::Cuda && args.exec.base.executor == ExecutorKind::Local {
-        // the task sees only the pinned GPU (CUDA_VISIBLE_DEVICES): check the physical device here
-        let here = crate::gpu::DeviceSpec { ordinal: args.exec.gpu.unwrap_or(0) as usize, ..spec.clone() };
+        // each task sees only the card it takes (CUDA_VISIBLE_DEVICES): check one of the list here
+        let first = match &args.exec.gpu {
+            Some(crate::gpu::cards::GpuList::Cards(c)) => c.iter().copied().min().unwrap_or(0),
+            _ => 0,
+        };
+        let here = crate::gpu::DeviceSpec { ordinal: first as usize, ..spec.clone() };
         crate::gpu::preflight(&here).map_err(Error::Gpu)?;
     }
     Ok(spec)
@@ -120,9 +124,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let exec = &args.exec;
     // The executor's tools before any work.
     let pipeline = executor::preflight(&exec.base)?;
-    if exec.base.executor == ExecutorKind::Slurm && exec.gpu.is_some() {
-        warn("--gpu pins a device on this machine; with --executor slurm ask for GPUs with --gpus or --gres and Slurm chooses them");
-    }
+    let gpus = crate::commands::task_gpus(exec.base.executor, &exec.gpu);
     if exec.base.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }
@@ -166,7 +168,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let spec = TaskSpec {
         layer: args.layer.clone(),
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
-        gpu: exec.gpu,
+        gpus,
         device,
         embedding_only: args.embedding_only,
         ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, data, &out, args.seed, params, s.quiet, s.progress)?
@@ -177,11 +179,17 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         }
         return run_nextflow(s, args, &spec, &run, &p);
     }
-    let cards = usize::from(exec.gpu.is_some());
+    let cards = spec.gpus.as_ref().map(|g| g.slots_here()).unwrap_or(0);
     let shards = if unsharded.is_some() { None } else { exec.shards.map(|k| k.count(n_obs, cards)) };
     let tasks = executor::plan_embed(&spec, &run, n_obs, shards, block, entry.fits_before_shards());
+    let planned = tasks.iter().filter(|t| matches!(t.step, runner::Step::Project { .. })).count() as u64;
+    if shards.is_some_and(|k| k > planned) {
+        warn(&format!("{planned} shard(s), not {}: {} reads X in blocks of {block} rows and a shard is whole blocks ({n_obs} cells)", shards.unwrap_or(0), m.name));
+    }
     executor::save_plan(&run, &tasks, &exec.base)?;
-    finish(s, &run, &tasks, &exec.base, exec.max_forks, Vec::new())
+    // with a GPU list, as many shards at once as it has entries (one task per card)
+    let max_forks = exec.max_forks.or_else(|| spec.gpus.as_ref().map(|g| g.slots_here() as u64));
+    finish(s, &run, &tasks, &exec.base, max_forks, Vec::new())
 }
 
 /// Run `tasks` (those of `cached` already done) and print what was written.
@@ -218,8 +226,15 @@ fn finish(s: &Settings, run: &Run, tasks: &[TaskSpec], exec: &crate::cli::Execut
             }
         }
         for o in &outcomes {
+            let card = o.result.as_ref().and_then(|r| r.card.as_ref());
             if let Some(g) = crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)) {
-                eprintln!("GPU {} ({}): peak {} in {} allocations, allocator {}", g.ordinal, g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
+                let which = match card {
+                    Some(c) => format!("{}: GPU {} {}", o.record.name, c.ordinal, c.uuid),
+                    None => format!("GPU {}", g.ordinal),
+                };
+                eprintln!("{which} ({}): peak {} in {} allocations, allocator {}", g.device, runner::trace::fmt_memory(g.stats.peak_bytes), g.stats.allocations, g.allocator);
+            } else if let Some(c) = card {
+                eprintln!("{}: GPU {} {}", o.record.name, c.ordinal, c.uuid);
             }
         }
         for n in r.notes {
@@ -257,7 +272,8 @@ fn resume(s: &Settings, args: &EmbedArgs, dir: &Path) -> anyhow::Result<ExitStat
         let kept = cached.iter().filter(|o| o.record.name.contains("_PROJECT")).count();
         eprintln!("resuming {}: {kept} of {projects} shards finished and checked; running the rest", run.dir.display());
     }
-    finish(s, &run, &tasks, &exec, args.exec.max_forks, cached)
+    let max_forks = args.exec.max_forks.or_else(|| tasks.first().and_then(|t| t.gpus.as_ref()).map(|g| g.slots_here() as u64));
+    finish(s, &run, &tasks, &exec, max_forks, cached)
 }
 
 /// The Nextflow parameters of an embedding (names as in nextflow_schema.json).
@@ -276,8 +292,8 @@ fn run_nextflow(s: &Settings, args: &EmbedArgs, spec: &TaskSpec, run: &Run, p: &
     let nf = NfRun {
         run,
         weights_dir: &s.weights_dir,
-        gpu: args.exec.gpu,
-        max_forks: args.exec.max_forks.unwrap_or(1),
+        gpu: args.exec.gpu.clone(),
+        max_forks: args.exec.max_forks.unwrap_or_else(|| args.exec.gpu.as_ref().map_or(1, |g| g.slots_here() as u64)),
         params: nextflow_params(spec, run),
         passthrough: &args.exec.base.passthrough,
         quiet: s.quiet,

@@ -297,6 +297,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     let tag = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec {
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
+        gpus: crate::commands::task_gpus(a.exec.executor, &a.gpu),
         device,
         ..TaskSpec::new(&run, format!("FINETUNE_{} ({tag})", m.name.to_uppercase()), "finetune", &m.name, &data, &out, a.seed, options_params(&opts), s.quiet, s.progress)?
     };
@@ -335,6 +336,7 @@ fn run_predict_only(s: &Settings, a: &FinetuneArgs, model: &Path, pipeline: Opti
     let tag = predict.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let spec = TaskSpec {
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
+        gpus: crate::commands::task_gpus(a.exec.executor, &a.gpu),
         device,
         ..TaskSpec::new(&run, format!("PREDICT_{} ({tag})", saved.method.to_uppercase()), "finetune", &saved.method, &predict, &out, saved.seed, options_params(&opts), s.quiet, s.progress)?
     };

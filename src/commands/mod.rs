@@ -40,3 +40,13 @@ impl ExitStatus {
         }
     }
 }
+
+/// The cards `--gpu` gives the tasks: none under Slurm, which chooses cards itself (with a
+/// warning that the list is ignored).
+pub fn task_gpus(executor: crate::cli::ExecutorKind, gpu: &Option<crate::gpu::cards::GpuList>) -> Option<crate::gpu::cards::GpuList> {
+    if executor == crate::cli::ExecutorKind::Slurm && gpu.is_some() {
+        crate::progress::warn("--gpu names cards of this machine; with --executor slurm ask for GPUs with --gpus or --gres and Slurm chooses them (--gpu is ignored)");
+        return None;
+    }
+    gpu.clone()
+}

@@ -273,7 +273,8 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
                 params.insert("min_gene_overlap".into(), json!(a.min_gene_overlap));
             }
             let slurm = a.exec.executor == ExecutorKind::Slurm;
-            let max_forks = a.max_forks.unwrap_or(2) as usize;
+            // both embeddings at once, or as many tasks as --gpu has entries (one per card)
+            let max_forks = a.max_forks.or_else(|| a.gpu.as_ref().map(|g| g.slots_here() as u64)).unwrap_or(2) as usize;
             let stages = plan(&run, s, a, &method_name, params.clone(), &reference, &query, max_forks == 1 && !slurm)?;
             outcomes = if slurm {
                 let tasks: Vec<TaskSpec> = stages.concat();
@@ -472,7 +473,7 @@ fn plan(run: &Run, s: &Settings, a: &TransferArgs, method: &str, params: serde_j
         weights_dir: Some(std::path::absolute(&s.weights_dir)?),
         step: Step::Embed,
         work: Some(work.clone()),
-        gpu: None,
+        gpus: crate::commands::task_gpus(a.exec.executor, &a.gpu),
         device: Default::default(),
         embedding_only: false,
     };
@@ -539,7 +540,7 @@ fn run_nextflow(s: &Settings, a: &TransferArgs, p: nextflow::Pipeline, method: &
     let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let id = format!("{}_from_{}", stem(query), stem(reference));
     let published = nextflow::outdir(&run).join("transfer").join(format!("{id}.transfer.h5ad"));
-    let nf = nextflow::NfRun { run: &run, weights_dir: &s.weights_dir, gpu: None, max_forks: a.max_forks.unwrap_or(2), params, passthrough: &a.exec.passthrough, quiet: s.quiet };
+    let nf = nextflow::NfRun { run: &run, weights_dir: &s.weights_dir, gpu: a.gpu.clone(), max_forks: a.max_forks.or_else(|| a.gpu.as_ref().map(|g| g.slots_here() as u64)).unwrap_or(2), params, passthrough: &a.exec.passthrough, quiet: s.quiet };
     let code = nextflow::run_pipeline(&p, &nf, &published, out)?;
     if code == 0 {
         let report = nextflow::outdir(&run).join("transfer").join(format!("{id}.transfer"));

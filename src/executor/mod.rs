@@ -49,11 +49,7 @@ pub fn create_run(s: &Settings, exec: &ExecutorArgs, out: &Path, label: &str) ->
         (None, None) => out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("runs"),
     };
     let base = std::path::absolute(&base).map_err(|e| Error::Io { path: base.clone(), source: e })?;
-    let mut run = Run::create(&base, label)?;
-    if let Some(ws) = &s.workspace {
-        run.locks = ws.root.join(".locks");
-    }
-    Ok(run)
+    Run::create(&base, label)
 }
 
 /// How a plan ended.
@@ -102,7 +98,7 @@ pub fn run_plan_cached(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs, max_f
 /// are printed here, so that they read the same whether the task ran here or on a node.
 pub fn run_single(s: &Settings, exec: &ExecutorArgs, pipeline: Option<nextflow::Pipeline>, run: &Run, spec: TaskSpec, nf_params: Vec<(String, String)>, published: &Path) -> anyhow::Result<ExitStatus> {
     if let Some(p) = pipeline {
-        let nf = nextflow::NfRun { run, weights_dir: &s.weights_dir, gpu: None, max_forks: 1, params: nf_params, passthrough: &exec.passthrough, quiet: s.quiet };
+        let nf = nextflow::NfRun { run, weights_dir: &s.weights_dir, gpu: spec.gpus.clone(), max_forks: 1, params: nf_params, passthrough: &exec.passthrough, quiet: s.quiet };
         return Ok(ExitStatus::from_code(nextflow::run_pipeline(&p, &nf, published, &spec.out)?));
     }
     let outcomes = match run_plan(run, std::slice::from_ref(&spec), exec, None, s.quiet)? {
@@ -159,19 +155,18 @@ pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>,
     tasks
 }
 
-/// What `plan.json` in a run folder holds: every task of the run, its executor and where its
-/// GPU locks live; `embed --resume` reads it back.
+/// What `plan.json` in a run folder holds: every task of the run and its executor;
+/// `embed --resume` reads it back.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Plan {
     tasks: Vec<TaskSpec>,
     executor: ExecutorArgs,
-    locks: PathBuf,
 }
 
 /// Save a run's plan in its folder (`plan.json`) before any task runs.
 pub fn save_plan(run: &Run, tasks: &[TaskSpec], exec: &ExecutorArgs) -> Result<()> {
     let path = run.dir.join("plan.json");
-    let plan = Plan { tasks: tasks.to_vec(), executor: exec.clone(), locks: run.locks.clone() };
+    let plan = Plan { tasks: tasks.to_vec(), executor: exec.clone() };
     std::fs::write(&path, serde_json::to_string_pretty(&plan).unwrap_or_default()).map_err(|e| Error::Io { path, source: e })
 }
 
@@ -186,7 +181,7 @@ pub fn load_plan(dir: &Path) -> Result<(Run, Vec<TaskSpec>, ExecutorArgs)> {
     let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::BadField { path: path.clone(), field: "plan".into(), detail: e.to_string(), hint: Some("the run was planned by another version of scfoundry: start it again".into()) })?;
     let dir = std::path::absolute(dir).map_err(|e| Error::Io { path: dir.into(), source: e })?;
     let id = plan.tasks.first().map(|t| t.run_id.clone()).unwrap_or_default();
-    Ok((Run { id, dir, locks: plan.locks }, plan.tasks, plan.executor))
+    Ok((Run { id, dir }, plan.tasks, plan.executor))
 }
 
 /// `EMBED_PCA (pbmc)` -> (`EMBED_PCA`, `pbmc`).

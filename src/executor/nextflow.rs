@@ -21,8 +21,8 @@ pub struct Pipeline {
 pub struct NfRun<'a> {
     pub run: &'a Run,
     pub weights_dir: &'a Path,
-    /// Pin GPU tasks to this device.
-    pub gpu: Option<u32>,
+    /// The cards GPU tasks share (each task locks one).
+    pub gpu: Option<crate::gpu::cards::GpuList>,
     pub max_forks: u64,
     /// The pipeline's parameters (names as in nextflow_schema.json), `--outdir` among them.
     pub params: Vec<(String, String)>,
@@ -54,7 +54,8 @@ pub fn task_params(task: &str, method: Option<&str>, input: &Path, run: &Run, se
 pub fn run_pipeline(p: &Pipeline, nf: &NfRun, published: &Path, dest: &Path) -> Result<i32> {
     let run = nf.run;
     let cfg = crate::nfconfig::NfConfig {
-        gpu_id: nf.gpu,
+        gpus: nf.gpu.clone(),
+        gpu_locks: crate::gpu::cards::lock_dir(),
         max_forks: nf.max_forks,
         profiles: crate::nfconfig::all_profiles(),
         weights_dir: std::path::absolute(nf.weights_dir).map_err(|e| Error::Io { path: nf.weights_dir.into(), source: e })?,

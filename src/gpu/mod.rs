@@ -2,6 +2,7 @@
 //! resources on the CUDA driver's pools, with statistics, a limit and a log), the cost report of
 //! a GPU task, and the out-of-memory back-off.
 //!
+//! - `cards.rs`: `--gpu` lists and the lock by which each task takes one card of a node.
 //! - `options.rs`: what the user chose (device, allocator, sizes); plain data, no GPU needed.
 //! - `accounting.rs`: the statistics/limit/log adaptors; pure bookkeeping, tested without a GPU.
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
@@ -26,6 +27,7 @@
 
 pub mod accounting;
 pub mod backoff;
+pub mod cards;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod options;
@@ -73,6 +75,10 @@ pub enum GpuError {
     OutOfMemory { allocator: String, detail: String, hint: String },
     #[error("CUDA ran out of memory {what} (allocator {allocator}): the model does not fit")]
     ModelTooLarge { what: String, allocator: String, hint: String },
+    #[error("{detail}")]
+    Cards { detail: String, hint: String },
+    #[error("the GPU lock folder {path}: {detail}")]
+    LockFolder { path: std::path::PathBuf, detail: String },
 }
 
 impl GpuError {
@@ -82,7 +88,8 @@ impl GpuError {
             GpuError::NoDriver { .. } => "is an NVIDIA driver installed? `nvidia-smi` should list the GPUs, and libcuda.so.1 must be on the loader path".into(),
             GpuError::NoLibrary { .. } => "install the CUDA 13 libraries (cuBLAS 13, cuRAND 10) and put their folder on LD_LIBRARY_PATH, e.g. export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$LD_LIBRARY_PATH".into(),
             GpuError::NoDevice { .. } => "`scfoundry doctor` lists the devices; pass --gpu with one of them".into(),
-            GpuError::BadOption { hint, .. } | GpuError::OutOfMemory { hint, .. } | GpuError::ModelTooLarge { hint, .. } => hint.clone(),
+            GpuError::BadOption { hint, .. } | GpuError::OutOfMemory { hint, .. } | GpuError::ModelTooLarge { hint, .. } | GpuError::Cards { hint, .. } => hint.clone(),
+            GpuError::LockFolder { .. } => format!("set ${} to a folder on this node that you can write (every task of a node must use the same one)", crate::env::EnvVars::GPU_LOCKS),
             GpuError::Driver { .. } => return None,
         })
     }

@@ -2,7 +2,6 @@
 //! run folder `runs/<id>/`, which holds the task's spec and logs, a Nextflow-format
 //! `trace.txt` and a cost report (`report.json`).
 
-pub mod slots;
 pub mod stats;
 pub mod trace;
 
@@ -47,10 +46,10 @@ pub struct TaskSpec {
     /// Folder shared by the steps of a sharded run (the fit and the shard files).
     #[serde(default)]
     pub work: Option<PathBuf>,
-    /// Pin the task to this GPU: CUDA_VISIBLE_DEVICES in its environment and the workspace's
-    /// slot lock for the device held while it runs.
+    /// The GPUs the task may take (`--gpu`): the task process locks one free card of them
+    /// before its first CUDA call and sees only that card (`gpu::cards`).
     #[serde(default)]
-    pub gpu: Option<u32>,
+    pub gpus: Option<crate::gpu::cards::GpuList>,
     /// The device and allocator (cpu unless --device cuda).
     #[serde(default)]
     pub device: crate::gpu::DeviceSpec,
@@ -115,7 +114,7 @@ impl TaskSpec {
             run_id: run.id.clone(),
             step: Step::Embed,
             work: None,
-            gpu: None,
+            gpus: None,
             device: Default::default(),
             embedding_only: false,
         })
@@ -170,14 +169,15 @@ pub struct TaskResult {
     /// Of those, rows outside the task's own (a shard's neighbours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows_read_outside: Option<u64>,
+    /// The GPU card the task held (`--gpu`), so that the run's summary names each task's card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<crate::gpu::cards::CardRecord>,
 }
 
 /// A run folder.
 pub struct Run {
     pub id: String,
     pub dir: PathBuf,
-    /// Where GPU slot locks live (`<workspace>/.locks`), shared by all runs of a workspace.
-    pub locks: PathBuf,
 }
 
 impl Run {
@@ -188,7 +188,7 @@ impl Run {
         let id = format!("{}-{label}-{rand:04x}", now.format("%Y%m%d-%H%M%S"));
         let dir = base.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| Error::Io { path: dir.clone(), source: e })?;
-        Ok(Run { id, dir, locks: base.join(".locks") })
+        Ok(Run { id, dir })
     }
 
     pub fn task_dir(&self, task_id: u64) -> PathBuf {
@@ -259,15 +259,8 @@ pub fn run_task(run: &Run, spec: &TaskSpec) -> Result<Outcome> {
         // a shard counts its cells for the run's one bar (progress::ShardBar)
         cmd.env(crate::env::EnvVars::PROGRESS_FILE, progress_file(run, spec.task_id));
     }
-    // A pinned task sees only its GPU and holds the workspace's slot for it while it runs.
-    let _slot = match spec.gpu {
-        Some(n) => {
-            cmd.env("CUDA_VISIBLE_DEVICES", n.to_string());
-            let rep = crate::progress::reporter(spec.quiet);
-            Some(slots::acquire(&run.locks, n, || rep.note(&format!("{}: waiting for GPU {n} (another task of this workspace holds it)", spec.name)))?)
-        }
-        None => None,
-    };
+    // A task given GPUs takes its card itself (tasks::run, gpu::cards): no lock is held here,
+    // so a runner never waits on a card that one of its own tasks holds.
     let mut child = cmd.spawn().map_err(|e| Error::Io { path: spec_path.clone(), source: e })?;
     let pid = child.id();
     ledger::started(run, spec, pid, submit_ms, started);
@@ -398,7 +391,6 @@ mod ledger {
     struct Entry {
         id: String,
         dir: PathBuf,
-        locks: PathBuf,
         spec: TaskSpec,
         finished: Vec<Outcome>,
         running: Vec<(TraceRecord, Instant)>,
@@ -411,7 +403,7 @@ mod ledger {
         let i = match runs.iter().position(|e| e.dir == run.dir) {
             Some(i) => i,
             None => {
-                runs.push(Entry { id: run.id.clone(), dir: run.dir.clone(), locks: run.locks.clone(), spec: spec.clone(), finished: Vec::new(), running: Vec::new() });
+                runs.push(Entry { id: run.id.clone(), dir: run.dir.clone(), spec: spec.clone(), finished: Vec::new(), running: Vec::new() });
                 runs.len() - 1
             }
         };
@@ -445,7 +437,7 @@ mod ledger {
                 let record = TraceRecord { status: "ABORTED".into(), exit: Some(128 + sig), duration_ms: Some(ms), ..r.clone() };
                 outcomes.push(Outcome { exit: 128 + sig, record, stats: None, result: None });
             }
-            let run = Run { id: e.id.clone(), dir: e.dir.clone(), locks: e.locks.clone() };
+            let run = Run { id: e.id.clone(), dir: e.dir.clone() };
             let refs: Vec<&Outcome> = outcomes.iter().collect();
             let status = serde_json::json!("interrupted");
             if let Err(err) = super::write_reports_as(&run, &e.spec, &refs, status, Some(signal)) {

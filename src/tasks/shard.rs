@@ -204,7 +204,7 @@ enum Target {
 
 /// A new output for `spec`: a copy of the input with `obsm[key]` added, or with
 /// `--embedding-only` a new file holding the obs index, the embedding and its provenance.
-fn create_output(spec: &TaskSpec, key: &str, n_obs: usize, dim: usize) -> Result<(PendingOutput, Dataset)> {
+pub fn create_output(spec: &TaskSpec, key: &str, n_obs: usize, dim: usize) -> Result<(PendingOutput, Dataset)> {
     let out = if spec.embedding_only {
         let ad = AnnData::open(&spec.data)?;
         PendingOutput::create_embedding_only(&spec.out, &ad.obs_names)?

@@ -75,6 +75,9 @@ impl TestContext {
             .env("SCFOUNDRY_WEIGHTS_DIR", self.dir.path().join("weights-cache"))
             .env("SCFOUNDRY_CONVERTED_DIR", self.dir.path().join("converted"))
             .env_remove("SCFOUNDRY_GENOME")
+            .env_remove("SCFOUNDRY_GPUS")
+            .env_remove("SCFOUNDRY_FAKE_GPUS")
+            .env("SCFOUNDRY_GPU_LOCKS", self.dir.path().join("gpu-locks"))
             .env("SCFOUNDRY_NO_PROGRESS", "1");
         for var in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
             cmd.env_remove(var);

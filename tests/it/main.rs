@@ -14,6 +14,7 @@ mod docs;
 mod finetune;
 mod geneformer;
 mod gpu;
+mod gpu_cards;
 mod harmony;
 mod integrate;
 mod http_server;

@@ -77,62 +77,12 @@ fn a_failing_local_shard_stops_the_run_before_the_merge() {
     assert!(!trace.contains("MERGE"), "the merge never ran:\n{trace}");
 }
 
-// ---- GPU slots ----------------------------------------------------------------------
-
-#[test]
-fn gpu_slot_makes_a_second_task_wait() {
-    let ctx = TestContext::new();
-    ctx.run(&["init", "ws"]).success();
-    ctx.demo("pbmc68k_counts.h5ad");
-    // This test process holds GPU 1's slot, as a running task of another run would.
-    let held = scfoundry::runner::slots::try_acquire(&ctx.path("ws/.locks"), 1).unwrap().expect("slot free");
-    let mut child = Command::new(BIN)
-        .args(["--workspace", "ws", "embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--gpu", "1", "--n-comps", "5"])
-        .current_dir(ctx.dir.path())
-        .env("SCFOUNDRY_NO_PROGRESS", "1")
-        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // read stderr as it comes; the runner says when it starts waiting
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut all = String::new();
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let waiting = loop {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) if l.contains("waiting for GPU 1") => break true,
-            Ok(_) => continue,
-            Err(_) => break false,
-        }
-    };
-    assert!(waiting, "the runner never said it waits for GPU 1");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(child.try_wait().unwrap().is_none(), "the task must wait while GPU 1 is held");
-    assert!(!ctx.path("pbmc68k_counts.pca.h5ad").exists());
-    // another GPU is free meanwhile
-    assert!(scfoundry::runner::slots::try_acquire(&ctx.path("ws/.locks"), 0).unwrap().is_some());
-    drop(held);
-    let status = child.wait().unwrap();
-    let err = reader.join().unwrap();
-    assert!(status.success(), "{err}");
-    assert!(ctx.path("pbmc68k_counts.pca.h5ad").exists());
-    assert!(ctx.path("ws/.locks/gpu1.lock").exists());
-}
-
 // ---- scfoundry config ---------------------------------------------------------------
 
 fn config_text(ctx: &TestContext, args: &[&str]) -> String {
     let mut a = vec!["--workspace", "ws", "config", "--out", "-"];
     a.extend_from_slice(args);
+    // ctx.run sets the lock folder to [TMP]/gpu-locks, so the text names no user id
     let r = ctx.run(&a);
     r.success();
     let root = std::path::absolute(ctx.dir.path()).unwrap();
@@ -144,45 +94,56 @@ fn config_snapshots() {
     let ctx = TestContext::new();
     ctx.run(&["init", "ws"]).success();
     insta::assert_snapshot!("config_gpu1_all_profiles", config_text(&ctx, &["--gpu-id", "1", "--max-forks", "2"]));
+    insta::assert_snapshot!("config_gpu0_3_all_profiles", config_text(&ctx, &["--gpu", "0-3"]));
     insta::assert_snapshot!("config_unpinned_docker", config_text(&ctx, &["--profile", "docker"]));
     // the default destination is the workspace's nextflow.config
     // (without $SCFOUNDRY_WEIGHTS_DIR, so the workspace's weights folder is the one resolved)
-    let out = Command::new(BIN).args(["--workspace", "ws", "config", "--gpu-id", "0"]).current_dir(ctx.dir.path()).env_remove("SCFOUNDRY_WEIGHTS_DIR").output().unwrap();
-    crate::common::Run::from(out).success().stderr_has("GPU tasks pinned to GPU 0");
+    let out = Command::new(BIN).args(["--workspace", "ws", "config", "--gpu-id", "0"]).current_dir(ctx.dir.path()).env_remove("SCFOUNDRY_WEIGHTS_DIR").env_remove("SCFOUNDRY_GPU_LOCKS").output().unwrap();
+    crate::common::Run::from(out).success().stderr_has("GPU tasks share GPUs 0, one card each, locks in /tmp/scfoundry-gpu-locks-");
     let written = std::fs::read_to_string(ctx.path("ws/nextflow.config")).unwrap();
-    assert!(written.contains("beforeScript = 'export CUDA_VISIBLE_DEVICES=0'"));
+    assert!(written.contains("export SCFOUNDRY_GPUS=0 SCFOUNDRY_GPU_LOCKS=/tmp/scfoundry-gpu-locks-"), "{written}");
     assert!(written.contains(&format!("weights_dir = '{}'", std::path::absolute(ctx.path("ws/weights")).unwrap().display())), "{written}");
 }
 
-/// The pinning of GPU 1, per profile, as the generated config's lines.
+/// The cards of `--gpu 0-3`, per profile, as the generated config's lines: maxForks 4, each
+/// task locks its card in the lock folder, containers see the four cards and the folder.
 #[test]
-fn config_pins_gpu_1_per_profile() {
+fn config_gives_four_cards_per_profile() {
     let ctx = TestContext::new();
     ctx.run(&["init", "ws"]).success();
-    let text = config_text(&ctx, &["--gpu-id", "1", "--max-forks", "3"]);
+    let text = config_text(&ctx, &["--gpu", "0-3"]);
     let block = |profile: &str| -> String {
         let start = text.find(&format!("    {profile} {{")).unwrap_or_else(|| panic!("no {profile} profile:\n{text}"));
         let end = text[start..].find("\n    }\n").unwrap() + start;
         text[start..end].to_string()
     };
+    let locks = "[TMP]/gpu-locks";
+    let gpu_only = |s: &str| format!("beforeScript = {{ task.ext.cpu_only ? '' : '{s}' }}");
     // no container: the task's environment
     let top = &text[..text.find("profiles {").unwrap()];
-    assert!(top.contains("withLabel: 'process_gpu' {\n        maxForks = 3\n        beforeScript = 'export CUDA_VISIBLE_DEVICES=1'\n    }"), "{top}");
+    let local = gpu_only(&format!("mkdir -p {locks}; export SCFOUNDRY_GPUS=0,1,2,3 SCFOUNDRY_GPU_LOCKS={locks}"));
+    assert!(top.contains(&format!("withLabel: 'process_gpu' {{\n        maxForks = 4\n        {local}\n    }}")), "{top}");
     let docker = block("docker");
-    assert!(docker.contains("containerOptions = '--gpus device=1'"), "{docker}");
-    assert!(docker.contains("beforeScript = 'unset CUDA_VISIBLE_DEVICES'"), "{docker}");
+    assert!(docker.contains(&format!("containerOptions = '--gpus \\'\"device=0,1,2,3\"\\' -v {locks}:{locks}'")), "{docker}");
+    assert!(docker.contains(&gpu_only(&format!("mkdir -p {locks}; unset CUDA_VISIBLE_DEVICES; export SCFOUNDRY_GPUS=0,1,2,3 SCFOUNDRY_GPU_LOCKS={locks}"))), "{docker}");
+    assert!(docker.contains("docker.envWhitelist = 'SCFOUNDRY_GPUS,SCFOUNDRY_GPU_LOCKS'"), "{docker}");
     for (p, prefix) in [("apptainer", "APPTAINERENV_"), ("singularity", "SINGULARITYENV_")] {
         let b = block(p);
-        assert!(b.contains("containerOptions = '--nv'"), "{b}");
-        assert!(b.contains(&format!("beforeScript = 'export CUDA_VISIBLE_DEVICES=1 {prefix}CUDA_VISIBLE_DEVICES=1'")), "{b}");
-        assert!(b.contains(&format!("{p}.envWhitelist = 'CUDA_VISIBLE_DEVICES'")), "{b}");
+        assert!(b.contains(&format!("containerOptions = '--nv -B {locks}'")), "{b}");
+        assert!(b.contains(&format!("export CUDA_VISIBLE_DEVICES=0,1,2,3 SCFOUNDRY_GPUS=0,1,2,3 SCFOUNDRY_GPU_LOCKS={locks} {prefix}CUDA_VISIBLE_DEVICES=0,1,2,3 {prefix}SCFOUNDRY_GPUS=0,1,2,3 {prefix}SCFOUNDRY_GPU_LOCKS={locks}")), "{b}");
+        assert!(b.contains(&format!("{p}.envWhitelist = 'CUDA_VISIBLE_DEVICES,SCFOUNDRY_GPUS,SCFOUNDRY_GPU_LOCKS'")), "{b}");
     }
     let slurm = block("slurm");
-    assert!(slurm.contains("clusterOptions = { task.ext.cpu_only ? '' : '--gpus=1' }") && !slurm.contains("CUDA_VISIBLE_DEVICES=1"), "{slurm}");
+    assert!(slurm.contains("clusterOptions = { task.ext.cpu_only ? '' : '--gpus=1' }") && !slurm.contains("SCFOUNDRY_GPUS"), "{slurm}");
     assert!(text.contains("cleanup = true"));
     assert!(text.contains("trace {\n    enabled   = true"));
     assert!(text.contains("report {\n    enabled   = true"));
     assert!(text.contains("workDir = '[TMP]/ws/work'"));
+    // --max-forks wins; `--gpu-id` is the same option; `0,0` lets two tasks share card 0
+    assert!(config_text(&ctx, &["--gpu", "0-3", "--max-forks", "2"]).contains("maxForks = 2"));
+    assert!(config_text(&ctx, &["--gpu-id", "1"]).contains("export SCFOUNDRY_GPUS=1 "));
+    let shared = config_text(&ctx, &["--gpu", "0,0", "--profile", "docker"]);
+    assert!(shared.contains("maxForks = 2") && shared.contains("'--gpus \\'\"device=0\"\\' -v "), "{shared}");
 }
 
 // ---- --executor nextflow ------------------------------------------------------------
@@ -303,10 +264,10 @@ fn nextflow_command_line_and_passthrough() {
     .map(|s| s.to_string())
     .collect();
     assert_eq!(argv, expect);
-    // nextflow runs in the run folder, with the run's config, which pins GPU 1
+    // nextflow runs in the run folder, with the run's config, which gives GPU tasks GPU 1
     assert_eq!(std::fs::read_to_string(ctx.path("argv.txt.cwd")).unwrap().trim(), run_dir.display().to_string());
     let cfg = std::fs::read_to_string(run_dir.join("nextflow.config")).unwrap();
-    assert!(cfg.contains("beforeScript = 'export CUDA_VISIBLE_DEVICES=1'"), "{cfg}");
+    assert!(cfg.contains("export SCFOUNDRY_GPUS=1 SCFOUNDRY_GPU_LOCKS="), "{cfg}");
     assert!(ctx.path("res.h5ad").is_file(), "the published result is moved to --out");
     assert!(std::fs::read_to_string(run_dir.join("command.txt")).unwrap().contains(" -with-trace trace.txt"));
 }
@@ -406,7 +367,7 @@ fn integrate_benchmark_geometry_run_as_traced_tasks() {
     let r = ctx.run(&["benchmark", "-d", "pca.h5ad", "-e", "X_pca", "--label-key", "cell_type", "--batch-key", "batch", "--shards", "2"]);
     r.user_error().stderr_has("unexpected argument '--shards'");
     let help = ctx.run(&["geometry", "--help"]);
-    assert!(help.stdout.contains("--executor") && help.stdout.contains("--shards, --gpu and --max-forks are embed's") && !help.stdout.contains("--shards <N>"), "{}", help.stdout);
+    assert!(help.stdout.contains("--executor") && help.stdout.contains("--shards is embed's") && !help.stdout.contains("--shards <N>"), "{}", help.stdout);
 }
 
 // ---- scfoundry trace ----------------------------------------------------------------
@@ -644,6 +605,7 @@ fn nextflow_files_pass_the_parsers() {
         ("all-gpu1.config", vec!["--gpu-id", "1", "--max-forks", "2"]),
         ("docker.config", vec!["--profile", "docker"]),
         ("apptainer-slurm.config", vec!["--profile", "apptainer", "--profile", "slurm", "--gpu-id", "0"]),
+        ("all-gpu0-3.config", vec!["--gpu", "0-3"]),
         ("unpinned.config", vec![]),
     ] {
         let out = ctx.path(name);
@@ -653,7 +615,8 @@ fn nextflow_files_pass_the_parsers() {
         generated.push(out);
     }
     let cfg = scfoundry::nfconfig::NfConfig {
-        gpu_id: Some(3),
+        gpus: Some("3".parse().unwrap()),
+        gpu_locks: "/tmp/gpu locks/it's".into(),
         max_forks: 1,
         profiles: scfoundry::nfconfig::all_profiles(),
         weights_dir: "/w eights/it's".into(),

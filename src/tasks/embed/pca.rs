@@ -74,9 +74,8 @@ fn embed_pca(spec: &TaskSpec) -> Result<TaskResult> {
     let fit = pca::fit(&l.x, &names, &l.opts, rep.as_ref())?;
     let nc = fit.variance.len();
     let clock = std::time::Instant::now();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
+    let (out, ds) = crate::tasks::shard::create_output(spec, OBSM_KEY, l.ad.n_obs, nc)?;
     let copy_s = clock.elapsed().as_secs_f64();
-    let ds = out.create_obsm(OBSM_KEY, l.ad.n_obs, nc)?;
     pca::transform(&l.x, &fit, &l.opts, rep.as_ref(), |start, rows| write_rows(&ds, start, rows, nc))?;
     drop(ds);
     let project_s = clock.elapsed().as_secs_f64() - copy_s;
@@ -149,8 +148,7 @@ fn merge_pca(spec: &TaskSpec, shards: &[(usize, usize)]) -> Result<TaskResult> {
     if covered != l.ad.n_obs || shards.windows(2).any(|w| w[0].1 != w[1].0) || shards.first().map(|s| s.0) != Some(0) {
         return Err(Error::BadOption { option: "shards".into(), detail: format!("the shards {shards:?} do not cover the {} cells in order", l.ad.n_obs), hint: None });
     }
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
-    let ds = out.create_obsm(OBSM_KEY, l.ad.n_obs, nc)?;
+    let (out, ds) = crate::tasks::shard::create_output(spec, OBSM_KEY, l.ad.n_obs, nc)?;
     for (i, &(start, end)) in shards.iter().enumerate() {
         let path = shard_path(&work, i);
         let bytes = std::fs::read(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?;
@@ -195,22 +193,26 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     let nc = fit.variance.len();
     let key = OBSM_KEY;
     let f = out.file();
-    // varm['PCs']: loadings for every gene, zero outside the HVGs (as scanpy with mask_var)
-    let varm = require_dict(f, "varm").h5ctx(|| "creating varm".into())?;
-    if varm.link_exists("PCs") {
-        varm.unlink("PCs").h5ctx(|| "replacing varm/PCs".into())?;
-    }
-    let m = fit.hvg_genes.len();
-    let mut pcs = vec![0f32; ad.n_vars * nc];
-    for (h, &gene) in fit.hvg_genes.iter().enumerate() {
-        for c in 0..nc {
-            pcs[gene * nc + c] = fit.components[c * m + h] as f32;
+    // varm['PCs']: loadings for every gene, zero outside the HVGs (as scanpy with mask_var);
+    // an embedding-only output has no genes, so no loadings
+    if !spec.embedding_only {
+        let varm = require_dict(f, "varm").h5ctx(|| "creating varm".into())?;
+        if varm.link_exists("PCs") {
+            varm.unlink("PCs").h5ctx(|| "replacing varm/PCs".into())?;
         }
+        let m = fit.hvg_genes.len();
+        let mut pcs = vec![0f32; ad.n_vars * nc];
+        for (h, &gene) in fit.hvg_genes.iter().enumerate() {
+            for c in 0..nc {
+                pcs[gene * nc + c] = fit.components[c * m + h] as f32;
+            }
+        }
+        let pcs_ds = varm.new_dataset::<f32>().shape([ad.n_vars, nc]).create("PCs").h5ctx(|| "creating varm/PCs".into())?;
+        pcs_ds.write_raw(&pcs).h5ctx(|| "writing varm/PCs".into())?;
+        set_encoding(&pcs_ds, "array", "0.2.0").h5ctx(|| "tagging varm/PCs".into())?;
     }
-    let pcs_ds = varm.new_dataset::<f32>().shape([ad.n_vars, nc]).create("PCs").h5ctx(|| "creating varm/PCs".into())?;
-    pcs_ds.write_raw(&pcs).h5ctx(|| "writing varm/PCs".into())?;
-    set_encoding(&pcs_ds, "array", "0.2.0").h5ctx(|| "tagging varm/PCs".into())?;
 
+    let m = fit.hvg_genes.len();
     let uns = require_dict(f, "uns").h5ctx(|| "creating uns".into())?;
     // uns['pca'] as scanpy writes it
     let mut pca_params = serde_json::Map::new();
@@ -235,7 +237,6 @@ fn finish_output(spec: &TaskSpec, out: PendingOutput, l: &Loaded, fit: &PcaFit) 
     prov.insert("weights".into(), json!({}));
     write_json_dict(&uns, "scfoundry", &prov).h5ctx(|| "writing uns/scfoundry".into())?;
     drop(uns);
-    drop(varm);
     out.commit()?;
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: ad.n_obs, dim: nc, notes: l.notes.clone(), phases: vec![], ..Default::default() })
 }
@@ -312,6 +313,11 @@ pub struct Pca;
 impl Method for Pca {
     fn fits_before_shards(&self) -> bool {
         true
+    }
+
+    /// Each cell's projection depends only on its own row and the fit: any row is a boundary.
+    fn block_rows(&self, _x: &crate::anndata::Matrix, _params: &serde_json::Map<String, Value>) -> usize {
+        1
     }
 
     fn transfers(&self) -> bool {
