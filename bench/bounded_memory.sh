@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Embedding memory does not grow with the cell count: embed the first 0.2M, 1M and all 2M rows
 # of one synthetic file (2,000,000 cells x 6,000 genes, ~1,100 stored values a cell: 2.2 billion
-# values, int64 indptr, ~18 GB) with genept and scimilarity, and report wall time and peak RSS
-# (`/usr/bin/time -v`) of each. Needs python3 with numpy + h5py (the generator, the models) and
-# ~40 GB free under WORKDIR.
+# values, int64 indptr and indices, 26.6 GB; 22 min to generate on 2 loaded cores) with genept
+# and scimilarity, and report wall time and peak RSS (`/usr/bin/time -v`) of each. Needs python3
+# with numpy + h5py (the generator, the models) and ~45 GB free under WORKDIR while generating.
 #
 #   bench/bounded_memory.sh SCFOUNDRY_BINARY [WORKDIR] [CELLS] [ROWS,ROWS,...]
 #   (defaults: /tmp/bigbench, 2000000, 200000,1000000,<CELLS>; BOUNDED_PCA=1 adds pca on all rows)
@@ -12,8 +12,9 @@
 # `scfoundry __task SPEC`, with the spec `embed --shards` writes into runs/<id>/tasks/<n>/task.json
 # and step {"kind":"project","shard":0,"start":0,"end":N}: what each shard process of a sharded
 # run does (read its rows block by block, embed, write work/shard0.f32 and a checksum), without
-# the merge. Shards are whole blocks of the grid laid over the file, so SCFOUNDRY_BLOCK_ROWS=1000
-# (~1.1M stored values a block, about the default's ~1M) puts a block boundary at every N.
+# the merge; its rows equal an unsharded `embed`'s byte for byte. Shards are whole blocks of the
+# grid laid over the file, so SCFOUNDRY_BLOCK_ROWS=1000 (~1.1M stored values a block, about the
+# default's ~1M) puts a block boundary at every N.
 # Models: seeded random ones over the file's genes (bench/random_models.py): a GenePT table of
 # 64-d float64 vectors over all 6,000 genes, and a SCimilarity encoder 2,000 genes -> 128 -> 64
 # -> 32 (the first 2,000 var_names; a model's genes are matched by name, the others dropped).
