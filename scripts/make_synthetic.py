@@ -2,13 +2,13 @@
 """Seeded synthetic single-cell counts as an uncompressed .h5ad (SYNTHETIC data).
 
     python scripts/make_synthetic.py --cells 100000 --genes 3000 --out /tmp/x.h5ad \
-        [--seed 0] [--types 10] [--batches 3] [--check]
+        [--seed 0] [--types 10] [--batches 3] [--depth 290] [--check]
 
 Model (negative binomial = Poisson-Gamma, sampled by inverse CDF so that only the ~6% non-zero
 entries cost more than one uniform draw):
 
-    mu_g            baseline gene means, log-normal (sigma 1.9), scaled so that a median cell
-                    has ~290 counts over 3000 genes
+    mu_g            baseline gene means, log-normal (sigma 1.7), scaled so that a median cell
+                    has --depth counts (default 290) over all genes
     type effect     each cell type up-regulates its own 6% of genes (log fold change
                     N(1.5, 0.4)) and all genes get a small type-specific jitter N(0, 0.15)
     batch effect    multiplicative per gene and batch: exp(N(0, 0.3))
@@ -16,8 +16,8 @@ entries cost more than one uniform draw):
     counts          NB(mean = lib_c * mu_g * type_tg * batch_bg, dispersion theta = 0.6)
 
 With 3000 genes this gives ~6% non-zero entries, a median of ~170 genes and ~290 counts per
-cell. Every block of 4096 cells has its own seeded stream, so a
-file of N cells is the first N cells of any larger file with the same other arguments.
+cell; `--genes 6000 --depth 3100` gives ~1,100 (18%). Every block of 4096 cells has its own
+seeded stream, so a file of N cells is the first N cells of any larger file with the same other arguments.
 
 Written directly with h5py in anndata's on-disk encoding, in bounded memory (one block at a
 time; non-zeros go to temporary files beside --out, then into contiguous datasets):
@@ -40,7 +40,7 @@ import numpy as np
 BLOCK = 4096          # cells per seeded stream (fixed, so a smaller file is a prefix of a larger one)
 THETA = 1.0           # NB inverse dispersion (size)
 SIGMA_MU = 1.7        # log-normal spread of baseline gene means
-TARGET_COUNTS = 290.0 # expected counts of a cell with library factor 1 (the median cell)
+TARGET_COUNTS = 290.0 # default --depth: expected counts of a cell with library factor 1 (the median cell)
 LIB_SIGMA = 0.35      # log-normal spread of library size
 LIB_STEP = 0.05       # library factor is quantised to exp(k * LIB_STEP): lets P(0) be tabulated
 LIB_K = int(np.ceil(4 * LIB_SIGMA / LIB_STEP))
@@ -48,7 +48,7 @@ BIG_MEAN = 4.0        # non-zeros with mean above this are drawn by rejection, n
 STR = h5py.string_dtype("utf-8")
 
 
-def model(seed: int, n_genes: int, n_types: int, n_batches: int):
+def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = TARGET_COUNTS):
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA11CE]))
     mu = np.exp(rng.normal(0.0, SIGMA_MU, size=n_genes))
     type_fc = np.exp(rng.normal(0.0, 0.15, size=(n_types, n_genes)))
@@ -58,9 +58,9 @@ def model(seed: int, n_genes: int, n_types: int, n_batches: int):
         type_fc[t, idx] *= np.exp(rng.normal(1.5, 0.4, size=n_mark))
     batch_fc = np.exp(rng.normal(0.0, 0.3, size=(n_batches, n_genes)))
     type_p = rng.dirichlet(np.full(n_types, 3.0))          # unequal cell-type proportions
-    # mean table, row = type * n_batches + batch; each row scaled to TARGET_COUNTS in total
+    # mean table, row = type * n_batches + batch; each row scaled to `depth` counts in total
     table = (mu[None, None, :] * type_fc[:, None, :] * batch_fc[None, :, :]).reshape(n_types * n_batches, n_genes)
-    table *= TARGET_COUNTS / table.sum(axis=1, keepdims=True)
+    table *= depth / table.sum(axis=1, keepdims=True)
     # P(count == 0) for every (row, library level): NB(theta) zero probability
     lib_levels = np.exp(np.arange(-LIB_K, LIB_K + 1) * LIB_STEP)
     m_all = table[:, None, :] * lib_levels[None, :, None]
@@ -149,14 +149,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--types", type=int, default=10)
     ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--depth", type=float, default=TARGET_COUNTS,
+                    help="expected counts of the median cell (default %(default)s)")
     ap.add_argument("--check", action="store_true", help="read back with anndata and print stats")
     args = ap.parse_args()
     assert args.types <= 127 and args.batches <= 127
+    assert args.depth > 0, "--depth must be positive"
 
     t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    mdl = model(args.seed, args.genes, args.types, args.batches)
+    mdl = model(args.seed, args.genes, args.types, args.batches, args.depth)
 
     tmp_data = out.with_name(out.name + ".tmp_data")
     tmp_idx = out.with_name(out.name + ".tmp_indices")
