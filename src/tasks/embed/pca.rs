@@ -314,6 +314,10 @@ impl Method for Pca {
         true
     }
 
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
     fn fits_reference(&self) -> bool {
         true
     }
