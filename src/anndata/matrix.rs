@@ -78,6 +78,17 @@ pub enum Storage {
 /// read, so that a test can check that a shard reads only its own rows.
 static ROWS_READ: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
 
+/// Note rows `start..end` as read: [`Matrix::read_rows`] does, and so does a method that reads
+/// rows of a matrix derived from X (a shard reading its rows of a fit's normalised matrix).
+pub fn note_rows_read(start: usize, end: usize) {
+    if let Ok(mut v) = ROWS_READ.lock() {
+        match v.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => v.push((start, end)),
+        }
+    }
+}
+
 /// The row ranges read so far by this process (`start..end` each), in order.
 pub fn rows_read() -> Vec<(usize, usize)> {
     ROWS_READ.lock().map(|v| v.clone()).unwrap_or_default()
@@ -231,12 +242,7 @@ impl Matrix {
 
     /// Read rows `start..end` as a CSR block of f32 values.
     pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
-        if let Ok(mut v) = ROWS_READ.lock() {
-            match v.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
-                _ => v.push((start, end)),
-            }
-        }
+        note_rows_read(start, end);
         let field = &self.field;
         match &self.storage {
             Storage::Dense(ds) => {

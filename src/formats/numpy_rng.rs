@@ -5,8 +5,25 @@
 //! Two front ends of the one generator: [`Mt19937`] (`np.random.seed(s)`, `rand`,
 //! `permutation`) and [`RandomState`] (the draws `np.random.choice` makes).
 
+/// A generator's whole state, as a sharded run saves it for a shard that starts mid-stream: the
+/// 624 state words and the position of the next word (numpy's `get_state()` gives the same
+/// pair; neither front end here draws gaussians, so there is no cached one to keep).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RngState {
+    pub words: Vec<u32>,
+    pub pos: usize,
+}
+
+impl RngState {
+    fn words(&self) -> Option<[u32; 624]> {
+        (self.pos <= 624).then_some(())?;
+        self.words.as_slice().try_into().ok()
+    }
+}
+
 /// numpy's legacy `RandomState` (MT19937): `np.random.seed(s)` for a 32-bit `s`, and the draws
 /// `rand` and `permutation` make.
+#[derive(Clone)]
 pub struct Mt19937 {
     mt: [u32; 624],
     pos: usize,
@@ -21,6 +38,17 @@ impl Mt19937 {
             mt[i] = 1812433253u32.wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30)).wrapping_add(i as u32);
         }
         Mt19937 { mt, pos: 624 }
+    }
+
+    /// The state to resume from ([`Mt19937::from_state`]).
+    pub fn state(&self) -> RngState {
+        RngState { words: self.mt.to_vec(), pos: self.pos }
+    }
+
+    /// The generator a [`RngState`] describes; `None` for a state that is not one (not 624
+    /// words, or a position past them).
+    pub fn from_state(s: &RngState) -> Option<Mt19937> {
+        Some(Mt19937 { mt: s.words()?, pos: s.pos })
     }
 
     /// `init_by_array(key)`: CPython's `random.seed(int)` (the int's 32-bit words, low first).
@@ -133,6 +161,16 @@ impl RandomState {
         RandomState { mt, pos: 624 }
     }
 
+    /// The state to resume from ([`RandomState::from_state`]).
+    pub fn state(&self) -> RngState {
+        RngState { words: self.mt.to_vec(), pos: self.pos }
+    }
+
+    /// The generator a [`RngState`] describes; `None` for a state that is not one.
+    pub fn from_state(s: &RngState) -> Option<RandomState> {
+        Some(RandomState { mt: Box::new(s.words()?), pos: s.pos })
+    }
+
     fn generate(&mut self) {
         const UPPER: u32 = 0x8000_0000;
         const LOWER: u32 = 0x7fff_ffff;
@@ -195,5 +233,25 @@ impl RandomState {
         let mut p = self.permutation(n);
         p.truncate(k);
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_state_resumes_the_same_stream() {
+        let mut a = RandomState::new(7);
+        a.permutation(1000);
+        let saved = serde_json::to_string(&a.state()).unwrap();
+        let mut b = RandomState::from_state(&serde_json::from_str(&saved).unwrap()).unwrap();
+        assert_eq!(a.permutation(2000), b.permutation(2000));
+        let mut m = Mt19937::new(3);
+        m.next_f64();
+        let mut n = Mt19937::from_state(&m.state()).unwrap();
+        assert_eq!((0..700).map(|_| m.next_u32()).collect::<Vec<_>>(), (0..700).map(|_| n.next_u32()).collect::<Vec<_>>());
+        assert!(RandomState::from_state(&RngState { words: vec![0; 10], pos: 0 }).is_none());
+        assert!(Mt19937::from_state(&RngState { words: vec![0; 624], pos: 625 }).is_none());
     }
 }

@@ -46,7 +46,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::formats::numpy_rng::Mt19937;
+use crate::formats::numpy_rng::{Mt19937, RngState};
 
 /// The registry's weights entries (methods/c2s.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["c2s-pythia-410m-ctp-config", "c2s-pythia-410m-ctp-model", "c2s-pythia-410m-ctp-tokenizer"];
@@ -113,6 +113,7 @@ pub fn numpy_rng(seed: u64) -> Result<Mt19937> {
 }
 
 /// CPython's `random` module after `random.seed(seed)` for a non-negative int seed.
+#[derive(Clone)]
 pub struct PyRandom(Mt19937);
 
 impl PyRandom {
@@ -164,6 +165,13 @@ pub fn fill(template: &str, num_genes: usize, organism: &str, sentence: &str) ->
     out
 }
 
+/// Where a [`Prompter`]'s two streams stand (a sharded run's shard starts mid-stream).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrompterState {
+    pub numpy: RngState,
+    pub python: RngState,
+}
+
 /// Prompts of cells in data order: the two upstream RNG streams, advanced cell by cell.
 pub struct Prompter {
     numpy: Mt19937,
@@ -182,6 +190,23 @@ impl Prompter {
     pub fn sentence(&mut self, idx: &[u32], vals: &[f32]) -> String {
         let ranked = ranked_genes(idx, vals, &mut self.numpy);
         cell_sentence(&ranked, &self.upper)
+    }
+
+    /// Both streams' states (numpy's, CPython's), to resume from with [`Prompter::restore`].
+    pub fn rng_state(&self) -> PrompterState {
+        PrompterState { numpy: self.numpy.state(), python: self.python.0.state() }
+    }
+
+    /// Resume both streams from `s`; false (nothing changed) for a state that is not one.
+    pub fn restore(&mut self, s: &PrompterState) -> bool {
+        match (Mt19937::from_state(&s.numpy), Mt19937::from_state(&s.python)) {
+            (Some(n), Some(p)) => {
+                self.numpy = n;
+                self.python = PyRandom(p);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The next cell's prompt (the template stream moves on by one choice).

@@ -358,9 +358,11 @@ fn wanted(name: &str) -> bool {
     ["gene_encoder.", "expr_encoder.", "pos_encoder.", "class_encoder.", "depth_encoder.", "transformer."].iter().any(|p| name.starts_with(p))
 }
 
-/// Read a Lightning checkpoint: its config and the embedding path's tensors (f32, CPU), named as
-/// scPrint's parameters after on_load_checkpoint's renames.
-pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)> {
+type Checkpoint = (zip::ZipArchive<std::io::BufReader<std::fs::File>>, String, Py);
+
+/// A Lightning checkpoint opened: its archive, the prefix of its entries and its data.pkl read
+/// (tensors as persistent ids, not loaded).
+fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
     if !path.is_file() {
         return Err(Error::MissingFile { path: path.into() });
     }
@@ -372,7 +374,13 @@ pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)>
     let mut bytes = Vec::new();
     zip.by_name(&pkl).map_err(|e| bad(e.to_string()))?.read_to_end(&mut bytes).map_err(|e| Error::Io { path: path.into(), source: e })?;
     let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true, ..Default::default() }).map_err(|e| bad(format!("cannot be read as data: {e}")))?;
-    let Py::Dict(items) = &root else {
+    Ok((zip, prefix, root))
+}
+
+/// A checkpoint's `hyper_parameters` and `state_dict`, or why it is not a Lightning checkpoint.
+fn checkpoint_parts<'a>(path: &Path, root: &'a Py) -> Result<(&'a Py, &'a Vec<(Py, Py)>)> {
+    let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
+    let Py::Dict(items) = root else {
         return Err(bad("is not a dict: a Lightning checkpoint is {'state_dict', 'hyper_parameters', ...}".into()));
     };
     let keys: Vec<String> = items.iter().filter_map(|(k, _)| if let Py::Str(s) = k { Some(format!("'{s}'")) } else { None }).collect();
@@ -382,6 +390,22 @@ pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)>
             if keys.is_empty() { "no named entries".to_string() } else { keys.join(", ") }
         )));
     };
+    Ok((hp, sd))
+}
+
+/// A checkpoint's config alone (its tensors are not read): what tokenising cells needs.
+pub fn read_config(path: &Path) -> Result<Config> {
+    let (_, _, root) = open_checkpoint(path)?;
+    let (hp, _) = checkpoint_parts(path, &root)?;
+    parse_config(path, hp)
+}
+
+/// Read a Lightning checkpoint: its config and the embedding path's tensors (f32, CPU), named as
+/// scPrint's parameters after on_load_checkpoint's renames.
+pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)> {
+    let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
+    let (mut zip, prefix, root) = open_checkpoint(path)?;
+    let (hp, sd) = checkpoint_parts(path, &root)?;
     let config = parse_config(path, hp)?;
     let mut tensors = HashMap::new();
     for (k, v) in sd {

@@ -389,6 +389,41 @@ pub fn merge(spec: &TaskSpec, shards: &[(usize, usize)]) -> Result<TaskResult> {
     Ok(result)
 }
 
+/// What a fit step leaves for shards that resume a stream drawn cell after cell (a random
+/// generator's state): the state at the start of every block of the grid, for the data and
+/// grid it was made on.
+#[derive(Serialize, Deserialize)]
+pub struct BlockStates<T> {
+    pub n_obs: usize,
+    pub block: usize,
+    /// `states[i]`: the state before row `i * block`.
+    pub states: Vec<T>,
+}
+
+/// Save a fit's [`BlockStates`] as `file` in the run's work folder.
+pub fn save_block_states<T: Serialize>(spec: &TaskSpec, file: &str, states: &BlockStates<T>) -> Result<PathBuf> {
+    let path = work_dir(spec)?.join(file);
+    let text = serde_json::to_vec(states).map_err(|e| Error::Model { context: format!("saving {}", path.display()), detail: e.to_string() })?;
+    write_atomic(&path, &text)?;
+    Ok(path)
+}
+
+/// The state a shard of `rows` starts from, out of the fit's `file` in the run's work folder.
+pub fn load_block_state<T: serde::de::DeserializeOwned>(spec: &TaskSpec, file: &str, rows: &TaskRows, n_obs: usize) -> Result<T> {
+    let path = work_dir(spec)?.join(file);
+    let bad = |detail: String| Error::BadField { path: path.clone(), field: "states".into(), detail, hint: Some("the fit step of this run did not finish, or was made for other data: start the run again".into()) };
+    let text = std::fs::read(&path).map_err(|e| bad(format!("cannot be read ({e})")))?;
+    let mut saved: BlockStates<T> = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    if saved.n_obs != n_obs || saved.block != rows.block || rows.start % rows.block != 0 {
+        return Err(bad(format!("made for {} cells in blocks of {}; this shard has {n_obs} cells in blocks of {}", saved.n_obs, saved.block, rows.block)));
+    }
+    let i = rows.start / rows.block;
+    if i >= saved.states.len() {
+        return Err(bad(format!("holds {} block states; row {} needs the {}th", saved.states.len(), rows.start, i + 1)));
+    }
+    Ok(saved.states.swap_remove(i))
+}
+
 /// Write `bytes` to `path` through a temporary file beside it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");

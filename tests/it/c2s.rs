@@ -178,6 +178,7 @@ fn c2s_embed_command_matches_upstream() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "c2s", "-d", "cells.h5ad", "--seed", "42", "--batch-size", "3"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "c2s", "-d", "cells.h5ad", "--seed", "42", "--batch-size", "3"], &[], "X_c2s", 3, 0);
     assert!(r.stderr.contains("no `organism` column"), "{}", r.stderr);
     let out = ctx.path("cells.c2s.h5ad");
     let h = hdf5::File::open(&out).unwrap();

@@ -154,6 +154,12 @@ fn cellama_embed_command_with_obs_features() {
     let feats = strings(&case["obs_features"]).join(",");
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "first.h5ad", "--obs-features", &feats]);
     r.success();
+    // sharded: 20 cells in blocks of 8 (cellama has no batch option: its batches of 32 run
+    // within the blocks)
+    let more = ctx.path("more.h5ad");
+    let code = format!("import anndata as ad; a = ad.read_h5ad({:?}); a[:20].copy().write_h5ad({:?})", repo().join("demo/pbmc68k_counts.h5ad").display().to_string(), more.display().to_string());
+    assert!(Command::new(&py).args(["-c", &code]).status().unwrap().success());
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "--obs-features", &feats], &[], "X_cellama", 3, 0);
     let out = ctx.path("first.cellama.h5ad");
     let (got, dim) = read_obsm(&out, "X_cellama");
     assert_eq!(dim, 384);

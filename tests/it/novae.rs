@@ -104,6 +104,33 @@ fn novae_config_and_gene_rows_match_upstream() {
     assert_eq!(rows, usizes(&f["gene_indices"]));
 }
 
+/// Sharded (3 shards of blocks of 8 cells): the fit normalises and z-scores the whole slide,
+/// each shard reads its own rows of z and the other cells of its cells' 2-hop subgraphs (the
+/// halo, at most the largest such set over the shards, computed here from the graph; the demo
+/// cells are not in spatial order, so a shard's halo spans much of the slide), and the merged
+/// latents equal the whole run's byte for byte.
+#[test]
+fn novae_shards_read_their_cells_and_the_subgraph_halo() {
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let g = SpatialGraph::build(&coords(), Some((0.0, 50.0))).unwrap();
+    let (valid, sub) = g.subgraphs(2, 2);
+    let n = valid.len();
+    let mut halo = 0;
+    for (s, e) in scfoundry::runner::shard_ranges(n, 3, 8) {
+        let mut outside: Vec<usize> = (s..e).filter(|&c| valid[c]).flat_map(|c| sub[c].iter().copied()).filter(|&v| v < s || v >= e).collect();
+        outside.sort_unstable();
+        outside.dedup();
+        halo = halo.max(outside.len());
+    }
+    assert!(halo > 0);
+    let run = crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "novae", "-d", "cells.h5ad", "--radius", "50", "--batch-size", "8"], &[], "X_novae", 3, halo as u64);
+    assert!(run.join("work/novae_z.f32").is_file());
+    assert_eq!(f["latent"].as_array().unwrap().len(), n);
+}
+
 #[test]
 fn novae_latent_matches_upstream_at_any_batch_size() {
     let ctx = TestContext::new();

@@ -153,6 +153,7 @@ fn scprint_embed_command_matches_upstream() {
     let (max_len, seed) = (run["max_len"].to_string(), run["seed"].to_string());
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", &max_len, "--seed", &seed, "--batch-size", "7"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", &max_len, "--seed", &seed, "--batch-size", "7"], &[], "X_scprint", 3, 0);
     assert!(r.stderr.contains("100 of the model's 120 genes are in the data"), "{}", r.stderr);
     let out = ctx.path("cells.scprint.h5ad");
     let h = hdf5::File::open(&out).unwrap();

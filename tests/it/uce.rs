@@ -209,6 +209,7 @@ fn uce_embed_command_matches_upstream() {
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "uce", "-d", "cells.h5ad", "--batch-size", "8"]);
     r.success();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "uce", "-d", "cells.h5ad", "--batch-size", "8"], &[], "X_uce", 3, 0);
     assert!(r.stderr.contains("424 of 765 genes are embedded"), "{}", r.stderr);
     assert!(r.stderr.contains("chromosome tokens start at row 1200"), "{}", r.stderr);
     let out = ctx.path("cells.uce.h5ad");
@@ -224,4 +225,48 @@ fn uce_embed_command_matches_upstream() {
     assert_eq!(p("genes_without_embedding"), 76);
     assert_eq!(p("nlayers"), 2);
     assert_eq!(p("batch_size"), 8);
+}
+
+/// A gene expressed in exactly 10 cells (upstream's min_cells), 4, 3 and 3 of them in the three
+/// shards: the fit counts over all cells, so every shard keeps it, as the whole run does.
+#[test]
+fn uce_shards_keep_a_gene_expressed_across_shards() {
+    crate::common::no_hdf5_locking();
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    let cfg = config(&f);
+    let ad = AnnData::open(&repo().join(f["data"].as_str().unwrap())).unwrap();
+    let x = ad.matrix(None).unwrap();
+    let b = x.read_rows(0, ad.n_obs).unwrap();
+    let (n, g) = (ad.n_obs, ad.n_vars);
+    let mut dense = vec![0f32; n * g];
+    for i in 0..n {
+        let (idx, vals) = b.row(i);
+        for (&j, &v) in idx.iter().zip(vals) {
+            dense[i * g + j as usize] = v;
+        }
+    }
+    let pe = protein_embedding_genes(&dir().join(uce::HUMAN_PE_FILE)).unwrap();
+    let offset = species_offset(&dir().join("species_offsets.pkl"), "human").unwrap();
+    let chroms = ChromTable::load(&dir().join("species_chrom.csv"), "human").unwrap();
+    let expressing = cells_expressing(&x, g).unwrap();
+    let before = GeneMap::new(&ad.var_names, &expressing, cfg.min_cells, &pe, offset, &chroms);
+    let all = GeneMap::new(&ad.var_names, &vec![cfg.min_cells; g], cfg.min_cells, &pe, offset, &chroms);
+    // a gene upstream's filter drops here, that it would keep in 10 cells
+    let j0 = (0..g).find(|&j| before.kept[j].is_none() && all.kept[j].is_some() && expressing[j] > 0).expect("a filtered gene with an embedding");
+    assert_eq!(cfg.min_cells, 10);
+    // blocks of 8 rows, 3 shards of 50 cells: 0..16, 16..32, 32..50
+    let cells = [1, 5, 9, 13, 17, 22, 28, 35, 40, 49];
+    for i in 0..n {
+        dense[i * g + j0] = if cells.contains(&i) { 3.0 } else { 0.0 };
+    }
+    Tiny { n_obs: n, n_vars: g, x: dense, obs_names: ad.obs_names.clone(), var_names: ad.var_names.clone(), write_x: true, obs_cols: vec![], obsm: vec![] }.write(&ctx.path("ten.h5ad"));
+    let w = w.to_str().unwrap();
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w, "embed", "-m", "uce", "-d", "ten.h5ad", "--batch-size", "8"], &[], "X_uce", 3, 0);
+    for out in ["whole-X_uce.h5ad", "sharded-X_uce.h5ad"] {
+        let h = hdf5::File::open(ctx.path(out)).unwrap();
+        let kept: i64 = h.dataset("uns/scfoundry/parameters/genes_embedded").unwrap().read_scalar().unwrap();
+        assert_eq!(kept as usize, before.n_kept() + 1, "{out}: the gene in 10 cells is kept");
+    }
 }

@@ -9,12 +9,12 @@ use serde_json::{json, Value};
 use crate::tasks::runtime::{obs_strings, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::tasks::shard::{EmbeddingOut, TaskRows};
+use crate::tasks::shard::{load_block_state, save_block_states, BlockStates, EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
-use crate::methods::c2s::{self, C2sTokenizer, GptNeoX, Prompter};
+use crate::methods::c2s::{self, C2sTokenizer, GptNeoX, Prompter, PrompterState};
 use crate::progress::reporter;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
 
 /// The files of the default model under a weights folder: (config.json, weights, tokenizer.json).
@@ -24,6 +24,37 @@ pub fn files(dir: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf, std:
         m.weights.get(id).map(|e| dir.join(&e.file)).ok_or_else(|| Error::Config { path: "weights.toml".into(), detail: format!("has no entry {id}"), hint: None })
     };
     Ok((f(c2s::REQUIRED_ENTRIES[0])?, f(c2s::REQUIRED_ENTRIES[1])?, f(c2s::REQUIRED_ENTRIES[2])?))
+}
+
+/// The fit's file in the run's work folder: both prompt streams at the start of every block.
+const RNG_FILE: &str = "c2s_rng.json";
+
+/// The fit step of a sharded run: every cell's sentence and prompt drawn in data order (no
+/// model, no tokenizer: the draws depend on the stored entries alone), both streams' states
+/// saved at the start of every block, so a shard's prompts are the whole run's.
+fn fit_c2s(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let p: Params = method::task_params(spec)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut prompter = Prompter::new(&ad.var_names, p.top_genes, spec.seed)?;
+    let rows = TaskRows::new(spec, ad.n_obs, C2s.block_rows(&x, &spec.params))?;
+    let mut states = Vec::new();
+    let bar = rep.step("c2s: draw the cells' prompts", rows.len() as u64, "cells");
+    for (s, e) in rows.blocks() {
+        states.push(prompter.rng_state());
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            let sentence = prompter.sentence(idx, vals);
+            prompter.prompt(&sentence, c2s::DEFAULT_ORGANISM);
+        }
+        bar.inc((e - s) as u64);
+    }
+    bar.finish();
+    let path = save_block_states(spec, RNG_FILE, &BlockStates { n_obs: ad.n_obs, block: rows.block, states })?;
+    Ok(TaskResult { output: Some(path), n_obs: ad.n_obs, ..Default::default() })
 }
 
 pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
@@ -77,6 +108,13 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
 
     let key = "X_c2s";
     let task_rows = TaskRows::new(spec, ad.n_obs, C2s.block_rows(&x, &spec.params))?;
+    // a shard starts both streams where the fit found them at its first row
+    if let Step::Project { .. } = spec.step {
+        let state: PrompterState = load_block_state(spec, RNG_FILE, &task_rows, ad.n_obs)?;
+        if !prompter.restore(&state) {
+            return Err(Error::BadOption { option: "task spec".into(), detail: format!("{RNG_FILE} in the run's work folder holds no generator states"), hint: Some("start the run again".into()) });
+        }
+    }
     let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
     let p = rep.step("c2s: embed", task_rows.len() as u64, "cells");
     let (mut tokens_total, mut longest, mut too_long, mut short) = (0usize, 0usize, 0usize, 0usize);
@@ -121,7 +159,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("rng".into(), json!("numpy legacy MT19937 seeded once with --seed (np.random.seed), sklearn.utils.shuffle per cell in data order (ties); CPython random seeded once with --seed, random.choice of the prompt template per cell in data order; upstream's seed is 42"));
     params.insert("prompt_task".into(), json!("cell_type_prediction"));
     params.insert("layers".into(), json!(model.cfg.num_hidden_layers));
-    params.insert("mean_tokens".into(), json!(tokens_total as f64 / ad.n_obs.max(1) as f64));
+    params.insert("mean_tokens".into(), json!(tokens_total as f64 / task_rows.len().max(1) as f64));
     params.insert("longest_prompt_tokens".into(), json!(longest));
     params.insert("cell_embedding".into(), json!("mean over the prompt's tokens of the last hidden state (after final_layer_norm); each cell as in a batch of one"));
     let mut w = serde_json::Map::new();
@@ -151,7 +189,14 @@ impl Method for C2s {
         verified_weights(pf.method, pf.weights_dir, c2s::REQUIRED_ENTRIES).map(drop)
     }
 
-    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
-        one_step(step, || embed_c2s(spec, task_dir))
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        match step {
+            Step::Fit => Some(fit_c2s(spec)),
+            _ => one_step(step, || embed_c2s(spec, task_dir)),
+        }
     }
 }

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::Result;
 use crate::progress::reporter;
@@ -14,7 +13,8 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::methods::cellama::{self, Encoder};
-use crate::tasks::runtime::{commit_embedding, obs_strings, verified_weights, write_f32_file, Batches, TaskDevice};
+use crate::tasks::runtime::{obs_strings, verified_weights, write_f32_file, Batches, TaskDevice};
+use crate::tasks::shard::{EmbeddingOut, TaskRows};
 
 /// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
 pub fn cellama_sentences(block: &crate::anndata::CsrBlock, var_names: &[String], obs: &[(String, Vec<String>)], top: usize) -> Vec<String> {
@@ -66,13 +66,14 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches })
 }
 
-/// Encode every cell; `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
+/// Encode the cells of `rows`, batched within the blocks of its grid (so a shard's batches are
+/// the whole run's); `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
 /// Adds a note when sentences were truncated.
-fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
+fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, rows: &TaskRows, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
     let (enc, x, dim) = (&job.enc, &job.x, job.enc.hidden);
-    let p = rep.step("cellama: encode", job.ad.n_obs as u64, "cells");
+    let p = rep.step("cellama: encode", rows.len() as u64, "cells");
     let mut truncated = 0usize;
-    for (s, e) in x.blocks(1_000_000) {
+    for (s, e) in rows.blocks() {
         let b = x.read_rows(s, e)?;
         let sentences = cellama_sentences(&b, &job.ad.var_names, &job.obs, job.top);
         for snt in &sentences {
@@ -97,13 +98,12 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let mut job = cellama_prepare(spec, task_dir)?;
     let dim = job.enc.hidden;
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_cellama";
-    let ds = out.create_obsm(key, job.ad.n_obs, dim)?;
-    cellama_encode(&mut job, rep.as_ref(), |s, rows| write_rows(&ds, s, rows, dim))?;
-    drop(ds);
+    let rows = TaskRows::new(spec, job.ad.n_obs, Cellama.block_rows(&job.x, &spec.params))?;
+    let out = EmbeddingOut::create(spec, &rows, key, job.ad.n_obs, dim)?;
+    cellama_encode(&mut job, rep.as_ref(), &rows, |s, r| out.write(s, r))?;
     let batch = job.batches.size();
-    let CellamaJob { ad, x, enc, model_dir, shas, notes, .. } = job;
+    let CellamaJob { x, enc, model_dir, shas, notes, .. } = job;
     let mut params = spec.params.clone();
     params.insert("batch_size".into(), json!(batch));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
@@ -112,7 +112,7 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// Embed `spec.data` with cellama (per cell, nothing fitted); write it to `spec.out`.
@@ -121,7 +121,8 @@ fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let mut job = cellama_prepare(spec, task_dir)?;
     let dim = job.enc.hidden;
     let mut emb = vec![0f32; job.ad.n_obs * dim];
-    cellama_encode(&mut job, rep.as_ref(), |start, rows| {
+    let rows = TaskRows::new(spec, job.ad.n_obs, Cellama.block_rows(&job.x, &spec.params))?;
+    cellama_encode(&mut job, rep.as_ref(), &rows, |start, rows| {
         emb[start * dim..start * dim + rows.len()].copy_from_slice(rows);
         Ok(())
     })?;

@@ -6,15 +6,15 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
+use crate::tasks::shard::{work_dir, write_atomic, EmbeddingOut, TaskRows};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::novae::{self, Config, GraphBatch, Novae, SpatialGraph};
 use crate::progress::reporter;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
 
 /// `obsm['spatial']` as (x, y) per cell in f64: a clear error when it is missing, not n_obs x 2,
@@ -45,19 +45,16 @@ pub fn coords(ad: &AnnData) -> Result<Vec<[f64; 2]>> {
     Ok(out)
 }
 
-pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
-    let rep = reporter(!spec.progress);
-    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("novae", &dir, &novae::ENTRIES)?;
-    let (model_path, config_path) = novae::files(&dir, &Manifest::load()?)?;
-    let cfg = Config::load(&config_path)?;
-    let ad = AnnData::open(&spec.data)?;
-    ad.check_usable()?;
-    let xy = coords(&ad)?;
-    let x = ad.matrix(spec.layer.as_deref())?;
-    let mut notes = Vec::new();
+/// The genes a run uses: their rows in the model's vocabulary, and each data column's place among
+/// them (`usize::MAX`: not used).
+struct Genes {
+    rows: Vec<u32>,
+    col: Vec<usize>,
+    g: usize,
+}
 
-    // genes: known to the vocabulary (case-insensitive), and highly variable above 100 genes
+/// The genes: known to the vocabulary (case-insensitive), and highly variable above 100 genes.
+fn genes(spec: &TaskSpec, ad: &AnnData, cfg: &Config, notes: &mut Vec<String>) -> Result<Genes> {
     let vocab = cfg.gene_index();
     let known: Vec<Option<usize>> = ad.var_names.iter().map(|g| vocab.get(g.to_lowercase().as_str()).copied()).collect();
     let n_known = known.iter().flatten().count();
@@ -100,10 +97,28 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
         col[j] = k;
     }
     notes.push(format!("{} of {} genes used: {n_known} known to the model's vocabulary of {}{}", used.len(), ad.n_vars, cfg.var_names.len(), if hvg.is_some() { ", then those in var['highly_variable']" } else { " (100 genes or fewer: no highly-variable selection, as upstream)" }));
+    Ok(Genes { rows, col, g: used.len() })
+}
 
-    // expression: totals and max over all genes, then the used genes, dense
-    let g = used.len();
+/// What normalising the whole slide found: whether X held counts (then normalize_total to
+/// `target` and log1p), and the notes on it. A sharded run's fit saves it beside z.
+#[derive(serde::Serialize, Deserialize)]
+struct Scaling {
+    n_obs: usize,
+    g: usize,
+    counts: bool,
+    target: f64,
+    notes: Vec<String>,
+}
+
+/// The used genes' expression over all cells, normalised as upstream and z-scored per gene
+/// (cells x genes, f32), and how it was scaled.
+fn zscores(spec: &TaskSpec, ad: &AnnData, x: &crate::anndata::Matrix, genes: &Genes) -> Result<(Vec<f32>, Scaling)> {
+    let rep = reporter(!spec.progress);
+    let (g, col) = (genes.g, &genes.col);
     let n = ad.n_obs;
+    let mut notes = Vec::new();
+    // expression: totals and max over all genes, then the used genes, dense
     let mut totals = vec![0f64; n];
     let (mut max, mut min) = (f32::NEG_INFINITY, 0f32);
     let mut z = vec![0f32; n * g];
@@ -155,9 +170,104 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
             *v = (*v - m) / (s + novae::ZSCORE_EPS);
         }
     }
+    Ok((z, Scaling { n_obs: n, g, counts, target, notes }))
+}
 
-    // the graph and the subgraphs
+/// The fit's files in the run's work folder: z (raw little-endian f32, cells x genes) and how
+/// the slide was scaled.
+const Z_FILE: &str = "novae_z.f32";
+const SCALING_FILE: &str = "novae_scaling.json";
+
+/// The fit step of a sharded run: the slide normalised and z-scored once (both are over all
+/// cells), saved for the shards. The graph is not saved: each shard builds it again from
+/// obsm['spatial'] (cheap, deterministic).
+fn fit_novae(spec: &TaskSpec) -> Result<TaskResult> {
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let (_, config_path) = novae::files(&dir, &Manifest::load()?)?;
+    let cfg = Config::load(&config_path)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let genes = genes(spec, &ad, &cfg, &mut notes)?;
+    let (z, scaling) = zscores(spec, &ad, &x, &genes)?;
+    let work = work_dir(spec)?;
+    let bytes: Vec<u8> = z.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_atomic(&work.join(Z_FILE), &bytes)?;
+    let text = serde_json::to_vec(&scaling).map_err(|e| Error::Model { context: "saving the scaling".into(), detail: e.to_string() })?;
+    write_atomic(&work.join(SCALING_FILE), &text)?;
+    Ok(TaskResult { output: Some(work.join(Z_FILE)), n_obs: ad.n_obs, dim: genes.g, notes, ..Default::default() })
+}
+
+/// Rows of z a task holds: all of them (a whole run), or those a shard read from the fit's file.
+struct ZRows {
+    g: usize,
+    /// Row -> its place in `data`, for a shard's rows (u32::MAX: not read); None: all rows.
+    slot: Option<Vec<u32>>,
+    data: Vec<f32>,
+}
+
+impl ZRows {
+    fn row(&self, v: usize) -> &[f32] {
+        let k = match &self.slot {
+            Some(s) => s[v] as usize,
+            None => v,
+        };
+        &self.data[k * self.g..(k + 1) * self.g]
+    }
+
+    /// The rows `needed` (ascending, distinct) of the fit's z file, each contiguous run read
+    /// once and noted as read (`anndata::matrix::note_rows_read`: the shard's own rows and its
+    /// subgraphs' halo).
+    fn read(path: &Path, n: usize, g: usize, needed: &[usize]) -> Result<ZRows> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
+        let len = f.metadata().map_err(|e| Error::Io { path: path.into(), source: e })?.len();
+        if len != (n * g * 4) as u64 {
+            return Err(Error::BadField { path: path.into(), field: "z".into(), detail: format!("holds {len} bytes, not {n} cells x {g} genes of f32"), hint: Some("start the run again".into()) });
+        }
+        let mut slot = vec![u32::MAX; n];
+        let mut data = vec![0f32; needed.len() * g];
+        let mut i = 0;
+        while i < needed.len() {
+            let mut j = i + 1;
+            while j < needed.len() && needed[j] == needed[j - 1] + 1 {
+                j += 1;
+            }
+            let (a, b) = (needed[i], needed[j - 1] + 1);
+            let mut bytes = vec![0u8; (b - a) * g * 4];
+            f.read_exact_at(&mut bytes, (a * g * 4) as u64).map_err(|e| Error::Io { path: path.into(), source: e })?;
+            for (k, c) in bytes.chunks_exact(4).enumerate() {
+                data[i * g + k] = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            for (k, v) in (a..b).enumerate() {
+                slot[v] = (i + k) as u32;
+            }
+            crate::anndata::matrix::note_rows_read(a, b);
+            i = j;
+        }
+        Ok(ZRows { g, slot: Some(slot), data })
+    }
+}
+
+pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("novae", &dir, &novae::ENTRIES)?;
+    let (model_path, config_path) = novae::files(&dir, &Manifest::load()?)?;
+    let cfg = Config::load(&config_path)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let xy = coords(&ad)?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let mut notes = Vec::new();
+    let genes = genes(spec, &ad, &cfg, &mut notes)?;
+    let (g, n) = (genes.g, ad.n_obs);
     let p: Params = method::task_params(spec)?;
+    let task_rows = TaskRows::new(spec, n, NovaeMethod.block_rows(&x, &spec.params))?;
+    let sharded = matches!(spec.step, Step::Project { .. });
+
+    // the graph and the subgraphs, over the whole slide
     let radius = p.radius;
     let graph = SpatialGraph::build(&xy, (radius > 0).then_some((0.0, radius as f64))).ok_or_else(|| Error::BadField {
         path: spec.data.clone(),
@@ -170,6 +280,31 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     }
     let (valid, sub) = graph.subgraphs(cfg.n_hops_local, cfg.n_hops_view);
     let order: Vec<usize> = (0..n).filter(|&i| valid[i]).collect();
+
+    // z: computed here over the whole slide, or a shard's rows of the fit's (its own cells and
+    // the other cells in their subgraphs)
+    let (z, scaling, halo) = if sharded {
+        let work = work_dir(spec)?;
+        let spath = work.join(SCALING_FILE);
+        let bad = |detail: String| Error::BadField { path: spath.clone(), field: "scaling".into(), detail, hint: Some("the fit step of this run did not finish, or was made for other data: start the run again".into()) };
+        let text = std::fs::read(&spath).map_err(|e| bad(format!("cannot be read ({e})")))?;
+        let scaling: Scaling = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+        if scaling.n_obs != n || scaling.g != g {
+            return Err(bad(format!("made for {} cells x {} genes; this run has {n} x {g}", scaling.n_obs, scaling.g)));
+        }
+        let mut needed: Vec<usize> = (task_rows.start..task_rows.end).collect();
+        for &c in order.iter().filter(|&&c| c >= task_rows.start && c < task_rows.end) {
+            needed.extend(&sub[c]);
+        }
+        needed.sort_unstable();
+        needed.dedup();
+        let halo = needed.len() - task_rows.len();
+        (ZRows::read(&work.join(Z_FILE), n, g, &needed)?, scaling, Some(halo))
+    } else {
+        let (z, scaling) = zscores(spec, &ad, &x, &genes)?;
+        (ZRows { g, slot: None, data: z }, scaling, None)
+    };
+    notes.extend(scaling.notes.iter().cloned());
     if order.len() < n {
         notes.push(format!(
             "{} of {n} cells have no cell exactly {} hops away in the graph: upstream leaves them out and writes zeros, as here{}",
@@ -182,40 +317,51 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
 
     let dev = TaskDevice::start(spec)?;
     let model = Novae::load(&model_path, cfg.clone(), dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
-    let genes = model.gene_matrix(&rows)?;
+    let gm = model.gene_matrix(&genes.rows)?;
     dev.mark_loaded();
-    let batch = p.batch_size;
-    let mut batches = Batches::new(dev, batch, task_dir);
+    let mut batches = Batches::new(dev, p.batch_size, task_dir);
     let dim = model.dim();
-    let p = rep.step("novae: embed", order.len() as u64, "cells");
-    let emb = batches.run(
-        n,
-        dim,
-        &order,
-        0.0,
-        |cells| {
-            let b = GraphBatch::new(&graph, &sub, cells, 1.0);
-            let mut zb = Vec::with_capacity(b.nodes.len() * g);
-            for &v in &b.nodes {
-                zb.extend_from_slice(&z[v * g..(v + 1) * g]);
-            }
-            model.encode(&genes, &zb, &b)
-        },
-        |k| p.inc(k as u64),
-    )?;
-    p.finish();
+    let key = "X_novae";
+    let transfer = spec.command == "transfer";
+    let out = if transfer { None } else { Some(EmbeddingOut::create(spec, &task_rows, key, n, dim)?) };
+    let mut emb = if transfer { vec![0f32; n * dim] } else { Vec::new() };
+    let own = order.iter().filter(|&&c| c >= task_rows.start && c < task_rows.end).count();
+    let bar = rep.step("novae: embed", own as u64, "cells");
+    // the valid cells batched within the blocks of the grid: a shard's batches are the whole
+    // run's
+    for (s, e) in task_rows.blocks() {
+        let local: Vec<usize> = order.iter().filter(|&&c| c >= s && c < e).map(|&c| c - s).collect();
+        let rows = batches.run(
+            e - s,
+            dim,
+            &local,
+            0.0,
+            |cells| {
+                let cells: Vec<usize> = cells.iter().map(|&c| c + s).collect();
+                let b = GraphBatch::new(&graph, &sub, &cells, 1.0);
+                let mut zb = Vec::with_capacity(b.nodes.len() * g);
+                for &v in &b.nodes {
+                    zb.extend_from_slice(z.row(v));
+                }
+                model.encode(&gm, &zb, &b)
+            },
+            |k| bar.inc(k as u64),
+        )?;
+        match &out {
+            Some(o) => o.write(s, &rows)?,
+            None => emb[s * dim..e * dim].copy_from_slice(&rows),
+        }
+    }
+    bar.finish();
     batches.finish(&mut notes, true);
-    if spec.command == "transfer" {
+    if let Some(h) = halo {
+        notes.push(format!("read {h} rows of the normalised matrix outside its cells: the other cells of its cells' {}-hop subgraphs", cfg.n_hops_local));
+    }
+    let Some(out) = out else {
         // label transfer: the rows as a raw f32 file (see task.rs)
         crate::tasks::runtime::write_f32_file(&spec.out, &emb)?;
-        return Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_novae".into()), n_obs: n, dim, notes, phases: Vec::new(), ..Default::default() });
-    }
-
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
-    let key = "X_novae";
-    let ds = out.create_obsm(key, n, dim)?;
-    write_rows(&ds, 0, &emb, dim)?;
-    drop(ds);
+        return Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some(key.into()), n_obs: n, dim, notes, phases: Vec::new(), ..Default::default() });
+    };
     let mut params = spec.params.clone();
     batches.record(spec, &mut params);
     params.insert("radius".into(), json!(radius));
@@ -225,15 +371,15 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     params.insert("n_hops_local".into(), json!(cfg.n_hops_local));
     params.insert("n_hops_view".into(), json!(cfg.n_hops_view));
     params.insert("cells_valid".into(), json!(order.len()));
-    params.insert("genes_used".into(), json!(used.len()));
-    params.insert("normalised".into(), json!(counts));
-    params.insert("normalize_total_target".into(), json!(if counts { target } else { 0.0 }));
+    params.insert("genes_used".into(), json!(g));
+    params.insert("normalised".into(), json!(scaling.counts));
+    params.insert("normalize_total_target".into(), json!(if scaling.counts { scaling.target } else { 0.0 }));
     params.insert("scale_to_microns".into(), json!(1.0));
     params.insert("cell_embedding".into(), json!("upstream obsm['novae_latent']: the attention-aggregated GATv2 encoding of the cell's n_hops_local subgraph; zeros for cells without a valid neighbourhood"));
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("config".into(), json!(config_path.display().to_string()));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), n, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// Novae's options, from `methods/novae.toml`.
@@ -252,11 +398,23 @@ impl Method for NovaeMethod {
         coords(&AnnData::open(pf.data)?).map(drop)
     }
 
-    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
-        one_step(step, || embed_novae(spec, task_dir))
+    fn block_rows(&self, x: &crate::anndata::Matrix, params: &serde_json::Map<String, Value>) -> usize {
+        let batch = params.get("batch_size").and_then(Value::as_u64).unwrap_or(1) as usize;
+        crate::tasks::shard::block_rows(x, 1_000_000, batch)
     }
 
-    fn transfer(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        match step {
+            Step::Fit => Some(fit_novae(spec)),
+            _ => one_step(step, || embed_novae(spec, task_dir)),
+        }
+    }
+
+    fn transfer(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
         one_step(step, || embed_novae(spec, task_dir))
     }
 }

@@ -10,27 +10,18 @@ use serde_json::{json, Value};
 use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::tasks::shard::{EmbeddingOut, TaskRows};
+use crate::formats::numpy_rng::RngState;
+use crate::tasks::shard::{load_block_state, save_block_states, BlockStates, EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scprint::{self, CellProblem, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
 use crate::progress::reporter;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
 
-pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
-    let rep = reporter(!spec.progress);
-    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("scprint", &dir, scprint::REQUIRED_ENTRIES)?;
-    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
-    let ad = AnnData::open(&spec.data)?;
-    ad.check_usable()?;
-    let x = ad.matrix(spec.layer.as_deref())?;
-
-    let dev = TaskDevice::start(spec)?;
-    let model = ScPrint::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
-    dev.mark_loaded();
-    let cfg = &model.config;
+/// The data's genes against the checkpoint's, the genes per cell (--max-len, at most the
+/// model's) and the notes on both.
+fn alignment(spec: &TaskSpec, ad: &AnnData, cfg: &scprint::Config) -> Result<(GeneAlignment, usize, Vec<String>)> {
     let align = GeneAlignment::new(&cfg.genes, cfg.organisms.len(), &ad.var_names);
     if align.present == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -55,7 +46,73 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     if max_len < asked {
         notes.push(format!("--max-len {asked} is more than the model's {} genes: every cell gets all of them (upstream's Collator would fail)", align.block.len()));
     }
+    Ok((align, max_len, notes))
+}
 
+/// One cell's tokens (the draws it makes from `rng`), or why the cell cannot be embedded.
+#[allow(clippy::too_many_arguments)]
+fn tokenize_cell(spec: &TaskSpec, field: &str, cfg: &scprint::Config, row: usize, cell: &str, idx: &[u32], vals: &[f32], align: &GeneAlignment, max_len: usize, rng: &mut RandomState) -> Result<CellTokens> {
+    let bad = |detail: String, hint: &str| Error::BadField { path: spec.data.clone(), field: field.to_string(), detail, hint: Some(hint.into()) };
+    let c = scprint::tokenize(idx, vals, align, max_len, rng).map_err(|problem| match problem {
+        CellProblem::Negative(v) => bad(format!("cell {row} ({cell}) has the negative value {v}"), "scPRINT reads raw counts (it normalises them itself); pass the counts layer with --layer"),
+        CellProblem::NonFinite(v) => bad(format!("cell {row} ({cell}) has the value {v}"), "scPRINT reads raw counts; pass the counts layer with --layer"),
+    })?;
+    if c.expressed == 0 && cfg.normalization == Normalization::Sum {
+        return Err(bad(
+            format!("cell {row} ({cell}) has no count in the model's genes: the checkpoint's `sum` normalisation divides by zero there"),
+            "filter out cells without counts first (e.g. sc.pp.filter_cells(adata, min_counts=1))",
+        ));
+    }
+    Ok(c)
+}
+
+/// The fit's file in the run's work folder: the RandomState at the start of every block.
+const RNG_FILE: &str = "scprint_rng.json";
+
+/// The fit step of a sharded run: the tokenisation's draws replayed over all cells (no model,
+/// only the checkpoint's gene list), the RandomState saved at the start of every block, so a
+/// shard draws its cells' genes as the whole run does.
+fn fit_scprint(spec: &TaskSpec) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
+    let cfg = scprint::read_config(&ckpt)?;
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let (align, max_len, notes) = alignment(spec, &ad, &cfg)?;
+    let rows = TaskRows::new(spec, ad.n_obs, ScPrintMethod.block_rows(&x, &spec.params))?;
+    let mut rng = RandomState::new(spec.seed as u32);
+    let mut states = Vec::new();
+    let p = rep.step("scprint: draw the cells' genes", rows.len() as u64, "cells");
+    for (s, e) in rows.blocks() {
+        states.push(rng.state());
+        let b = x.read_rows(s, e)?;
+        for i in 0..b.n_rows() {
+            let (idx, vals) = b.row(i);
+            tokenize_cell(spec, &x.field, &cfg, s + i, &ad.obs_names[s + i], idx, vals, &align, max_len, &mut rng)?;
+        }
+        p.inc((e - s) as u64);
+    }
+    p.finish();
+    let path = save_block_states(spec, RNG_FILE, &BlockStates { n_obs: ad.n_obs, block: rows.block, states })?;
+    Ok(TaskResult { output: Some(path), n_obs: ad.n_obs, notes, ..Default::default() })
+}
+
+pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let rep = reporter(!spec.progress);
+    let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
+    let shas = verified_weights("scprint", &dir, scprint::REQUIRED_ENTRIES)?;
+    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+
+    let dev = TaskDevice::start(spec)?;
+    let model = ScPrint::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    dev.mark_loaded();
+    let (align, max_len, mut notes) = alignment(spec, &ad, &model.config)?;
+    let p: Params = method::task_params(spec)?;
     let dim = model.dim();
     let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
@@ -63,26 +120,23 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let task_rows = TaskRows::new(spec, ad.n_obs, ScPrintMethod.block_rows(&x, &spec.params))?;
     let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
     let p = rep.step("scprint: embed", task_rows.len() as u64, "cells");
-    // one RandomState for the whole run, drawn from cell after cell, as upstream's global numpy
-    let mut rng = RandomState::new(spec.seed as u32);
+    // one RandomState for the whole run, drawn from cell after cell, as upstream's global numpy;
+    // a shard starts from the state the fit saved at its first row
+    let mut rng = match spec.step {
+        Step::Project { .. } => {
+            let state: RngState = load_block_state(spec, RNG_FILE, &task_rows, ad.n_obs)?;
+            RandomState::from_state(&state).ok_or_else(|| Error::BadOption { option: "task spec".into(), detail: format!("{RNG_FILE} in the run's work folder holds no RandomState"), hint: Some("start the run again".into()) })?
+        }
+        _ => RandomState::new(spec.seed as u32),
+    };
+    let cfg = &model.config;
     let (mut sampled, mut filled, mut expressed) = (0usize, 0usize, 0usize);
     for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
         let mut cells: Vec<CellTokens> = Vec::with_capacity(b.n_rows());
         for i in 0..b.n_rows() {
             let (idx, vals) = b.row(i);
-            let cell = &ad.obs_names[s + i];
-            let bad = |detail: String, hint: &str| Error::BadField { path: spec.data.clone(), field: x.field.clone(), detail, hint: Some(hint.into()) };
-            let c = scprint::tokenize(idx, vals, &align, max_len, &mut rng).map_err(|problem| match problem {
-                CellProblem::Negative(v) => bad(format!("cell {} ({cell}) has the negative value {v}", s + i), "scPRINT reads raw counts (it normalises them itself); pass the counts layer with --layer"),
-                CellProblem::NonFinite(v) => bad(format!("cell {} ({cell}) has the value {v}", s + i), "scPRINT reads raw counts; pass the counts layer with --layer"),
-            })?;
-            if c.expressed == 0 && model.config.normalization == Normalization::Sum {
-                return Err(bad(
-                    format!("cell {} ({cell}) has no count in the model's genes: the checkpoint's `sum` normalisation divides by zero there", s + i),
-                    "filter out cells without counts first (e.g. sc.pp.filter_cells(adata, min_counts=1))",
-                ));
-            }
+            let c = tokenize_cell(spec, &x.field, cfg, s + i, &ad.obs_names[s + i], idx, vals, &align, max_len, &mut rng)?;
             sampled += (c.expressed > max_len) as usize;
             filled += (c.expressed < max_len) as usize;
             expressed += c.expressed;
@@ -93,10 +147,10 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
         out.write(s, &rows)?;
     }
     p.finish();
-    if ad.n_obs > 0 {
+    if !task_rows.is_empty() {
         notes.push(format!(
             "{max_len} genes per cell (--max-len); mean {:.0} expressed model genes per cell; {sampled} cell(s) had more and were sampled, {filled} had fewer and got random zero-count genes (both drawn as upstream's numpy RandomState with --seed {})",
-            expressed as f64 / ad.n_obs as f64,
+            expressed as f64 / task_rows.len() as f64,
             spec.seed
         ));
     }
@@ -134,7 +188,14 @@ impl Method for ScPrintMethod {
         verified_weights(pf.method, pf.weights_dir, scprint::REQUIRED_ENTRIES).map(drop)
     }
 
-    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
-        one_step(step, || embed_scprint(spec, task_dir))
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        match step {
+            Step::Fit => Some(fit_scprint(spec)),
+            _ => one_step(step, || embed_scprint(spec, task_dir)),
+        }
     }
 }

@@ -8,13 +8,49 @@ use serde_json::{json, Value};
 use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
-use crate::tasks::shard::{EmbeddingOut, TaskRows};
+use crate::tasks::shard::{work_dir, write_atomic, EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::uce::{self, ChromTable, Config, GeneMap, Uce};
 use crate::progress::reporter;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
+
+/// The fit's file in the run's work folder: cells expressing each gene over the whole data.
+const EXPRESSING_FILE: &str = "uce_expressing.json";
+
+/// What the fit of a sharded run saves: cells with a value > 0 per gene, over all cells.
+#[derive(serde::Serialize, Deserialize)]
+struct Expressing {
+    n_obs: usize,
+    n_vars: usize,
+    cells: Vec<usize>,
+}
+
+/// The fit step of a sharded run: the cells expressing each gene over all cells (upstream's
+/// filter_genes drops those under min_cells), once, so every shard keeps the same genes.
+fn fit_uce(spec: &TaskSpec) -> Result<TaskResult> {
+    let ad = AnnData::open(&spec.data)?;
+    ad.check_usable()?;
+    let x = ad.matrix(spec.layer.as_deref())?;
+    let cells = uce::cells_expressing(&x, ad.n_vars)?;
+    let path = work_dir(spec)?.join(EXPRESSING_FILE);
+    let text = serde_json::to_vec(&Expressing { n_obs: ad.n_obs, n_vars: ad.n_vars, cells }).map_err(|e| Error::Model { context: format!("saving {}", path.display()), detail: e.to_string() })?;
+    write_atomic(&path, &text)?;
+    Ok(TaskResult { output: Some(path), n_obs: ad.n_obs, ..Default::default() })
+}
+
+/// The fit's counts, for the data this shard reads.
+fn load_expressing(spec: &TaskSpec, n_obs: usize, n_vars: usize) -> Result<Vec<usize>> {
+    let path = work_dir(spec)?.join(EXPRESSING_FILE);
+    let bad = |detail: String| Error::BadField { path: path.clone(), field: "cells".into(), detail, hint: Some("the fit step of this run did not finish, or was made for other data: start the run again".into()) };
+    let text = std::fs::read(&path).map_err(|e| bad(format!("cannot be read ({e})")))?;
+    let e: Expressing = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    if e.n_obs != n_obs || e.n_vars != n_vars || e.cells.len() != n_vars {
+        return Err(bad(format!("made for {} cells x {} genes; the data has {n_obs} x {n_vars}", e.n_obs, e.n_vars)));
+    }
+    Ok(e.cells)
+}
 
 pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
@@ -33,7 +69,11 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let pe_genes = uce::protein_embedding_genes(&pe_path)?;
     let offset = uce::species_offset(&offsets_path, &cfg.species)?;
     let chroms = ChromTable::load(&chrom_path, &cfg.species)?;
-    let expressing = uce::cells_expressing(&x, ad.n_vars)?;
+    // over all cells: computed here for a whole run, by the fit step for a shard's
+    let expressing = match spec.step {
+        Step::Project { .. } => load_expressing(spec, ad.n_obs, ad.n_vars)?,
+        _ => uce::cells_expressing(&x, ad.n_vars)?,
+    };
     let map = GeneMap::new(&ad.var_names, &expressing, cfg.min_cells, &pe_genes, offset, &chroms);
     if map.n_kept() == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -162,7 +202,14 @@ impl Method for UceMethod {
         verified_weights(pf.method, pf.weights_dir, &uce::required_entries(p.nlayers)?).map(drop)
     }
 
-    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
-        one_step(step, || embed_uce(spec, task_dir))
+    fn fits_before_shards(&self) -> bool {
+        true
+    }
+
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        match step {
+            Step::Fit => Some(fit_uce(spec)),
+            _ => one_step(step, || embed_uce(spec, task_dir)),
+        }
     }
 }
