@@ -116,7 +116,7 @@ fn layer_is_used_when_named() {
         let scaled: Vec<f32> = data.iter().map(|v| (v + 1.0).ln()).collect();
         x.dataset("data").unwrap().write_raw(&scaled).unwrap();
     }
-    ctx.run(&["embed", "-m", "pca", "-d", "layered.h5ad", "-o", "no_layer.h5ad"]).user_error().stderr_has("non-integer").stderr_has("--layer counts");
+    ctx.run(&["embed", "-m", "pca", "-d", "layered.h5ad", "-o", "no_layer.h5ad"]).user_error().stderr_has("counts check: pca needs raw counts").stderr_has("--layer counts");
     ctx.run(&["embed", "-m", "pca", "-d", "layered.h5ad", "-o", "l.h5ad", "--layer", "counts", "--n-comps", "8"]).success();
     ctx.run(&["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "-o", "x.h5ad", "--n-comps", "8"]).success();
     let read = |p: &str| scfoundry::anndata::AnnData::open(&ctx.path(p)).unwrap().dense_entry("obsm", "X_pca").unwrap().0;
