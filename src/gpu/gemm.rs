@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
