@@ -150,6 +150,8 @@ pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>,
         name: format!("{process}_MERGE ({tag})"),
         step: Step::Merge { shards: ranges },
         work: Some(work),
+        // the merge only copies rows: it takes no card
+        gpus: None,
         ..base.clone()
     });
     tasks
