@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use hdf5::Dataset;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::{AnnData, Matrix};
@@ -133,17 +132,7 @@ pub fn record_path(work: &Path, shard: usize) -> PathBuf {
 }
 
 fn sha256_of(path: &Path) -> Result<String> {
-    let mut f = File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::Io { path: path.into(), source: e })?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
+    crate::weights::sha256_file(path, |_| {})
 }
 
 /// The record of shard `i` covering `start..end` when it finished and its rows are intact
@@ -292,10 +281,7 @@ impl EmbeddingOut {
                     rows_read,
                     rows_read_outside,
                 };
-                let rec = record_path(&work, shard);
-                let tmp_rec = rec.with_extension("json.tmp");
-                std::fs::write(&tmp_rec, serde_json::to_string_pretty(&record).unwrap_or_default()).map_err(|e| Error::Io { path: tmp_rec.clone(), source: e })?;
-                std::fs::rename(&tmp_rec, &rec).map_err(|e| Error::Io { path: rec.clone(), source: e })?;
+                write_atomic(&record_path(&work, shard), serde_json::to_string_pretty(&record).unwrap_or_default().as_bytes())?;
                 Ok(TaskResult { output: Some(path), obsm_key: Some(self.key), n_obs: self.rows.len(), dim: self.dim, notes, rows_read: Some(rows_read), rows_read_outside: Some(rows_read_outside), ..Default::default() })
             }
         }
