@@ -1,7 +1,9 @@
 """A Geneformer model folder of the full V1 size (gf-6L-30M-i2048: 6 layers x 256, 4 heads,
 intermediate 512, relu, 2,048 positions, vocab 25,426) with seeded random weights, for timing
 `scfoundry finetune -m geneformer --device cuda` on a machine the real weights are not on.
-Needs torch only (the weights are written as pytorch_model.bin, which scfoundry reads as data).
+Needs torch (the weights are written as pytorch_model.bin, which scfoundry reads as data); without
+torch, numpy writes model.safetensors instead (a numpy generator with the same seed: other
+random numbers, the same shapes and distribution).
 
     python3 bench/random_geneformer.py GENES OUT_DIR [--seed 0]
 
@@ -16,7 +18,27 @@ import json
 import sys
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # numpy stands in: model.safetensors instead of pytorch_model.bin
+    torch = None
+    import numpy as np
+
+
+def save_safetensors(sd, path):
+    """The safetensors layout: a little-endian u64 header length, the JSON header, the data."""
+    header, blobs, at = {}, [], 0
+    for name, a in sd.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for b in blobs:
+            f.write(b)
 
 
 def main():
@@ -33,15 +55,20 @@ def main():
         "pad_token_id": 0, "classifier_dropout": None,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    g = torch.Generator().manual_seed(seed)
     sd = {}
+    if torch is not None:
+        g = torch.Generator().manual_seed(seed)
+        randn, ones, zeros = (lambda *s: torch.randn(*s, generator=g)), torch.ones, torch.zeros
+    else:
+        rng = np.random.default_rng(seed)
+        randn, ones, zeros = (lambda *s: rng.standard_normal(s, dtype=np.float32)), np.ones, np.zeros
 
     def normal(name, *shape):
-        sd[name] = torch.randn(*shape, generator=g) * 0.02
+        sd[name] = randn(*shape) * 0.02
 
     def norm(prefix):
-        sd[prefix + ".weight"] = torch.ones(d)
-        sd[prefix + ".bias"] = torch.zeros(d)
+        sd[prefix + ".weight"] = ones(d)
+        sd[prefix + ".bias"] = zeros(d)
 
     normal("bert.embeddings.word_embeddings.weight", vocab, d)
     normal("bert.embeddings.position_embeddings.weight", positions, d)
@@ -51,14 +78,17 @@ def main():
         p = f"bert.encoder.layer.{i}."
         for m in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
             normal(p + m + ".weight", d, d)
-            sd[p + m + ".bias"] = torch.zeros(d)
+            sd[p + m + ".bias"] = zeros(d)
         norm(p + "attention.output.LayerNorm")
         normal(p + "intermediate.dense.weight", ffn, d)
-        sd[p + "intermediate.dense.bias"] = torch.zeros(ffn)
+        sd[p + "intermediate.dense.bias"] = zeros(ffn)
         normal(p + "output.dense.weight", d, ffn)
-        sd[p + "output.dense.bias"] = torch.zeros(d)
+        sd[p + "output.dense.bias"] = zeros(d)
         norm(p + "output.LayerNorm")
-    torch.save(sd, out / "pytorch_model.bin")
+    if torch is not None:
+        torch.save(sd, out / "pytorch_model.bin")
+    else:
+        save_safetensors(sd, out / "model.safetensors")
     genes = []
     for line in genes_path.read_text().splitlines():
         k = line.strip().upper()
@@ -68,7 +98,7 @@ def main():
     tokens.update({k: i + 2 for i, k in enumerate(genes)})
     (out / "token_dictionary.json").write_text(json.dumps(tokens))
     (out / "gene_median_dictionary.json").write_text(json.dumps({k: 1.0 for k in genes}))
-    n = sum(t.numel() for t in sd.values())
+    n = sum(int(t.size if torch is None else t.numel()) for t in sd.values())
     print(json.dumps({"out": str(out), "parameters": n, "genes": len(genes), "seed": seed}))
 
 
