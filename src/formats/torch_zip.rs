@@ -52,6 +52,8 @@ const MAX_RANK: usize = 64;
 pub struct TorchZip<R: Read + Seek> {
     zip: zip::ZipArchive<R>,
     prefix: String,
+    /// The archive's length in bytes: no record holds more compressed bytes.
+    len: u64,
 }
 
 impl TorchZip<std::io::BufReader<std::fs::File>> {
@@ -64,11 +66,12 @@ impl TorchZip<std::io::BufReader<std::fs::File>> {
 
 impl<R: Read + Seek> TorchZip<R> {
     /// Open any reader of a torch.save zip and find its data.pkl.
-    pub fn new(reader: R) -> Result<Self, TorchZipError> {
+    pub fn new(mut reader: R) -> Result<Self, TorchZipError> {
+        let len = reader.seek(std::io::SeekFrom::End(0)).and_then(|n| reader.rewind().map(|_| n)).map_err(TorchZipError::Io)?;
         let zip = zip::ZipArchive::new(reader).map_err(|e| TorchZipError::NotZip(e.to_string()))?;
         let pkl = zip.file_names().find(|n| *n == "data.pkl" || n.ends_with("/data.pkl")).ok_or(TorchZipError::NoDataPkl)?;
         let prefix = pkl[..pkl.len() - "data.pkl".len()].to_string();
-        Ok(TorchZip { zip, prefix })
+        Ok(TorchZip { zip, prefix, len })
     }
 
     /// The prefix of the archive's records (`archive/`, or empty).
@@ -79,7 +82,7 @@ impl<R: Read + Seek> TorchZip<R> {
     /// The raw bytes of `data.pkl`.
     pub fn data_pkl(&mut self) -> Result<Vec<u8>, TorchZipError> {
         let name = format!("{}data.pkl", self.prefix);
-        read_record(&mut self.zip, &name, None).map_err(TorchZipError::Record)
+        read_record(&mut self.zip, self.len, &name, None).map_err(TorchZipError::Record)
     }
 
     /// `data.pkl` unpickled as data: tensors stay opaque `_rebuild_tensor_v2` objects, globals
@@ -95,7 +98,7 @@ impl<R: Read + Seek> TorchZip<R> {
     pub fn tensor(&mut self, v: &Py) -> Result<Tensor, String> {
         let d = describe(v)?;
         let name = format!("{}data/{}", self.prefix, d.key);
-        let raw = read_record(&mut self.zip, &name, Some((d.start, d.end))).map_err(|e| format!("storage {}: {e}", d.key))?;
+        let raw = read_record(&mut self.zip, self.len, &name, Some((d.start, d.end))).map_err(|e| format!("storage {}: {e}", d.key))?;
         let t = Tensor::from_raw_buffer(&raw, d.dtype, &d.size, &Device::Cpu).map_err(|e| e.to_string())?;
         t.to_dtype(DType::F32).map_err(|e| e.to_string())
     }
@@ -174,12 +177,16 @@ fn describe(v: &Py) -> Result<Described, String> {
 }
 
 /// Read record `name`, whole (`range` None) or only `start..end`: refused before anything is
-/// read when the record declares fewer bytes, or more than its compressed bytes can hold, and
-/// checked after (a record shorter than it declared).
-fn read_record<R: Read + Seek>(zip: &mut zip::ZipArchive<R>, name: &str, range: Option<(usize, usize)>) -> Result<Vec<u8>, String> {
+/// read when the record declares fewer bytes, or more than its compressed bytes can hold (and
+/// those more than the archive's `len`), and checked after (a record shorter than it declared).
+/// Memory grows with the bytes actually read, never ahead of them by more than 64 MiB.
+fn read_record<R: Read + Seek>(zip: &mut zip::ZipArchive<R>, len: u64, name: &str, range: Option<(usize, usize)>) -> Result<Vec<u8>, String> {
     let rec = zip.by_name(name).map_err(|e| e.to_string())?;
     let declared = rec.size();
     let packed = rec.compressed_size();
+    if packed > len {
+        return Err(format!("declares {packed} compressed bytes in an archive of {len}"));
+    }
     let most = match rec.compression() {
         zip::CompressionMethod::Stored => packed,
         _ => packed.saturating_mul(MAX_RATIO).saturating_add(64),
@@ -191,7 +198,7 @@ fn read_record<R: Read + Seek>(zip: &mut zip::ZipArchive<R>, name: &str, range: 
     if end as u64 > declared {
         return Err(format!("holds {declared} bytes, fewer than the tensor needs ({end})"));
     }
-    let mut out = Vec::with_capacity(end - start);
+    let mut out = Vec::with_capacity((end - start).min(64 << 20));
     let mut r = rec.take(end as u64);
     if start > 0 {
         let skipped = std::io::copy(&mut (&mut r).take(start as u64), &mut std::io::sink()).map_err(|e| e.to_string())?;
