@@ -2,3 +2,4 @@
 
 pub mod pickle;
 pub mod numpy_rng;
+pub mod torch_zip;

@@ -14,7 +14,7 @@
 //! scaled to the file's size), and nothing recurses on the call stack: not the parse, not the
 //! copy, not `Drop` of a deep `Py`. Callers name the file in their errors. Used by geneformer's
 //! dictionaries, genept's table, uce's protein table, and the scfoundation, scprint and scvi
-//! checkpoints.
+//! checkpoints (through `formats::torch_zip`).
 
 use std::collections::HashMap;
 

@@ -33,7 +33,6 @@
 //! does not depend on its batch (up to float rounding).
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module, Tensor, D};
@@ -41,7 +40,8 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
-use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
+use crate::formats::pickle::Py;
+use crate::formats::torch_zip::{TorchZip, TorchZipError};
 
 /// The weights entries a run reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scfoundation-models-ckpt", "scfoundation-gene-index"];
@@ -297,13 +297,7 @@ pub fn read_checkpoint(path: &Path, key: &str) -> Result<(Config, HashMap<String
         return Err(Error::MissingFile { path: path.into() });
     }
     let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
-    let f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f)).map_err(|e| bad(format!("not a PyTorch file written by torch.save (upstream's models.ckpt): {e}")))?;
-    let pkl = zip.file_names().find(|n| n.ends_with("data.pkl")).map(String::from).ok_or_else(|| bad("has no data.pkl: not written by torch.save".into()))?;
-    let prefix = pkl.trim_end_matches("data.pkl").to_string();
-    let mut bytes = Vec::new();
-    zip.by_name(&pkl).map_err(|e| bad(e.to_string()))?.read_to_end(&mut bytes).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let root = read_pickle_with(&bytes, PickleOptions { opaque: &["torch."], persistent_ids: true, ..Default::default() }).map_err(|e| bad(format!("cannot be read as data: {e}")))?;
+    let (mut tz, root) = open_checkpoint(path)?;
     let Py::Dict(items) = &root else {
         return Err(bad("is not a dict of model versions (upstream's models.ckpt holds 'cell', 'rde' and 'gene')".into()));
     };
@@ -329,65 +323,22 @@ pub fn read_checkpoint(path: &Path, key: &str) -> Result<(Config, HashMap<String
         if !(short.starts_with("token_emb.") || short.starts_with("pos_emb.") || short.starts_with("encoder.")) {
             continue; // the decoder side: not used for cell embeddings
         }
-        let t = rebuild_tensor(&mut zip, &prefix, v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        let t = tz.tensor(v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
         tensors.insert(short, t);
     }
     Ok((config, tensors))
 }
 
-/// A tensor from torch's `_rebuild_tensor_v2(storage, offset, size, stride, ...)`, its storage
-/// read from the zip's `data/<key>` record.
-pub(crate) fn rebuild_tensor<R: std::io::Read + std::io::Seek>(zip: &mut zip::ZipArchive<R>, prefix: &str, v: &Py) -> std::result::Result<Tensor, String> {
-    let Py::Object { global, args, .. } = v else { return Err("is not a tensor".into()) };
-    if global != "torch._utils._rebuild_tensor_v2" && global != "torch._utils._rebuild_tensor" {
-        return Err(format!("is built by {global}, not a plain tensor"));
-    }
-    let ints = |p: &Py| -> std::result::Result<Vec<usize>, String> {
-        match p {
-            Py::Tuple(v) | Py::List(v) => v.iter().map(|d| if let Py::Int(i) = d { usize::try_from(*i).map_err(|_| "negative size".to_string()) } else { Err("size that is not integers".into()) }).collect(),
-            _ => Err("size that is not a tuple".into()),
-        }
+/// A models.ckpt opened (`formats::torch_zip`) and its data.pkl read, tensors not yet loaded.
+fn open_checkpoint(path: &Path) -> Result<(TorchZip<std::io::BufReader<std::fs::File>>, Py)> {
+    let err = |e: TorchZipError| match e {
+        TorchZipError::Io(source) => Error::Io { path: path.into(), source },
+        TorchZipError::NotZip(e) => Error::BadWeights { path: path.into(), detail: format!("not a PyTorch file written by torch.save (upstream's models.ckpt): {e}") },
+        e => Error::BadWeights { path: path.into(), detail: e.to_string() },
     };
-    let (Some(Py::Object { global: pg, args: pargs, .. }), Some(Py::Int(offset)), Some(size), Some(stride)) = (args.first(), args.get(1), args.get(2), args.get(3)) else {
-        return Err("unexpected _rebuild_tensor arguments".into());
-    };
-    if pg != "persistent_id" {
-        return Err("storage without a persistent id".into());
-    }
-    let Some(Py::Tuple(pid)) = pargs.first() else { return Err("storage id that is not a tuple".into()) };
-    let (Some(Py::Global(stype)), Some(Py::Str(skey))) = (pid.get(1), pid.get(2)) else {
-        return Err("storage id without a type and key".into());
-    };
-    let (dtype, width) = match stype.as_str() {
-        "torch.FloatStorage" => (DType::F32, 4),
-        "torch.DoubleStorage" => (DType::F64, 8),
-        "torch.HalfStorage" => (DType::F16, 2),
-        "torch.BFloat16Storage" => (DType::BF16, 2),
-        "torch.LongStorage" => (DType::I64, 8),
-        other => return Err(format!("storage type {other} is not read")),
-    };
-    let size = ints(size)?;
-    let stride = ints(stride)?;
-    let n: usize = size.iter().product();
-    // contiguous (C order) only, as saved state_dicts are
-    let mut expect = 1;
-    for (d, s) in size.iter().zip(&stride).rev() {
-        if *d > 1 && *s != expect {
-            return Err("a non-contiguous tensor".into());
-        }
-        expect *= d;
-    }
-    let mut rec = zip.by_name(&format!("{prefix}data/{skey}")).map_err(|e| format!("storage {skey}: {e}"))?;
-    let mut buf = Vec::new();
-    rec.read_to_end(&mut buf).map_err(|e| e.to_string())?;
-    let start = *offset as usize * width;
-    let end = start + n * width;
-    if end > buf.len() {
-        return Err(format!("storage {skey} holds {} bytes, fewer than the tensor needs ({end})", buf.len()));
-    }
-    let raw = &buf[start..end];
-    let t = Tensor::from_raw_buffer(raw, dtype, &size, &Device::Cpu).map_err(|e| e.to_string())?;
-    t.to_dtype(DType::F32).map_err(|e| e.to_string())
+    let mut tz = TorchZip::open(path).map_err(err)?;
+    let root = tz.read_pickle(&["torch."]).map_err(err)?;
+    Ok((tz, root))
 }
 
 // ------------------------------------------------------------------------------------ model

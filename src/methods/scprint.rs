@@ -44,7 +44,6 @@
 //! `obsm['scprint_emb']`, d_model wide.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module, Tensor, D};
@@ -53,7 +52,8 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 pub use crate::formats::numpy_rng::RandomState;
 use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
-use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
+use crate::formats::pickle::Py;
+use crate::formats::torch_zip::{TorchZip, TorchZipError};
 
 /// The weights entries a run reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scprint-medium-v1.5"];
@@ -358,23 +358,22 @@ fn wanted(name: &str) -> bool {
     ["gene_encoder.", "expr_encoder.", "pos_encoder.", "class_encoder.", "depth_encoder.", "transformer."].iter().any(|p| name.starts_with(p))
 }
 
-type Checkpoint = (zip::ZipArchive<std::io::BufReader<std::fs::File>>, String, Py);
+type Checkpoint = (TorchZip<std::io::BufReader<std::fs::File>>, Py);
 
-/// A Lightning checkpoint opened: its archive, the prefix of its entries and its data.pkl read
-/// (tensors as persistent ids, not loaded).
+/// A Lightning checkpoint opened (`formats::torch_zip`) and its data.pkl read (tensors as
+/// persistent ids, not loaded).
 fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
     if !path.is_file() {
         return Err(Error::MissingFile { path: path.into() });
     }
-    let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
-    let f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f)).map_err(|e| bad(format!("not a PyTorch file written by torch.save (a Lightning .ckpt is one): {e}")))?;
-    let pkl = zip.file_names().find(|n| n.ends_with("data.pkl")).map(String::from).ok_or_else(|| bad("has no data.pkl: not written by torch.save".into()))?;
-    let prefix = pkl.trim_end_matches("data.pkl").to_string();
-    let mut bytes = Vec::new();
-    zip.by_name(&pkl).map_err(|e| bad(e.to_string()))?.read_to_end(&mut bytes).map_err(|e| Error::Io { path: path.into(), source: e })?;
-    let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true, ..Default::default() }).map_err(|e| bad(format!("cannot be read as data: {e}")))?;
-    Ok((zip, prefix, root))
+    let err = |e: TorchZipError| match e {
+        TorchZipError::Io(source) => Error::Io { path: path.into(), source },
+        TorchZipError::NotZip(e) => Error::BadWeights { path: path.into(), detail: format!("not a PyTorch file written by torch.save (a Lightning .ckpt is one): {e}") },
+        e => Error::BadWeights { path: path.into(), detail: e.to_string() },
+    };
+    let mut tz = TorchZip::open(path).map_err(err)?;
+    let root = tz.read_pickle(OPAQUE).map_err(err)?;
+    Ok((tz, root))
 }
 
 /// A checkpoint's `hyper_parameters` and `state_dict`, or why it is not a Lightning checkpoint.
@@ -395,7 +394,7 @@ fn checkpoint_parts<'a>(path: &Path, root: &'a Py) -> Result<(&'a Py, &'a Vec<(P
 
 /// A checkpoint's config alone (its tensors are not read): what tokenising cells needs.
 pub fn read_config(path: &Path) -> Result<Config> {
-    let (_, _, root) = open_checkpoint(path)?;
+    let (_, root) = open_checkpoint(path)?;
     let (hp, _) = checkpoint_parts(path, &root)?;
     parse_config(path, hp)
 }
@@ -404,7 +403,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
 /// scPrint's parameters after on_load_checkpoint's renames.
 pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)> {
     let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
-    let (mut zip, prefix, root) = open_checkpoint(path)?;
+    let (mut tz, root) = open_checkpoint(path)?;
     let (hp, sd) = checkpoint_parts(path, &root)?;
     let config = parse_config(path, hp)?;
     let mut tensors = HashMap::new();
@@ -418,7 +417,7 @@ pub fn read_checkpoint(path: &Path) -> Result<(Config, HashMap<String, Tensor>)>
             "gene_encoder.embedding.weight" | "gene_encoder.0.embedding.weight" | "gene_encoder.0.embeddings.weight" => "gene_encoder.embeddings.weight".to_string(),
             _ => name.clone(),
         };
-        let mut t = crate::methods::scfoundation::rebuild_tensor(&mut zip, &prefix, v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        let mut t = tz.tensor(v).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
         if short == "pos_encoder.pe" && t.rank() == 3 {
             // PositionalEncoding stores its table as (genes, 1, d_model)
             t = t.squeeze(1).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;

@@ -10,10 +10,10 @@
 //! `src/scvi/model/base/_vaemixin.py` (`get_latent_representation`),
 //! `src/scvi/model/base/_archesmixin.py` (`prepare_query_anndata`).
 //!
-//! The saved model is read as data: `model.pt` is a zip whose `data.pkl` is read by our pickle
-//! reader (`formats::pickle::read_pickle_with`; the pandas frames of the training history and the
-//! torch tensors are kept opaque, never rebuilt), the tensors of `model_state_dict` by candle's
-//! torch reader. From `attr_dict` come `init_params_` (SCVI's arguments and the VAE keyword
+//! The saved model is read as data: `model.pt` is a torch.save zip read by `formats::torch_zip`
+//! (its `data.pkl` by our pickle reader, the pandas frames of the training history kept opaque,
+//! never rebuilt; the tensors of `model_state_dict` the encoder needs from the zip's `data/`
+//! records). From `attr_dict` come `init_params_` (SCVI's arguments and the VAE keyword
 //! arguments: n_hidden, n_latent, n_layers, latent_distribution, gene_likelihood, and
 //! log_variational, encode_covariates, deeply_inject_covariates, use_batch_norm,
 //! use_layer_norm, batch_representation with the VAE's defaults when absent) and `registry_`
@@ -51,7 +51,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::formats::pickle::{read_pickle_with, PickleOptions, Py};
+use crate::formats::pickle::Py;
+use crate::formats::torch_zip::{TorchZip, TorchZipError};
 use super::scvi::{BatchNorm, FcLayers, Linear, ZEncoder};
 use crate::error::{Error, Result};
 
@@ -155,16 +156,23 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
     Err(Error::MissingFile { path: path.into() })
 }
 
+/// `model.pt` opened (`formats::torch_zip`) and its data.pkl read, tensors not yet loaded.
+fn open_model(file: &Path) -> Result<(TorchZip<std::io::BufReader<std::fs::File>>, Py)> {
+    let err = |e: TorchZipError| match e {
+        TorchZipError::Io(source) => Error::Io { path: file.into(), source },
+        TorchZipError::NotZip(e) => bad(file, format!("not a PyTorch file (torch.save zip): {e}"), Some("pass the folder scvi-tools' `model.save(dir)` wrote (it holds model.pt)")),
+        e => bad(file, e.to_string(), None),
+    };
+    let mut tz = TorchZip::open(file).map_err(err)?;
+    let root = tz.read_pickle(OPAQUE).map_err(err)?;
+    Ok((tz, root))
+}
+
 impl SavedModel {
     /// Read `model.pt` in a scvi-tools model folder (or the file itself).
     pub fn read(path: &Path) -> Result<SavedModel> {
         let file = model_file(path)?;
-        let f = std::fs::File::open(&file).map_err(|e| Error::Io { path: file.clone(), source: e })?;
-        let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f)).map_err(|e| bad(&file, format!("not a PyTorch file (torch.save zip): {e}"), Some("pass the folder scvi-tools' `model.save(dir)` wrote (it holds model.pt)")))?;
-        let name = zip.file_names().find(|n| n.ends_with("data.pkl")).map(String::from).ok_or_else(|| bad(&file, "has no data.pkl: not written by torch.save", None))?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut zip.by_name(&name).map_err(|e| bad(&file, e.to_string(), None))?, &mut bytes).map_err(|e| Error::Io { path: file.clone(), source: e })?;
-        let root = read_pickle_with(&bytes, PickleOptions { opaque: OPAQUE, persistent_ids: true, ..Default::default() }).map_err(|e| bad(&file, format!("cannot be read as data: {e}"), None))?;
+        let (_, root) = open_model(&file)?;
         Self::from_pickle(&file, &root)
     }
 
@@ -353,13 +361,19 @@ impl PretrainedScvi {
     /// Load `z_encoder`'s weights from the saved model onto `device`.
     pub fn load(m: &SavedModel, device: &Device) -> Result<PretrainedScvi> {
         let file = &m.path;
-        let pth = candle_core::pickle::PthTensors::new(file, Some("model_state_dict")).map_err(|e| bad(file, format!("its model_state_dict cannot be read: {e}"), None))?;
-        let get = |k: &str| -> Result<Tensor> {
-            let t = pth.get(k).map_err(|e| bad(file, format!("tensor {k}: {e}"), None))?.ok_or_else(|| bad(file, format!("model_state_dict has no `{k}`"), Some("the file must hold an scvi-tools SCVI model (its encoder's keys start with z_encoder.)")))?;
-            t.to_dtype(DType::F32).and_then(|t| t.to_device(device)).map_err(model_err("loading the scVI encoder's weights"))
+        let (mut tz, root) = open_model(file)?;
+        let hint = Some("the file must hold an scvi-tools SCVI model (its encoder's keys start with z_encoder.)");
+        let Some(Py::Dict(sd)) = root.get("model_state_dict") else {
+            return Err(bad(file, "`model_state_dict` is not a dict of tensors", hint));
+        };
+        let sd: std::collections::HashMap<&str, &Py> = sd.iter().filter_map(|(k, v)| if let Py::Str(k) = k { Some((k.as_str(), v)) } else { None }).collect();
+        let mut get = |k: &str| -> Result<Tensor> {
+            let v = sd.get(k).ok_or_else(|| bad(file, format!("model_state_dict has no `{k}`"), hint))?;
+            let t = tz.tensor(v).map_err(|e| bad(file, format!("tensor {k}: {e}"), None))?;
+            t.to_device(device).map_err(model_err("loading the scVI encoder's weights"))
         };
         let a = &m.arch;
-        let n_layers = (0..).take_while(|i| pth.tensor_infos().contains_key(&format!("z_encoder.encoder.fc_layers.Layer {i}.0.weight"))).count();
+        let n_layers = (0..).take_while(|i| sd.contains_key(format!("z_encoder.encoder.fc_layers.Layer {i}.0.weight").as_str())).count();
         if n_layers != a.n_layers {
             return Err(bad(file, format!("model_state_dict has {n_layers} encoder layer(s), init_params_ says n_layers = {}", a.n_layers), None));
         }

@@ -1,8 +1,10 @@
 //! Fuzzing on the stable toolchain: seeded mutation of real inputs, for a bounded time each.
 //!
 //! Targets: the pickle reader (`formats::pickle`), the archive extractor (`download::extract`:
-//! nothing may land outside its folder), and the .h5ad reader at the structure level (groups,
-//! datasets and attributes with random shapes, types and encodings, built through the hdf5 crate).
+//! nothing may land outside its folder), the .h5ad reader at the structure level (groups,
+//! datasets and attributes with random shapes, types and encodings, built through the hdf5 crate),
+//! and the torch.save reader (`formats::torch_zip`: the zip mutated whole, or its data.pkl and
+//! storage records mutated and packed again; every object in data.pkl rebuilt as a tensor).
 //! Each target starts from the repository's fixtures, mutates them with a seeded generator and
 //! checks that the reader returns (Ok or an error) without panicking; a panic prints the seed and
 //! the input's path, which then becomes a committed regression case.
@@ -107,15 +109,28 @@ fn files_with(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
 /// under target/fuzz-crashes and fails with its seed. Returns the executions.
 fn fuzz(name: &str, seeds: &[Vec<u8>], check: impl Fn(&[u8])) -> u64 {
     assert!(!seeds.is_empty(), "{name}: no seeds");
+    fuzz_with(
+        name,
+        |rng| {
+            let mut input = seeds[rng.below(seeds.len())].clone();
+            let other = &seeds[rng.below(seeds.len())];
+            mutate(rng, &mut input, other);
+            input
+        },
+        check,
+    )
+}
+
+/// As `fuzz`, with the inputs made by `next` (a target that mutates the parts of a container
+/// and packs them again).
+fn fuzz_with(name: &str, mut next: impl FnMut(&mut Rng) -> Vec<u8>, check: impl Fn(&[u8])) -> u64 {
     let mut rng = Rng(seed() ^ name.bytes().fold(0u64, |h, c| h.wrapping_mul(31).wrapping_add(c as u64)));
     let start = Instant::now();
     let mut execs = 0u64;
     let prev = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     while start.elapsed() < budget() {
-        let mut input = seeds[rng.below(seeds.len())].clone();
-        let other = &seeds[rng.below(seeds.len())];
-        mutate(&mut rng, &mut input, other);
+        let input = next(&mut rng);
         if catch_unwind(AssertUnwindSafe(|| check(&input))).is_err() {
             std::panic::set_hook(prev);
             let dir = repo().join("target/fuzz-crashes");
@@ -371,4 +386,146 @@ fn h5ad_regressions() {
 fn fuzz_h5ad() {
     let seeds: Vec<Vec<u8>> = (0u8..16).map(|k| (0..64).map(|j| k.wrapping_mul(17).wrapping_add(j)).collect()).collect();
     assert!(fuzz("h5ad", &seeds, h5ad_check) > 0);
+}
+
+// ---- torch.save zips -----------------------------------------------------------------------
+
+/// Every prefix the callers of `formats::torch_zip` keep opaque.
+const TORCH_OPAQUE: &[&str] = &["torch.", "lightning.", "lightning_fabric.", "pytorch_lightning.", "pathlib.", "omegaconf.", "builtins.slice", "datetime.", "functools.partial", "pandas.", "scvi.", "numpy.random."];
+
+/// Open the zip, read data.pkl, and rebuild every object in it as a tensor (most are not one:
+/// their errors are fine, a panic is not).
+fn torch_zip_check(b: &[u8]) {
+    rebuild_all(b);
+}
+
+/// The tensors `torch_zip_check` rebuilt.
+fn rebuild_all(b: &[u8]) -> usize {
+    use scfoundry::formats::pickle::Py;
+    let Ok(mut tz) = scfoundry::formats::torch_zip::TorchZip::new(std::io::Cursor::new(b)) else { return 0 };
+    let Ok(root) = tz.read_pickle(TORCH_OPAQUE) else { return 0 };
+    let mut stack = vec![&root];
+    let mut rebuilt = 0;
+    while let Some(v) = stack.pop() {
+        match v {
+            Py::Object { args, state, .. } => {
+                rebuilt += tz.tensor(v).is_ok() as usize;
+                stack.extend(args);
+                stack.extend(state.as_deref());
+            }
+            Py::List(items) | Py::Tuple(items) | Py::Array { items, .. } => stack.extend(items),
+            Py::Dict(pairs) => {
+                for (k, v) in pairs {
+                    stack.push(k);
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    rebuilt
+}
+
+/// The repository's torch.save files (scfoundation, scprint, scvi, geneformer, ... fixtures).
+fn torch_zip_seeds() -> Vec<Vec<u8>> {
+    let mut files = Vec::new();
+    files_with(&repo().join("tests/fixtures"), &["ckpt", "pt", "bin", "pth", "torch"], &mut files);
+    files.sort();
+    files.into_iter().map(|p| std::fs::read(p).unwrap()).filter(|b| b.len() < 1 << 20 && b.starts_with(b"PK")).collect()
+}
+
+/// A zip's records, in order.
+fn unzip(b: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(b)).unwrap();
+    (0..z.len())
+        .map(|i| {
+            let mut f = z.by_index(i).unwrap();
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut out).unwrap();
+            (f.name().to_string(), out)
+        })
+        .collect()
+}
+
+fn rezip(entries: &[(String, Vec<u8>)], method: zip::CompressionMethod) -> Vec<u8> {
+    let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let o = zip::write::SimpleFileOptions::default().compression_method(method);
+    for (name, data) in entries {
+        if z.start_file(name.as_str(), o).is_ok() {
+            std::io::Write::write_all(&mut z, data).unwrap();
+        }
+    }
+    z.finish().unwrap().into_inner()
+}
+
+#[test]
+fn torch_zip_regressions() {
+    regressions("torch_zip", torch_zip_check);
+}
+
+#[test]
+fn torch_zip_seeds_rebuild_tensors() {
+    // the check reaches the tensors of the readers' own fixtures (else the target would fuzz
+    // the zip alone)
+    for f in ["scfoundation/models.ckpt", "scprint/tiny.ckpt", "scvi_pretrained/default/model.pt", "geneformer/v1/pytorch_model.bin"] {
+        let b = std::fs::read(repo().join("tests/fixtures").join(f)).unwrap();
+        assert!(rebuild_all(&b) > 0, "{f}: no tensor rebuilt");
+    }
+    assert!(torch_zip_seeds().len() >= 4);
+}
+
+#[test]
+#[ignore = "bounded-time fuzzing: .ci/run runs it with --ignored"]
+fn fuzz_torch_zip() {
+    // Mutations of the zip as a whole reach the central directory; mutations of data.pkl and of
+    // the storage records, packed again, reach the unpickler and the tensor rebuild.
+    let raw = torch_zip_seeds();
+    let parts: Vec<Vec<(String, Vec<u8>)>> = raw.iter().map(|b| unzip(b)).collect();
+    let pkl = |p: &[(String, Vec<u8>)]| p.iter().position(|(n, _)| n.ends_with("data.pkl")).unwrap();
+    let n = fuzz_with(
+        "torch_zip",
+        |rng| {
+            let k = rng.below(raw.len());
+            let other = rng.below(raw.len());
+            match rng.below(8) {
+                0 | 1 => {
+                    let mut b = raw[k].clone();
+                    mutate(rng, &mut b, &raw[other]);
+                    b
+                }
+                2..=5 => {
+                    let mut e = parts[k].clone();
+                    let i = pkl(&e);
+                    let o = &parts[other][pkl(&parts[other])].1;
+                    mutate(rng, &mut e[i].1, o);
+                    rezip(&e, zip::CompressionMethod::Stored)
+                }
+                6 => {
+                    let mut e = parts[k].clone();
+                    let records: Vec<usize> = (0..e.len()).filter(|&i| e[i].0.contains("/data/")).collect();
+                    if !records.is_empty() {
+                        let i = records[rng.below(records.len())];
+                        let o = e[records[rng.below(records.len())]].1.clone();
+                        mutate(rng, &mut e[i].1, &o);
+                    }
+                    rezip(&e, zip::CompressionMethod::Stored)
+                }
+                _ => {
+                    // records dropped, or the archive compressed (a record's declared size then
+                    // rests on deflate's ratio)
+                    let mut e = parts[k].clone();
+                    if rng.below(2) == 0 && e.len() > 1 {
+                        e.remove(rng.below(e.len()));
+                        rezip(&e, zip::CompressionMethod::Stored)
+                    } else {
+                        let mut b = rezip(&e, zip::CompressionMethod::Deflated);
+                        mutate(rng, &mut b, &raw[other]);
+                        b
+                    }
+                }
+            }
+        },
+        torch_zip_check,
+    );
+    assert!(n > 0);
 }

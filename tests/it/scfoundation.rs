@@ -134,6 +134,24 @@ fn scfoundation_bad_checkpoints() {
     // a plain state_dict (not models.ckpt's layout)
     let e = ScFoundation::load(&repo().join("tests/fixtures/uce/tiny.torch")).err().unwrap();
     assert!(e.to_string().contains("tiny.torch") && e.to_string().contains("`cell`"), "{e}");
+    // every storage record cut to half (the zip packed again): an error naming the file and the
+    // tensor (formats::torch_zip checks offset + extent against the record), not a panic
+    let mut z = zip::ZipArchive::new(std::fs::File::open(dir().join("models.ckpt")).unwrap()).unwrap();
+    let mut w = zip::ZipWriter::new(std::fs::File::create(ctx.path("short.ckpt")).unwrap());
+    for i in 0..z.len() {
+        let mut f = z.by_index(i).unwrap();
+        let name = f.name().to_string();
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut b).unwrap();
+        if name.contains("/data/") {
+            b.truncate(b.len() / 2);
+        }
+        w.start_file(name.as_str(), zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored)).unwrap();
+        std::io::Write::write_all(&mut w, &b).unwrap();
+    }
+    w.finish().unwrap();
+    let e = ScFoundation::load(&ctx.path("short.ckpt")).err().unwrap().to_string();
+    assert!(e.contains("short.ckpt") && e.contains("tensor `") && e.contains("fewer than the tensor needs"), "{e}");
 }
 
 #[test]
