@@ -522,7 +522,7 @@ pub fn merge_ordered(spec: &TaskSpec, shards: &[(usize, usize)], order: Option<&
         return Err(Error::BadField {
             path: record_path(&work, r.shard),
             field: "order_sha256".into(),
-            detail: format!("shard {} was cut from another order of the cells than the data gives now ({:?}, expected {:?})", r.shard, r.order_sha256, want),
+            detail: format!("shard {} was cut from another order of the cells (sha256 {}) than the data gives now ({})", r.shard, r.order_sha256.as_deref().unwrap_or("none"), want.as_deref().unwrap_or("none: rows of the file")),
             hint: Some("the data or the parameters changed since the shards ran: start the run again".into()),
         });
     }

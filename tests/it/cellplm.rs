@@ -190,12 +190,12 @@ fn cellplm_resumes_a_killed_or_corrupted_shard() {
     let base = ["embed", "-m", "cellplm", "-d", "cells.h5ad", "--model-dir", m.to_str().unwrap()];
     ctx.run(&[&base[..], &["-o", "whole.h5ad"]].concat()).success();
     // shard 1 of 3 is killed as a scheduler kills a job, after writing its rows
-    let r = ctx.run_env(&[&base[..], &["-o", "split.h5ad", "--shards", "3", "--runs-dir", "runs"]].concat(), &[("SCFOUNDRY_KILL_SHARD", Path::new("1"))]);
+    let r = ctx.run_env(&[&base[..], &["-o", "split.h5ad", "--shards", "3", "--runs-dir", "runs-split"]].concat(), &[("SCFOUNDRY_KILL_SHARD", Path::new("1"))]);
     assert_ne!(r.code, 0, "{}", r.stderr);
     assert!(!ctx.path("split.h5ad").exists());
-    let run = std::fs::read_dir(ctx.path("runs")).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir() && !p.ends_with(".locks")).unwrap();
+    let run = std::fs::read_dir(ctx.path("runs-split")).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir() && !p.ends_with(".locks")).unwrap();
     assert!(!run.join("work/shard1.json").exists(), "the killed shard left no record");
-    ctx.run(&["embed", "--resume", run.to_str().unwrap()]).success().stderr_has("2 of 3 shards finished and checked");
+    ctx.run(&["embed", "--resume", run.to_str().unwrap()]).success().stderr_has("of 3 shards finished and checked").stderr_has("shard 0): cached");
     let (whole, _) = read_obsm(&ctx.path("whole.h5ad"), "X_cellplm");
     let (split, _) = read_obsm(&ctx.path("split.h5ad"), "X_cellplm");
     assert_eq!(bits(&whole), bits(&split), "the resumed output differs from the uninterrupted run");
@@ -216,7 +216,10 @@ fn cellplm_resumes_a_killed_or_corrupted_shard() {
     rec["order_sha256"] = "0".repeat(64).into();
     std::fs::write(&rec_path, rec.to_string()).unwrap();
     std::fs::remove_file(ctx.path("split.h5ad")).unwrap();
-    ctx.run(&["embed", "--resume", run.to_str().unwrap()]).user_error().stderr_has("order_sha256").stderr_has("start the run again");
+    let r = ctx.run(&["embed", "--resume", run.to_str().unwrap()]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    r.stderr_has("order_sha256").stderr_has("cut from another order").stderr_has("start the run again");
+    assert!(!ctx.path("split.h5ad").exists());
     // --shards auto: 64 cells, no card: one shard
     ctx.run(&[&base[..], &["-o", "auto.h5ad", "--shards", "auto"]].concat()).success().stderr_has("(2 tasks)");
     let (auto, _) = read_obsm(&ctx.path("auto.h5ad"), "X_cellplm");
