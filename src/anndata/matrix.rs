@@ -240,6 +240,26 @@ impl Matrix {
         out
     }
 
+    /// The rows `rows` (increasing, distinct) as runs of consecutive rows `start..end`, each
+    /// of about `target_nnz` stored values at most (and at most 65,536 rows, at least one
+    /// row): reading each run with [`Matrix::read_rows`] reads these rows and no other.
+    pub fn row_runs(&self, rows: &[usize], target_nnz: u64) -> Vec<(usize, usize)> {
+        let nnz = |s: usize, e: usize| -> u64 {
+            match &self.storage {
+                Storage::Dense(_) => ((e - s) * self.n_cols) as u64,
+                Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => indptr[e] - indptr[s],
+            }
+        };
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for &r in rows {
+            match out.last_mut() {
+                Some(last) if last.1 == r && r - last.0 < 65_536 && nnz(last.0, r + 1) <= target_nnz => last.1 = r + 1,
+                _ => out.push((r, r + 1)),
+            }
+        }
+        out
+    }
+
     /// Read rows `start..end` as a CSR block of f32 values.
     pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
         note_rows_read(start, end);
@@ -379,4 +399,36 @@ fn csc_to_csr(path: &Path, field: &str, data: &Dataset, indices: &Dataset, indpt
         }
     }
     Ok(Storage::InMemory { indptr: counts, indices: out_idx, data: out_val })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_memory(row_nnz: &[u64]) -> Matrix {
+        let mut indptr = vec![0u64];
+        for n in row_nnz {
+            indptr.push(indptr.last().unwrap() + n);
+        }
+        let nnz = *indptr.last().unwrap() as usize;
+        Matrix {
+            path: "m.h5ad".into(),
+            field: "X".into(),
+            n_rows: row_nnz.len(),
+            n_cols: 10,
+            storage: Storage::InMemory { indptr, indices: vec![0; nnz], data: vec![1.0; nnz] },
+            dtype: "float32".into(),
+            format: "csr",
+        }
+    }
+
+    #[test]
+    fn row_runs_join_consecutive_rows_and_stop_at_the_values_budget() {
+        let m = in_memory(&[2, 2, 2, 2, 2, 2, 2, 2]);
+        assert_eq!(m.row_runs(&[0, 1, 2, 5, 7], 100), vec![(0, 3), (5, 6), (7, 8)]);
+        // at most 4 stored values a run (a row larger than the budget is a run alone)
+        assert_eq!(m.row_runs(&[0, 1, 2, 3, 4], 4), vec![(0, 2), (2, 4), (4, 5)]);
+        assert_eq!(m.row_runs(&[3], 1), vec![(3, 4)]);
+        assert!(m.row_runs(&[], 4).is_empty());
+    }
 }

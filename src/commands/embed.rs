@@ -133,15 +133,13 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let entry = crate::tasks::table::get(&m.name).ok_or_else(|| Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") })?;
     let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data };
     entry.check(&pf)?;
-    let unsharded = entry.unsharded();
-    if let (Some(why), Some(_)) = (unsharded, exec.shards) {
-        warn(&format!("{} {why}, so it is ignored", m.name));
-    }
     let ad = AnnData::open(data)?;
     ad.check_usable()?;
     entry.check_data(&pf, &ad)?;
     let x = ad.matrix(args.layer.as_deref())?;
     let block = entry.block_rows(&x, &params);
+    // a method whose cells see each other in groups is cut between groups (read from obs only)
+    let groups = if exec.shards.is_some() { entry.shard_groups(&ad, &params)? } else { None };
     if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), args.skip_counts_check)? {
         warn(&w);
     }
@@ -180,11 +178,19 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         return run_nextflow(s, args, &spec, &run, &p);
     }
     let cards = spec.gpus.as_ref().map(|g| g.slots_here()).unwrap_or(0);
-    let shards = if unsharded.is_some() { None } else { exec.shards.map(|k| k.count(n_obs, cards)) };
-    let tasks = executor::plan_embed(&spec, &run, n_obs, shards, block, entry.fits_before_shards());
+    let shards = exec.shards.map(|k| k.count(n_obs, cards));
+    let ranges = shards.map(|k| match &groups {
+        Some(g) => g.ranges(k as usize),
+        None => runner::shard_ranges(n_obs, k as usize, block),
+    });
+    let tasks = executor::plan_embed(&spec, &run, ranges, entry.fits_before_shards());
     let planned = tasks.iter().filter(|t| matches!(t.step, runner::Step::Project { .. })).count() as u64;
-    if shards.is_some_and(|k| k > planned) {
-        warn(&format!("{planned} shard(s), not {}: {} reads X in blocks of {block} rows and a shard is whole blocks ({n_obs} cells)", shards.unwrap_or(0), m.name));
+    if let Some(k) = shards.filter(|&k| k > planned) {
+        let why = match &groups {
+            Some(g) => format!("{} embeds its cells in {} groups that see each other and a shard is whole groups", m.name, g.groups()),
+            None => format!("{} reads X in blocks of {block} rows and a shard is whole blocks", m.name),
+        };
+        warn(&format!("{planned} shard(s), not {k}: {why} ({n_obs} cells)"));
     }
     executor::save_plan(&run, &tasks, &exec.base)?;
     // with a GPU list, as many shards at once as it has entries (one task per card)

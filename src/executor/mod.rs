@@ -22,7 +22,7 @@ use crate::cli::{ExecutorArgs, ExecutorKind};
 use crate::commands::ExitStatus;
 use crate::error::{Error, Result};
 use crate::progress::warn;
-use crate::runner::{self, shard_ranges, Outcome, Run, Step, TaskSpec};
+use crate::runner::{self, Outcome, Run, Step, TaskSpec};
 use crate::settings::Settings;
 
 /// Check the executor's tools before any work: `nextflow` and the pipeline (returned), or
@@ -122,13 +122,13 @@ pub fn run_single(s: &Settings, exec: &ExecutorArgs, pipeline: Option<nextflow::
 }
 
 /// The tasks of one embedding, in dependency order: `[embed]`, or `[fit?, project.., merge]`
-/// with shards of whole blocks of `block` rows (`tasks::shard`) and a fit step first when the
-/// method computes something over the whole data (`fit`).
-pub fn plan_embed(base: &TaskSpec, run: &Run, n_obs: usize, shards: Option<u64>, block: usize, fit: bool) -> Vec<TaskSpec> {
-    let Some(k) = shards else {
+/// with one project task for each of the shards' `start..end` (whole blocks of rows, or whole
+/// groups of a method cut by groups: `tasks::shard`) and a fit step first when the method
+/// computes something over the whole data (`fit`).
+pub fn plan_embed(base: &TaskSpec, run: &Run, shards: Option<Vec<(usize, usize)>>, fit: bool) -> Vec<TaskSpec> {
+    let Some(ranges) = shards else {
         return vec![TaskSpec { task_id: 1, ..base.clone() }];
     };
-    let ranges = shard_ranges(n_obs, k as usize, block);
     let work: PathBuf = run.dir.join("work");
     let (process, tag) = split_name(&base.name);
     let mut tasks = Vec::new();

@@ -42,9 +42,12 @@ pub trait Method: Sync {
         Ok(())
     }
 
-    /// Why `--shards` does not apply, for a method whose cells are not independent.
-    fn unsharded(&self) -> Option<&'static str> {
-        None
+    /// For a method whose cells see each other in groups (CellPLM's forward passes): the
+    /// groups of `ad`'s cells, in the order a sharded run cuts them (`tasks::shard::GroupOrder`;
+    /// a shard is whole groups, whatever `block_rows` says). `None`: shards are whole blocks of
+    /// rows. The planner asks it before any task runs, so it reads no more than obs.
+    fn shard_groups(&self, _ad: &AnnData, _params: &Map<String, Value>) -> Result<Option<crate::tasks::shard::GroupOrder>> {
+        Ok(None)
     }
 
     /// Rows of the blocks an embedding reads X in, laid over the whole file (see

@@ -6,7 +6,8 @@
 //! four batch compositions (by obs['batch'], in chunks of 4, all cells together, chunks of 24),
 //! with the genes it uses and its embedder output. Genes identical, embeddings within 1e-4
 //! relative error; the embedding depends on which cells share a forward pass; the command end
-//! to end; bad checkpoints and data.
+//! to end; shards of whole forward passes (the fixture's batches interleave across rows) equal
+//! the whole run byte for byte, and resume; bad checkpoints and data.
 
 use std::path::{Path, PathBuf};
 
@@ -140,6 +141,92 @@ fn cellplm_embedding_depends_on_the_cells_of_its_pass() {
     assert!(f["composition_effect"]["one_group_vs_by_batch_max_abs"].as_f64().unwrap() > 1e-3);
 }
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The `start..end` of each project task of the run folder's plan.
+fn planned_shards(run: &Path) -> Vec<(usize, usize)> {
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(run.join("plan.json")).unwrap()).unwrap();
+    plan["tasks"].as_array().unwrap().iter().filter(|t| t["step"]["kind"] == "project").map(|t| (t["step"]["start"].as_u64().unwrap() as usize, t["step"]["end"].as_u64().unwrap() as usize)).collect()
+}
+
+#[test]
+fn cellplm_shards_are_whole_passes_and_equal_the_whole_run() {
+    let l = load();
+    let f = fixture();
+    for (shards, extra, scenario) in [(3usize, &[][..], "by_batch"), (2, &["--batch-size", "4"][..], "by_batch_chunks_4")] {
+        let ctx = TestContext::new();
+        std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+        let m = ckpt_copy(&ctx, "m", |_| {});
+        let mut args = vec!["embed", "-m", "cellplm", "-d", "cells.h5ad", "--model-dir", m.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        // byte-equal to the whole run, and each shard read exactly its own cells' rows of X
+        let run = crate::common::assert_shards_equal(&ctx, &args, &[], "X_cellplm", shards, 0);
+        let (got, _) = read_obsm(&ctx.path("sharded-X_cellplm.h5ad"), "X_cellplm");
+        let err = max_rel_err(&got, &rows_of(&f["scenarios"][scenario]["embeddings"]));
+        assert!(err < MAX_REL_ERR, "{scenario}: {err:.3e}");
+        // the shards are whole passes, balanced by cells, and their rows are scattered over the file
+        let bs = if extra.is_empty() { 50_000 } else { 4 };
+        let passes = attention_batches(Some(&l.labels), l.cells.len(), bs);
+        let order = scfoundry::tasks::shard::GroupOrder::new(&passes);
+        let planned = planned_shards(&run);
+        assert_eq!(planned, order.ranges(shards), "{scenario}");
+        for &(s, e) in &planned {
+            assert!(order.bounds.contains(&s) && order.bounds.contains(&e), "{scenario}: {s}..{e} splits a pass");
+            let mut rows = order.rows[s..e].to_vec();
+            rows.sort_unstable();
+            assert!(rows.last().unwrap() - rows[0] + 1 > rows.len(), "{scenario}: shard {s}..{e} is one range of rows {rows:?}");
+            assert!(e - s >= 64 / shards / 2, "{scenario}: shard {s}..{e} is far from a fair share of 64 cells");
+        }
+    }
+}
+
+#[test]
+fn cellplm_resumes_a_killed_or_corrupted_shard() {
+    let ctx = TestContext::new();
+    std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let m = ckpt_copy(&ctx, "m", |_| {});
+    let base = ["embed", "-m", "cellplm", "-d", "cells.h5ad", "--model-dir", m.to_str().unwrap()];
+    ctx.run(&[&base[..], &["-o", "whole.h5ad"]].concat()).success();
+    // shard 1 of 3 is killed as a scheduler kills a job, after writing its rows
+    let r = ctx.run_env(&[&base[..], &["-o", "split.h5ad", "--shards", "3", "--runs-dir", "runs-split"]].concat(), &[("SCFOUNDRY_KILL_SHARD", Path::new("1"))]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(!ctx.path("split.h5ad").exists());
+    let run = std::fs::read_dir(ctx.path("runs-split")).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir() && !p.ends_with(".locks")).unwrap();
+    assert!(!run.join("work/shard1.json").exists(), "the killed shard left no record");
+    ctx.run(&["embed", "--resume", run.to_str().unwrap()]).success().stderr_has("of 3 shards finished and checked").stderr_has("shard 0): cached");
+    let (whole, _) = read_obsm(&ctx.path("whole.h5ad"), "X_cellplm");
+    let (split, _) = read_obsm(&ctx.path("split.h5ad"), "X_cellplm");
+    assert_eq!(bits(&whole), bits(&split), "the resumed output differs from the uninterrupted run");
+    // a finished shard's rows corrupted, another's removed: both run again, the same bytes
+    let rows = run.join("work/shard2.f32");
+    let mut bytes = std::fs::read(&rows).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&rows, bytes).unwrap();
+    std::fs::remove_file(run.join("work/shard0.f32")).unwrap();
+    std::fs::remove_file(ctx.path("split.h5ad")).unwrap();
+    ctx.run(&["embed", "--resume", run.to_str().unwrap()]).success().stderr_has("1 of 3 shards finished and checked");
+    let (again, _) = read_obsm(&ctx.path("split.h5ad"), "X_cellplm");
+    assert_eq!(bits(&whole), bits(&again));
+    // a shard cut from another order (another --batch-size) is refused by the merge
+    let rec_path = run.join("work/shard1.json");
+    let mut rec: Value = serde_json::from_str(&std::fs::read_to_string(&rec_path).unwrap()).unwrap();
+    assert!(rec["order_sha256"].is_string(), "{rec}");
+    rec["order_sha256"] = "0".repeat(64).into();
+    std::fs::write(&rec_path, rec.to_string()).unwrap();
+    std::fs::remove_file(ctx.path("split.h5ad")).unwrap();
+    let r = ctx.run(&["embed", "--resume", run.to_str().unwrap()]);
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    r.stderr_has("order_sha256").stderr_has("cut from another order").stderr_has("start the run again");
+    assert!(!ctx.path("split.h5ad").exists());
+    // --shards auto: 64 cells, no card: one shard
+    ctx.run(&[&base[..], &["-o", "auto.h5ad", "--shards", "auto"]].concat()).success().stderr_has("(2 tasks)");
+    let (auto, _) = read_obsm(&ctx.path("auto.h5ad"), "X_cellplm");
+    assert_eq!(bits(&whole), bits(&auto));
+    // more shards than passes (--batch-key '': one pass of 64 cells): one shard, said so
+    ctx.run(&[&base[..], &["-o", "one.h5ad", "--batch-key", "", "--shards", "4"]].concat()).success().stderr_has("1 shard(s), not 4").stderr_has("1 groups");
+}
 
 fn read_i64(path: &Path, name: &str) -> i64 {
     hdf5::File::open(path).unwrap().dataset(name).unwrap().read_scalar().unwrap()
@@ -186,9 +273,10 @@ fn cellplm_embed_command_matches_upstream() {
     let (got, _) = read_obsm(&ctx.path("b.h5ad"), "X_cellplm");
     let err = max_rel_err(&got, &want("by_batch_chunks_4"));
     assert!(err < MAX_REL_ERR, "chunks of 4: {err:.3e}");
-    // all cells one group (no batch key), in passes of 24; --shards is refused with a warning
+    // all cells one group (no batch key), in passes of 24, in 2 shards (of 1 and 2 passes)
     let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "c.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "24", "--batch-key", "", "--shards", "2"]);
-    r.success().stderr_has("--shards");
+    r.success().stderr_has("(3 tasks)");
+    assert!(!r.stderr.contains("ignored"), "{}", r.stderr);
     let (got, _) = read_obsm(&ctx.path("c.h5ad"), "X_cellplm");
     let err = max_rel_err(&got, &want("one_group_chunks_24"));
     assert!(err < MAX_REL_ERR, "one group in 24s: {err:.3e}");

@@ -2,22 +2,23 @@
 //! --model-dir), the data's genes matched to the model's gene_list, cells grouped into forward
 //! passes as upstream's CellEmbeddingPipeline groups them (obs batch column, then chunks of
 //! --batch-size cells), provenance. Cells attend to each other within a forward pass, so the
-//! grouping is part of the result and is recorded.
+//! grouping is part of the result and is recorded, and a sharded run is cut between passes
+//! (`tasks::shard::GroupOrder`): each shard embeds whole passes and reads only their rows.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::tasks::runtime::{commit_embedding, verified_weights, TaskDevice};
+use crate::tasks::runtime::{verified_weights, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
+use crate::tasks::shard::{self, EmbeddingOut, GroupOrder, TaskRows};
 use serde::Deserialize;
 use crate::anndata::dataframe::Column;
-use crate::anndata::write::{write_rows, PendingOutput};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::cellplm::{self, attention_batches, Alignment, CellPlm};
 use crate::progress::reporter;
-use crate::runner::{TaskResult, TaskSpec};
+use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
 
 /// The checkpoint folder and prefix: `--model-dir` (its one `<prefix>.best.ckpt`), else the
@@ -67,6 +68,15 @@ pub fn batch_labels(ad: &AnnData, key: &str) -> Result<Option<Vec<String>>> {
     Ok(Some(labels.into_iter().map(Option::unwrap_or_default).collect()))
 }
 
+/// The obs labels of `--batch-key` (None: one group) and the forward passes they give
+/// (`attention_batches`): what a run embeds together, whether sharded or not.
+pub fn passes(ad: &AnnData, params: &serde_json::Map<String, Value>) -> Result<(Option<Vec<String>>, Vec<Vec<usize>>)> {
+    let p: Params = method::params("cellplm", params)?;
+    let labels = batch_labels(ad, &p.batch_key)?;
+    let passes = attention_batches(labels.as_deref(), ad.n_obs, p.batch_size);
+    Ok((labels, passes))
+}
+
 pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
@@ -104,10 +114,8 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     ));
 
     let p: Params = method::task_params(spec)?;
-    let batch_key = p.batch_key;
-    let labels = batch_labels(&ad, &batch_key)?;
-    let batch = p.batch_size;
-    let passes = attention_batches(labels.as_deref(), ad.n_obs, batch);
+    let (batch_key, batch) = (p.batch_key, p.batch_size);
+    let (labels, passes) = passes(&ad, &spec.params)?;
     match &labels {
         Some(_) => notes.push(format!(
             "cells attend to the cells of their own obs['{batch_key}'] group in forward passes of at most {batch} cells ({} passes): an embedding depends on which cells share its pass (docs/cellplm.md)",
@@ -125,17 +133,24 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
             notes.push(format!("the smallest forward pass has {smallest} cell(s): those cells see little context"));
         }
     }
+    // this task's passes: all of them, or a shard's (whole passes, positions of the pass order)
+    let order = GroupOrder::new(&passes);
+    let task_rows = TaskRows::of_groups(spec, &order)?;
+    let first = order.bounds.partition_point(|&b| b < task_rows.start);
+    let last = order.bounds.partition_point(|&b| b < task_rows.end);
+    let mine = &passes[first..last];
 
     let dim = model.dim();
-    let out = PendingOutput::create(&spec.data, &spec.out)?;
     let key = "X_cellplm";
-    let ds = out.create_obsm(key, ad.n_obs, dim)?;
-    let mut rows = vec![0f32; ad.n_obs * dim];
-    let p = rep.step("cellplm: embed", ad.n_obs as u64, "cells");
+    let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
+    let p = rep.step("cellplm: embed", task_rows.len() as u64, "cells");
     let (mut fractional, mut empty, mut negative) = (None::<(usize, f32)>, 0usize, None::<(usize, f32)>);
-    // all cells' model-gene values, read in blocks of rows (a pass may draw from any block)
-    let mut cells: Vec<Vec<(u32, f32)>> = Vec::with_capacity(ad.n_obs);
-    for (s, e) in x.blocks(1_000_000) {
+    // the model-gene values of this task's cells only, read run by run of consecutive rows (a
+    // pass may draw from anywhere in the file); `cells[k]` is row `rows[k]`
+    let mut rows: Vec<usize> = task_rows.groups.as_ref().map(|g| g.rows.clone()).unwrap_or_default();
+    rows.sort_unstable();
+    let mut cells: Vec<Vec<(u32, f32)>> = Vec::with_capacity(rows.len());
+    for (s, e) in x.row_runs(&rows, 1_000_000) {
         let b = x.read_rows(s, e)?;
         for i in 0..b.n_rows() {
             let (idx, vals) = b.row(i);
@@ -164,8 +179,10 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
             hint: Some("CellPLM reads raw counts (non-negative, finite) and takes log1p itself; pass the counts layer with --layer".into()),
         });
     }
-    for pass in &passes {
-        let input: Vec<Vec<(u32, f32)>> = pass.iter().map(|&i| std::mem::take(&mut cells[i])).collect();
+    // the embeddings in the pass order (this task's positions), written once
+    let mut z_all = Vec::with_capacity(task_rows.len() * dim);
+    for pass in mine {
+        let input: Vec<Vec<(u32, f32)>> = pass.iter().map(|i| rows.binary_search(i).map(|k| std::mem::take(&mut cells[k])).unwrap_or_default()).collect();
         let z = model.embed(&input).map_err(|e| {
             if crate::gpu::is_out_of_memory(&e.to_string()) {
                 dev.write_report(task_dir, None, Some(batch));
@@ -178,14 +195,11 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
                 e
             }
         })?;
-        for (k, &i) in pass.iter().enumerate() {
-            rows[i * dim..(i + 1) * dim].copy_from_slice(&z[k * dim..(k + 1) * dim]);
-        }
+        z_all.extend_from_slice(&z[..pass.len() * dim]);
         p.inc(pass.len() as u64);
     }
-    write_rows(&ds, 0, &rows, dim)?;
+    out.write(task_rows.start, &z_all)?;
     p.finish();
-    drop(ds);
     if let Some((row, v)) = fractional {
         notes.push(format!("{} holds non-integer values (e.g. {v} at cell {row}): CellPLM takes log1p of raw counts itself; pass the counts layer with --layer if this is not one", x.field));
     }
@@ -214,7 +228,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
-    commit_embedding(spec, out, key, &x.field, params, w, Value::Object(shas), ad.n_obs, dim, notes)
+    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
 }
 
 /// CellPLM's options, from `methods/cellplm.toml`.
@@ -237,11 +251,19 @@ impl Method for CellPlmMethod {
         cellplm::Config::read(&cellplm::checkpoint_files(&dir, &prefix).0).map(drop)
     }
 
-    fn unsharded(&self) -> Option<&'static str> {
-        Some("embeds the cells of a forward pass together: --shards would change which cells share one")
+    fn shard_groups(&self, ad: &AnnData, params: &serde_json::Map<String, Value>) -> Result<Option<GroupOrder>> {
+        Ok(Some(GroupOrder::new(&passes(ad, params)?.1)))
     }
 
-    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {
-        one_step(step, || embed_cellplm(spec, task_dir))
+    fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
+        match step {
+            // the shards' rows are positions in the pass order: the merge puts them back
+            Step::Merge { shards } => Some((|| {
+                let ad = AnnData::open(&spec.data)?;
+                let order = GroupOrder::new(&passes(&ad, &spec.params)?.1);
+                shard::merge_ordered(spec, shards, Some(&order))
+            })()),
+            _ => one_step(step, || embed_cellplm(spec, task_dir)),
+        }
     }
 }
