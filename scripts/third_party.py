@@ -27,6 +27,12 @@ BUNDLED = [
     ("esaxx-rs", "src/esa.hxx", "esaxx (Daisuke Okanohara), MIT licence (header of esa.hxx)"),
     ("ring", "LICENSE-BoringSSL", "BoringSSL/OpenSSL-derived code in ring"),
 ]
+# crates with a `links` key or a C build tool that compile no third-party C sources themselves
+NO_C_SOURCES = {
+    "hdf5-metno-sys": "links the HDF5 that hdf5-metno-src builds",
+    "rayon-core": "a `links` key only, to keep one copy in a build",
+}
+C_BUILD_TOOLS = {"cc", "cmake"}
 LICENSE_FILE = re.compile(r"^(licen[cs]e|copying|notice|unlicense|copyright)([-_.].*)?$", re.I)
 
 CUDA_NOTICE = """\
@@ -77,6 +83,12 @@ def main():
     meta = metadata("cuda" if cuda else "")
     pkgs = crates(meta)
     by_name = {p["name"]: p for p in pkgs}
+    # a crate that compiles C or C++ and is not in BUNDLED would go unmentioned: refuse
+    bundled = {c for c, _, _ in BUNDLED}
+    for p in pkgs:
+        compiles = p.get("links") or any(d["kind"] == "build" and d["name"] in C_BUILD_TOOLS for d in p["dependencies"])
+        if compiles and p["name"] not in bundled and p["name"] not in NO_C_SOURCES:
+            sys.exit(f"third_party.py: {p['name']} {p['version']} compiles native code: add its licence file to BUNDLED (or to NO_C_SOURCES with the reason)")
     out = ["THIRD-PARTY NOTICES for scfoundry (%s build)" % a.flavour, "",
            "scfoundry itself is licensed under MIT OR Apache-2.0 (LICENSE-MIT, LICENSE-APACHE).",
            "The binary contains the following third-party software.", ""]
