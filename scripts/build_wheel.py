@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Assemble the scfoundry wheel around a binary built already (no second compile):
-scfoundry-<version>-py3-none-manylinux_2_<minor>_x86_64.whl, the manylinux tag from the newest
-GLIBC_ symbol version the binary needs (2.28 for the release build, scripts/zig.sh).
+scfoundry-<version>-py3-none-manylinux_2_<minor>_<arch>.whl, the manylinux tag from the newest
+GLIBC_ symbol version the binary needs (2.28 for the release build, scripts/zig.sh) and the
+architecture from its ELF header (x86_64 or aarch64).
 
 The package is python/scfoundry plus the binary at scfoundry/bin/scfoundry (executable), a
 `scfoundry` console script that runs it, the licences in the dist-info, and a RECORD with the
@@ -33,6 +34,18 @@ def glibc(binary):
     return int(major), int(minor)
 
 
+def machine(binary):
+    """The platform tag's architecture, from the ELF header's e_machine."""
+    with open(binary, "rb") as f:
+        head = f.read(20)
+    if head[:4] != b"\x7fELF":
+        sys.exit(f"build_wheel.py: {binary} is not an ELF binary")
+    arch = {62: "x86_64", 183: "aarch64"}.get(int.from_bytes(head[18:20], "little"))
+    if arch is None:
+        sys.exit(f"build_wheel.py: {binary} is neither x86_64 nor aarch64")
+    return arch
+
+
 def digest(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -44,7 +57,8 @@ def main():
     a = ap.parse_args()
     ver = version()
     major, minor = glibc(a.binary)
-    tag = f"py3-none-manylinux_{major}_{minor}_x86_64"
+    arch = machine(a.binary)
+    tag = f"py3-none-manylinux_{major}_{minor}_{arch}"
     dist = f"scfoundry-{ver}.dist-info"
     summary = re.search(r'^description = "([^"]+)"', open(os.path.join(ROOT, "Cargo.toml"), encoding="utf-8").read(), re.M).group(1)
     metadata = "\n".join([
@@ -57,7 +71,7 @@ def main():
     ])
     wheel = f"Wheel-Version: 1.0\nGenerator: scfoundry scripts/build_wheel.py\nRoot-Is-Purelib: false\nTag: {tag}\n"
     entry = "[console_scripts]\nscfoundry = scfoundry.__main__:main\n"
-    notices = subprocess.run([sys.executable, os.path.join(ROOT, "scripts/third_party.py"), "--flavour", "cpu", "/dev/stdout"],
+    notices = subprocess.run([sys.executable, os.path.join(ROOT, "scripts/third_party.py"), "--flavour", "cpu", "--triple", f"{arch}-unknown-linux-gnu", "/dev/stdout"],
                              check=True, capture_output=True, cwd=ROOT).stdout
     files = []  # (name in the wheel, bytes, executable)
     pkg = os.path.join(ROOT, "python/scfoundry")

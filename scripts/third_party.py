@@ -48,8 +48,8 @@ wheel the binary was built with).
 """
 
 
-def metadata(features):
-    cmd = ["cargo", "metadata", "--format-version", "1", "--locked", "--filter-platform", "x86_64-unknown-linux-gnu"]
+def metadata(features, triple):
+    cmd = ["cargo", "metadata", "--format-version", "1", "--locked", "--filter-platform", triple]
     if features:
         cmd += ["--features", features]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -76,11 +76,12 @@ def crates(meta):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flavour", default="cpu")
+    ap.add_argument("--triple", default="x86_64-unknown-linux-gnu", help="the binary's target: its platform's dependencies")
     ap.add_argument("--cuda-license", help="the CUDA EULA text (License.txt of the nvidia-cuda-runtime wheel)")
     ap.add_argument("out")
     a = ap.parse_args()
     cuda = a.flavour != "cpu"
-    meta = metadata("cuda" if cuda else "")
+    meta = metadata("cuda" if cuda else "", a.triple)
     pkgs = crates(meta)
     by_name = {p["name"]: p for p in pkgs}
     # a crate that compiles C or C++ and is not in BUNDLED would go unmentioned: refuse
@@ -89,7 +90,7 @@ def main():
         compiles = p.get("links") or any(d["kind"] == "build" and d["name"] in C_BUILD_TOOLS for d in p["dependencies"])
         if compiles and p["name"] not in bundled and p["name"] not in NO_C_SOURCES:
             sys.exit(f"third_party.py: {p['name']} {p['version']} compiles native code: add its licence file to BUNDLED (or to NO_C_SOURCES with the reason)")
-    out = ["THIRD-PARTY NOTICES for scfoundry (%s build)" % a.flavour, "",
+    out = ["THIRD-PARTY NOTICES for scfoundry (%s build, %s)" % (a.flavour, a.triple), "",
            "scfoundry itself is licensed under MIT OR Apache-2.0 (LICENSE-MIT, LICENSE-APACHE).",
            "The binary contains the following third-party software.", ""]
     out += ["=" * 78, "1. C and C++ libraries compiled into the binary", "=" * 78, ""]
