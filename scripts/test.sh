@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
+# zig and cargo-zigbuild (ci/requirements-zig.txt): the release build links against glibc 2.28
+source scripts/zig.sh
 
 # Python reference tools (anndata, scanpy, ...) in a venv keyed by the requirements' hash.
 venv="${SCFOUNDRY_VENV:-$SCF_CACHE/venv-ci}"
@@ -83,11 +85,19 @@ slurm_env="$(scripts/slurm-up.sh "$slurm_dir")"   # exports SLURM_CONF and SCFOU
 eval "$slurm_env"
 
 "$venv/bin/python" scripts/check_registry.py
-cargo build --release --locked
-cargo test --release --locked
+# One build: the release binary (cargo zigbuild for $SCF_ZIG_TARGET, glibc 2.28) and the tests,
+# built by cargo-zigbuild for the same target into the same folder, so that the dependencies
+# compile once and the tests run the binary that ships (CARGO_BIN_EXE_scfoundry is
+# $CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release/scfoundry; a plain `cargo test` would build
+# everything a second time for the host).
+cargo zigbuild --release --locked --target "$SCF_ZIG_TARGET"
+release_bin="$CARGO_TARGET_DIR/$SCF_RELEASE_TRIPLE/release/scfoundry"
+echo "test.sh: $release_bin needs $(scripts/check-glibc.sh "$release_bin") (at most GLIBC_$SCF_GLIBC_FLOOR allowed)"
+scripts/check-glibc.sh "$release_bin" "$SCF_GLIBC_FLOOR" >/dev/null
+cargo-zigbuild test --release --locked --target "$SCF_ZIG_TARGET"
 # Fuzzing (tests/fuzz/main.rs): each target mutates the fixtures for a bounded time, one at a
 # time (they share the panic hook), and prints its executions.
-SCFOUNDRY_FUZZ_SECONDS="${SCFOUNDRY_FUZZ_SECONDS:-60}" cargo test --release --locked --test fuzz -- --ignored --nocapture --test-threads=1
+SCFOUNDRY_FUZZ_SECONDS="${SCFOUNDRY_FUZZ_SECONDS:-60}" cargo-zigbuild test --release --locked --target "$SCF_ZIG_TARGET" --test fuzz -- --ignored --nocapture --test-threads=1
 
 # The `cuda` feature must keep compiling. A cold CUDA build compiles candle's kernels with nvcc
 # (measured here: about 70 minutes of wall time for the whole cold build on a loaded 2-core

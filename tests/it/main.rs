@@ -45,3 +45,4 @@ mod scprint;
 mod cellplm;
 mod cellfm;
 mod shards;
+mod wheel;
