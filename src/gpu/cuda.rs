@@ -246,6 +246,18 @@ impl Resource {
         let mut default_pool: CUmemoryPool = std::ptr::null_mut();
         unsafe { sys::cuDeviceGetDefaultMemPool(&mut default_pool, dev).result().map_err(drv("cuDeviceGetDefaultMemPool"))? };
         let kind = options.kind;
+        // the managed modes prefetch and advise with cuMemPrefetchAsync_v2 and cuMemAdvise_v2,
+        // which drivers have from CUDA 12.2 on (the CUDA 12 build also runs on 12.0 and 12.1)
+        let mut driver = 0i32;
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut driver).result().map_err(drv("cuDriverGetVersion"))? };
+        if kind.is_managed() && driver < 12020 {
+            return Err(GpuError::BadOption {
+                option: "allocator".into(),
+                value: format!("{} (the driver supports CUDA {}.{})", kind.name(), driver / 1000, (driver % 1000) / 10),
+                hint: "the managed allocators need a driver for CUDA 12.2 or newer (cuMemPrefetchAsync_v2, cuMemAdvise_v2): update the driver, or use --allocator async".into(),
+            });
+        }
         let mut limit = options.limit.map(|b| b.0);
         let upstream = match kind {
             AllocatorKind::Async => {
@@ -498,10 +510,24 @@ pub fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Resul
     set_release_threshold(pool, bytes)
 }
 
+/// Pools of managed memory came with CUDA 13 (the allocation type is not in the 12.x API).
+#[cfg(not(feature = "cuda12"))]
+fn managed_allocation_type() -> Result<sys::CUmemAllocationType, GpuError> {
+    Ok(sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)
+}
+#[cfg(feature = "cuda12")]
+fn managed_allocation_type() -> Result<sys::CUmemAllocationType, GpuError> {
+    Err(GpuError::BadOption {
+        option: "allocator".into(),
+        value: "managed-pool".into(),
+        hint: "pools of managed memory need CUDA 13 (driver and build): use the CUDA 13 build (scripts/build-cuda.sh), or --allocator managed".into(),
+    })
+}
+
 fn create_pool(ordinal: i32, managed: bool, maximum: u64) -> Result<CUmemoryPool, GpuError> {
     // SAFETY: zeroed props are the documented starting point; fields set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-    props.allocType = if managed { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED } else { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED };
+    props.allocType = if managed { managed_allocation_type()? } else { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED };
     props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
     props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal };
     props.maxSize = maximum as usize;

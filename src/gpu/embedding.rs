@@ -111,7 +111,6 @@ mod cuda {
     use half::bf16;
 
     use crate::gpu::fused_encoder::{norm_launch, Held, MODULE, PTX};
-    use crate::gpu::load_kernel;
 
     pub struct GatherNorm<'a> {
         pub kernel: super::Kernel,

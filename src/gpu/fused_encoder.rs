@@ -107,7 +107,7 @@ mod cuda {
     use half::bf16;
 
     use crate::gpu::gemm_layer_norm;
-    use crate::gpu::{kernel_image, load_kernel, KernelImage};
+    use crate::gpu::KernelImage;
     use crate::nn::post_norm::{Act, PostNormStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)

@@ -21,7 +21,7 @@ use candle_core::{CudaDevice, Result};
 use half::bf16;
 
 use super::tma::{self, tensor_map};
-use super::{kernel_image, load_kernel, KernelImage};
+use super::KernelImage;
 
 /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
 const PTX: KernelImage = kernel_image!("gemm_layer_norm_sm90");

@@ -57,8 +57,7 @@ macro_rules! load_kernel {
         $dev.get_or_load_custom_image($name, $module, $image)
     };
 }
-#[cfg(feature = "cuda")]
-pub(crate) use {kernel_image, load_kernel};
+// (the macros reach the modules below by textual scope: they are defined before them)
 
 pub mod accounting;
 pub mod backoff;

@@ -95,7 +95,7 @@ mod cuda {
     use std::sync::Mutex;
 
     use crate::gpu::tma;
-    use crate::gpu::{kernel_image, load_kernel, KernelImage};
+    use crate::gpu::KernelImage;
 
     const PTX: KernelImage = kernel_image!("varlen_attention");
     /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
