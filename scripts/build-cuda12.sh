@@ -132,8 +132,8 @@ for b in scfoundry scfoundry-bench; do
 done
 echo "build-cuda12: dist/cuda12/scfoundry ($(du -h dist/cuda12/scfoundry | cut -f1)); needs: $(ldd dist/cuda12/scfoundry | awk '{print $1}' | tr '\n' ' ')"
 if [[ -n $CUOBJDUMP ]]; then
-  # what the binary carries: ELF (machine code) per architecture, PTX per virtual architecture
-  "$CUOBJDUMP" --list-elf dist/cuda12/scfoundry | sed -E 's/^ELF file +[0-9]+: +//' | sort | uniq -c > dist/cuda12/fatbin-contents.txt || true
-  "$CUOBJDUMP" --list-ptx dist/cuda12/scfoundry | sed -E 's/^PTX file +[0-9]+: +//' | sort | uniq -c >> dist/cuda12/fatbin-contents.txt || true
-  echo "build-cuda12: dist/cuda12/fatbin-contents.txt"
+  # what the binary carries: the kernels are byte arrays, not an .nv_fatbin section, so
+  # cuda/list_fatbins.py cuts each fatbin out and lists its machine code (ELF) and PTX
+  "$VENV/bin/python" cuda/list_fatbins.py "$CUOBJDUMP" dist/cuda12/scfoundry > dist/cuda12/fatbin-contents.txt
+  echo "build-cuda12: dist/cuda12/fatbin-contents.txt: $(tail -1 dist/cuda12/fatbin-contents.txt)"
 fi

@@ -111,7 +111,7 @@ mod cuda {
     use crate::nn::post_norm::{Act, PostNormStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
-    pub(crate) const PTX: KernelImage = kernel_image!("encoder_ops");
+    pub(crate) static PTX: KernelImage = kernel_image!("encoder_ops");
     pub(crate) const MODULE: &str = "scfoundry_encoder_ops";
 
     pub struct Fused<'a> {

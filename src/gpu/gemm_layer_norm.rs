@@ -24,7 +24,7 @@ use super::tma::{self, tensor_map};
 use super::KernelImage;
 
 /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
-const PTX: KernelImage = kernel_image!("gemm_layer_norm_sm90");
+static PTX: KernelImage = kernel_image!("gemm_layer_norm_sm90");
 const MODULE: &str = "scfoundry_gemm_layer_norm_sm90";
 const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_tma_sm90";
 /// The layer width the kernel is written for.

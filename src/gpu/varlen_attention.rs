@@ -97,9 +97,9 @@ mod cuda {
     use crate::gpu::tma;
     use crate::gpu::KernelImage;
 
-    const PTX: KernelImage = kernel_image!("varlen_attention");
+    static PTX: KernelImage = kernel_image!("varlen_attention");
     /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
-    const PTX_SM90: KernelImage = kernel_image!("varlen_attention_sm90");
+    static PTX_SM90: KernelImage = kernel_image!("varlen_attention_sm90");
     /// The Hopper kernel's dynamic shared memory: 128 query rows and two buffers of 96 key and
     /// 96 value rows, 128 bytes each, and 1024 bytes to align the tiles (kernels/varlen_attention_sm90.cu).
     const SM90_SHARED: u32 = 128 * 128 + 2 * 2 * 96 * 128 + 1024;
