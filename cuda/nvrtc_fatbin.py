@@ -4,8 +4,8 @@ PyPI carries no CUDA 12 `nvcc` driver or `cicc` (nvidia-cuda-nvcc-cu12 holds onl
 libnvvm), but it carries NVRTC 12.x (nvidia-cuda-nvrtc-cu12): the same front end and code
 generator, as a library. This script compiles each source once per target with it: machine code
 (cubin) for every `--sass` capability, and PTX for the `--ptx` one; then packs them into one
-fatbin with `fatbinary` (the container format, unchanged since CUDA 10; uncompressed, so that
-every CUDA 12 driver reads it).
+fatbin with `fatbinary` (CUDA 13's: it only writes the container; uncompressed, since the newer
+compression modes need newer drivers).
 
   python nvrtc_fatbin.py --nvrtc LIB --fatbinary BIN --sass 80,90 --ptx 90 \
       -I INCLUDE ... --out-dir DIR SRC.cu ...     # -> DIR/SRC.fatbin for each SRC
