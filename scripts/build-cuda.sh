@@ -4,6 +4,8 @@
 #
 #   scripts/build-cuda.sh            # -> dist/cuda/scfoundry
 #   scripts/build-cuda.sh --check    # cargo check only (what CI runs when SCFOUNDRY_CI_CUDA=1)
+#   scripts/build-cuda.sh --cuda 12  # -> dist/cuda12/scfoundry: CUDA 12 drivers, Ampere and newer
+#                                    #    (scripts/build-cuda12.sh does it; docs/gpu.md, "The CUDA 12 build")
 #
 # How (docs/gpu.md has the reasons):
 #   1. the CUDA 13.0 compiler and runtime come from PyPI wheels (ci/requirements-cuda.txt) in
@@ -22,7 +24,19 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${SCFOUNDRY_CACHE:-$HOME/.cache/scfoundry}
 MODE=build
-[[ "${1:-}" == "--check" ]] && MODE=check
+CUDA_MAJOR=13
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --check) MODE=check ;;
+    --cuda) CUDA_MAJOR=${2:?--cuda takes 12 or 13}; shift ;;
+    *) echo "build-cuda: unknown argument $1 (--check, --cuda 12|13)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ $CUDA_MAJOR == 12 ]]; then
+  if [[ $MODE == check ]]; then exec scripts/build-cuda12.sh --check; else exec scripts/build-cuda12.sh; fi
+fi
+[[ $CUDA_MAJOR == 13 ]] || { echo "build-cuda: --cuda takes 12 or 13" >&2; exit 2; }
 
 # shellcheck source=scripts/toolchain.sh
 source scripts/toolchain.sh

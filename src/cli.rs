@@ -17,6 +17,7 @@ held it waits. A card listed twice (`0,0`) may be shared by two tasks. Numbers a
 #[command(
     name = "scfoundry",
     version,
+    long_version = crate::gpu::build::LONG_VERSION.as_str(),
     about = "Run single-cell foundation models and classic baselines on .h5ad data",
     long_about = "Run single-cell foundation models (scFMs) and classic baselines on AnnData .h5ad files: \
 embed cells, score embeddings, transfer labels and fine-tune, on a laptop, a GPU workstation or a cluster.\n\n\

@@ -47,7 +47,7 @@ fn cuda_section(args: &DoctorArgs, out: &mut serde_json::Map<String, serde_json:
 #[cfg(feature = "cuda")]
 fn cuda_section(args: &DoctorArgs, out: &mut serde_json::Map<String, serde_json::Value>, text: &mut Vec<String>) -> Result<(), ()> {
     use crate::gpu::{cuda, options::human};
-    text.push("CUDA: compiled in (built for CUDA 13.0; driver and cuBLAS opened at run time)".into());
+    text.push(format!("CUDA: compiled in ({}; driver and cuBLAS opened at run time)", gpu::build::Targets::this_binary().describe()));
     let inv = match cuda::inventory() {
         Ok(i) => i,
         Err(e) => {
@@ -60,6 +60,7 @@ fn cuda_section(args: &DoctorArgs, out: &mut serde_json::Map<String, serde_json:
         }
     };
     text.push(format!("driver: {} (supports CUDA {})", inv.driver_library, inv.driver_cuda_version));
+    let mut usable = true;
     text.push(format!("cuBLAS: {}", inv.cublas.as_ref().map(String::as_str).unwrap_or_else(|e| e.as_str())));
     text.push(format!("cuRAND: {}", inv.curand.as_ref().map(String::as_str).unwrap_or_else(|e| e.as_str())));
     text.push(format!("devices: {}", inv.devices.len()));
@@ -74,8 +75,18 @@ fn cuda_section(args: &DoctorArgs, out: &mut serde_json::Map<String, serde_json:
             if d.memory_pools { "yes" } else { "no" },
             if d.managed_memory && d.concurrent_managed_access { "yes" } else if d.managed_memory { "yes (no concurrent access)" } else { "no" },
         ));
+        match &d.kernels {
+            Ok(how) => text.push(format!("     kernels: {how}")),
+            Err(why) => {
+                text.push(format!("     kernels: cannot run here: {why}"));
+                usable = false;
+            }
+        }
     }
     out.insert("cuda".into(), serde_json::to_value(&inv).unwrap_or_default());
+    if !usable {
+        return Err(());
+    }
     if args.bench_alloc {
         match cuda::latency_bench(args.gpu, args.pairs, args.seed) {
             Ok(rows) => {

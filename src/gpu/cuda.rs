@@ -82,10 +82,29 @@ pub fn preflight(ordinal: usize) -> Result<(), GpuError> {
         let found = if count == 0 { "the driver sees no CUDA device".to_string() } else { format!("this machine shows {count} device(s), 0 to {}", count - 1) };
         return Err(GpuError::NoDevice { ordinal, found, visible: visible_note() });
     }
+    // the driver and the card against what this binary carries (gpu/build.rs)
+    let (driver, cap) = driver_and_capability(ordinal)?;
+    super::build::Targets::this_binary()
+        .check(driver, cap)
+        .map_err(|u| GpuError::Unsupported { detail: format!("device {ordinal}: {}", u.detail), hint: u.hint })?;
     for lib in ["cublas", "cublasLt", "curand"] {
         dlopen_any(lib).map_err(|detail| GpuError::NoLibrary { library: format!("lib{lib}"), detail })?;
     }
     Ok(())
+}
+
+/// cuDriverGetVersion and device `ordinal`'s compute capability (the driver initialised).
+pub fn driver_and_capability(ordinal: usize) -> Result<(i32, (u32, u32)), GpuError> {
+    use sys::CUdevice_attribute_enum::*;
+    let mut v = 0i32;
+    let mut dev = 0;
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        sys::cuDriverGetVersion(&mut v).result().map_err(drv("cuDriverGetVersion"))?;
+        sys::cuDeviceGet(&mut dev, ordinal as i32).result().map_err(drv("cuDeviceGet"))?;
+    }
+    let cap = (attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32, attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) as u32);
+    Ok((v, cap))
 }
 
 /// One device as `doctor` prints it.
@@ -99,6 +118,9 @@ pub struct DeviceInfo {
     pub memory_pools: bool,
     pub managed_memory: bool,
     pub concurrent_managed_access: bool,
+    /// how this binary's kernels run there ("machine code sm_90", "PTX compute_90, compiled at
+    /// load"), or why they cannot
+    pub kernels: Result<String, String>,
 }
 
 /// Driver and library versions and the devices, for `doctor`.
@@ -107,7 +129,7 @@ pub struct Inventory {
     pub driver_library: String,
     /// CUDA version the driver supports, e.g. "13.0".
     pub driver_cuda_version: String,
-    /// CUDA version this binary was built for.
+    /// What this binary carries: CUDA version and architectures (gpu/build.rs).
     pub built_for_cuda: String,
     pub cublas: Result<String, String>,
     pub curand: Result<String, String>,
@@ -150,6 +172,12 @@ pub fn inventory() -> Result<Inventory, GpuError> {
             use sys::CUdevice_attribute_enum::*;
             let ctx = CudaContext::new(i).map_err(drv("cuDevicePrimaryCtxRetain"))?;
             ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+            let cap = (attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) as u32, attr(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) as u32);
+            let kernels = match super::build::Targets::this_binary().check(v, cap) {
+                Ok(super::build::Fit::Sass(a)) => Ok(format!("machine code {a}")),
+                Ok(super::build::Fit::Ptx(a)) => Ok(format!("PTX {a}, compiled by the driver at load")),
+                Err(u) => Err(format!("{} (hint: {})", u.detail, u.hint)),
+            };
             let (mut free, mut total) = (0usize, 0usize);
             sys::cuMemGetInfo_v2(&mut free, &mut total).result().map_err(drv("cuMemGetInfo"))?;
             devices.push(DeviceInfo {
@@ -161,9 +189,10 @@ pub fn inventory() -> Result<Inventory, GpuError> {
                 memory_pools: attr(dev, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 0,
                 managed_memory: attr(dev, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) != 0,
                 concurrent_managed_access: attr(dev, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS) != 0,
+                kernels,
             });
         }
-        Ok(Inventory { driver_library, driver_cuda_version, built_for_cuda: "13.0".into(), cublas, curand, devices })
+        Ok(Inventory { driver_library, driver_cuda_version, built_for_cuda: super::build::Targets::this_binary().describe(), cublas, curand, devices })
     }
 }
 
@@ -217,6 +246,18 @@ impl Resource {
         let mut default_pool: CUmemoryPool = std::ptr::null_mut();
         unsafe { sys::cuDeviceGetDefaultMemPool(&mut default_pool, dev).result().map_err(drv("cuDeviceGetDefaultMemPool"))? };
         let kind = options.kind;
+        // the managed modes prefetch and advise with cuMemPrefetchAsync_v2 and cuMemAdvise_v2,
+        // which drivers have from CUDA 12.2 on (the CUDA 12 build also runs on 12.0 and 12.1)
+        let mut driver = 0i32;
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut driver).result().map_err(drv("cuDriverGetVersion"))? };
+        if kind.is_managed() && driver < 12020 {
+            return Err(GpuError::BadOption {
+                option: "allocator".into(),
+                value: format!("{} (the driver supports CUDA {}.{})", kind.name(), driver / 1000, (driver % 1000) / 10),
+                hint: "the managed allocators need a driver for CUDA 12.2 or newer (cuMemPrefetchAsync_v2, cuMemAdvise_v2): update the driver, or use --allocator async".into(),
+            });
+        }
         let mut limit = options.limit.map(|b| b.0);
         let upstream = match kind {
             AllocatorKind::Async => {
@@ -469,10 +510,24 @@ pub fn keep_in_default_pool(dev: sys::CUdevice, threshold: Option<u64>) -> Resul
     set_release_threshold(pool, bytes)
 }
 
+/// Pools of managed memory came with CUDA 13 (the allocation type is not in the 12.x API).
+#[cfg(not(feature = "cuda12"))]
+fn managed_allocation_type() -> Result<sys::CUmemAllocationType, GpuError> {
+    Ok(sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)
+}
+#[cfg(feature = "cuda12")]
+fn managed_allocation_type() -> Result<sys::CUmemAllocationType, GpuError> {
+    Err(GpuError::BadOption {
+        option: "allocator".into(),
+        value: "managed-pool".into(),
+        hint: "pools of managed memory need CUDA 13 (driver and build): use the CUDA 13 build (scripts/build-cuda.sh), or --allocator managed".into(),
+    })
+}
+
 fn create_pool(ordinal: i32, managed: bool, maximum: u64) -> Result<CUmemoryPool, GpuError> {
     // SAFETY: zeroed props are the documented starting point; fields set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-    props.allocType = if managed { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED } else { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED };
+    props.allocType = if managed { managed_allocation_type()? } else { sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED };
     props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
     props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal };
     props.maxSize = maximum as usize;

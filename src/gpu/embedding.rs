@@ -147,7 +147,7 @@ mod cuda {
                     super::Kernel::Bert => &BERT,
                     super::Kernel::NormAdd => &NORM_ADD,
                 };
-                let func = dev.get_or_load_custom_func(names[instance], MODULE, PTX)?;
+                let func = load_kernel!(dev, names[instance], MODULE, PTX)?;
                 let (rows32, d32, eps) = (rows as i32, d as i32, self.eps as f32);
                 let views = held.iter().map(|h| h.view()).collect::<Result<Vec<_>>>()?;
                 let (w, b) = (w.view()?, b.view()?);

@@ -107,10 +107,11 @@ mod cuda {
     use half::bf16;
 
     use crate::gpu::gemm_layer_norm;
+    use crate::gpu::KernelImage;
     use crate::nn::post_norm::{Act, PostNormStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
-    pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/encoder_ops.ptx"));
+    pub(crate) static PTX: KernelImage = kernel_image!("encoder_ops");
     pub(crate) const MODULE: &str = "scfoundry_encoder_ops";
 
     pub struct Fused<'a> {
@@ -145,7 +146,7 @@ mod cuda {
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
         const NAMES: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
         let (instance, cfg) = norm_launch(rows, d);
-        let func = dev.get_or_load_custom_func(NAMES[instance], MODULE, PTX)?;
+        let func = load_kernel!(dev, NAMES[instance], MODULE, PTX)?;
         let (rows, d) = (rows as i32, d as i32);
         let mut l = func.builder();
         l.arg(x);
@@ -172,7 +173,7 @@ mod cuda {
     }
 
     fn gelu(dev: &CudaDevice, x: &mut CudaSlice<bf16>, n: usize, erf: bool) -> Result<()> {
-        let func = dev.get_or_load_custom_func(if erf { "gelu_erf_bf16" } else { "gelu_tanh_bf16" }, MODULE, PTX)?;
+        let func = load_kernel!(dev, if erf { "gelu_erf_bf16" } else { "gelu_tanh_bf16" }, MODULE, PTX)?;
         let packs = (n / 8) as u64;
         let cfg = LaunchConfig { grid_dim: ((packs as usize).div_ceil(256).clamp(1, 132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut l = func.builder();

@@ -21,9 +21,10 @@ use candle_core::{CudaDevice, Result};
 use half::bf16;
 
 use super::tma::{self, tensor_map};
+use super::KernelImage;
 
-/// Empty unless the binary was built for compute capability 9.0 (build.rs).
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemm_layer_norm_sm90.ptx"));
+/// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
+static PTX: KernelImage = kernel_image!("gemm_layer_norm_sm90");
 const MODULE: &str = "scfoundry_gemm_layer_norm_sm90";
 const KERNEL: &str = "gemm_bias_residual_layer_norm_n256_tma_sm90";
 /// The layer width the kernel is written for.
@@ -45,10 +46,10 @@ fn enabled(dev: &CudaDevice) -> Result<bool> {
     if let Some(&(_, on)) = chosen.iter().find(|(id, _)| *id == dev.id()) {
         return Ok(on);
     }
-    let hopper = !PTX.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
+    let hopper = !PTX.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, 0)));
     let on = hopper && std::env::var(crate::env::EnvVars::FUSED_NORM).map_or(true, |v| v != "0");
     if on {
-        let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
+        let func = load_kernel!(dev, KERNEL, MODULE, PTX)?;
         func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SHARED as i32).w()?;
     }
     chosen.push((dev.id(), on));
@@ -93,7 +94,7 @@ pub(crate) fn launch(
     if tokens == 0 {
         return Ok(true);
     }
-    let func = dev.get_or_load_custom_func(KERNEL, MODULE, PTX)?;
+    let func = load_kernel!(dev, KERNEL, MODULE, PTX)?;
     let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?.max(1) as usize;
     // the guards record the kernel's reads and write on the stream when they drop, after the launch
     let (pa, _read_a) = a.device_ptr(&stream);

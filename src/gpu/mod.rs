@@ -25,8 +25,43 @@
 //! the task process installs the chosen resource as that hook before it creates candle's device,
 //! so model weights, activations and cuBLAS's workspace all come from it.
 
+/// A kernel module as this binary carries it (build.rs): PTX text in the CUDA 13 build, a fatbin
+/// (machine code for several GPU generations plus PTX) in the CUDA 12 one (feature `cuda12`).
+#[cfg(all(feature = "cuda", not(feature = "cuda12")))]
+macro_rules! kernel_image {
+    ($name:literal) => {
+        include_str!(concat!(env!("OUT_DIR"), "/", $name, ".ptx"))
+    };
+}
+#[cfg(feature = "cuda12")]
+macro_rules! kernel_image {
+    ($name:literal) => {
+        include_bytes!(concat!(env!("OUT_DIR"), "/", $name, ".fatbin"))
+    };
+}
+/// The type of a [kernel_image]: `&'static str` (PTX) or `&'static [u8]` (fatbin).
+#[cfg(all(feature = "cuda", not(feature = "cuda12")))]
+pub(crate) type KernelImage = &'static str;
+#[cfg(feature = "cuda12")]
+pub(crate) type KernelImage = &'static [u8];
+/// `dev`'s function `name` of module `module`, loading the module from `image` (a [KernelImage]) the first time.
+#[cfg(all(feature = "cuda", not(feature = "cuda12")))]
+macro_rules! load_kernel {
+    ($dev:expr, $name:expr, $module:expr, $image:expr) => {
+        $dev.get_or_load_custom_func($name, $module, $image)
+    };
+}
+#[cfg(feature = "cuda12")]
+macro_rules! load_kernel {
+    ($dev:expr, $name:expr, $module:expr, $image:expr) => {
+        $dev.get_or_load_custom_image($name, $module, $image)
+    };
+}
+// (the macros reach the modules below by textual scope: they are defined before them)
+
 pub mod accounting;
 pub mod backoff;
+pub mod build;
 pub mod cards;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -79,6 +114,9 @@ pub enum GpuError {
     Cards { detail: String, hint: String },
     #[error("the GPU lock folder {path}: {detail}")]
     LockFolder { path: std::path::PathBuf, detail: String },
+    /// the driver or the card cannot run this binary's kernels (build::Targets::check)
+    #[error("--device cuda: {detail}")]
+    Unsupported { detail: String, hint: String },
 }
 
 impl GpuError {
@@ -86,9 +124,10 @@ impl GpuError {
         Some(match self {
             GpuError::NotCompiled => "build the GPU binary with scripts/build-cuda.sh (README, \"GPU build\"), or run with --device cpu".into(),
             GpuError::NoDriver { .. } => "is an NVIDIA driver installed? `nvidia-smi` should list the GPUs, and libcuda.so.1 must be on the loader path".into(),
+            GpuError::NoLibrary { .. } if build::CUDA_VERSION.starts_with("12.") => "install the CUDA 12 (or 13) libraries (cuBLAS, cuBLASLt, cuRAND 10) and put their folder on LD_LIBRARY_PATH, e.g. export LD_LIBRARY_PATH=/usr/local/cuda-12.8/targets/x86_64-linux/lib:$LD_LIBRARY_PATH".into(),
             GpuError::NoLibrary { .. } => "install the CUDA 13 libraries (cuBLAS 13, cuRAND 10) and put their folder on LD_LIBRARY_PATH, e.g. export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:$LD_LIBRARY_PATH".into(),
             GpuError::NoDevice { .. } => "`scfoundry doctor` lists the devices; pass --gpu with one of them".into(),
-            GpuError::BadOption { hint, .. } | GpuError::OutOfMemory { hint, .. } | GpuError::ModelTooLarge { hint, .. } | GpuError::Cards { hint, .. } => hint.clone(),
+            GpuError::BadOption { hint, .. } | GpuError::OutOfMemory { hint, .. } | GpuError::ModelTooLarge { hint, .. } | GpuError::Cards { hint, .. } | GpuError::Unsupported { hint, .. } => hint.clone(),
             GpuError::LockFolder { .. } => format!("set ${} to a folder on this node that you can write (every task of a node must use the same one)", crate::env::EnvVars::GPU_LOCKS),
             GpuError::Driver { .. } => return None,
         })

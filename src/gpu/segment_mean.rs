@@ -81,7 +81,7 @@ mod cuda {
 
     #[allow(clippy::too_many_arguments)]
     fn launch<T>(dev: &CudaDevice, name: &str, x: &CudaView<T>, starts: &CudaView<u32>, counts: &CudaView<u32>, out: &mut CudaSlice<f32>, d: i32, cfg: LaunchConfig) -> Result<()> {
-        let func = dev.get_or_load_custom_func(name, crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
+        let func = load_kernel!(dev, name, crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
         let mut b = func.builder();
         b.arg(x);
         b.arg(starts);

@@ -95,10 +95,11 @@ mod cuda {
     use std::sync::Mutex;
 
     use crate::gpu::tma;
+    use crate::gpu::KernelImage;
 
-    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention.ptx"));
-    /// Empty unless the binary was built for compute capability 9.0 (build.rs).
-    const PTX_SM90: &str = include_str!(concat!(env!("OUT_DIR"), "/varlen_attention_sm90.ptx"));
+    static PTX: KernelImage = kernel_image!("varlen_attention");
+    /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
+    static PTX_SM90: KernelImage = kernel_image!("varlen_attention_sm90");
     /// The Hopper kernel's dynamic shared memory: 128 query rows and two buffers of 96 key and
     /// 96 value rows, 128 bytes each, and 1024 bytes to align the tiles (kernels/varlen_attention_sm90.cu).
     const SM90_SHARED: u32 = 128 * 128 + 2 * 2 * 96 * 128 + 1024;
@@ -114,9 +115,9 @@ mod cuda {
         if let Some(&(_, name)) = chosen.iter().find(|(id, _)| *id == dev.id()) {
             return Ok(name);
         }
-        let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, _)));
+        let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, 0)));
         let name = if hopper && std::env::var(crate::env::EnvVars::ATTENTION).map_or(true, |v| v != "portable") {
-            let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
+            let func = load_kernel!(dev, SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
             "sm90"
         } else {
@@ -141,7 +142,7 @@ mod cuda {
         let heads = heads as i32;
         if kernel_name(dev)? == "sm90" && tma::fits(ptr, width) {
             let map = tma::tensor_map(ptr, qkv.len() / width, width, 32)?;
-            let func = dev.get_or_load_custom_func(SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
+            let func = load_kernel!(dev, SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED };
             let mut b = func.builder();
             b.arg(&map);
@@ -151,7 +152,7 @@ mod cuda {
             b.arg(&scale_log2);
             unsafe { b.launch(cfg) }.w()?;
         } else {
-            let func = dev.get_or_load_custom_func("varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
+            let func = load_kernel!(dev, "varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let mut b = func.builder();
             b.arg(qkv);
