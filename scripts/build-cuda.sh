@@ -5,6 +5,7 @@
 #   scripts/build-cuda.sh            # -> dist/cuda/scfoundry
 #   scripts/build-cuda.sh --check    # cargo check only (what CI runs when SCFOUNDRY_CI_CUDA=1)
 #   scripts/build-cuda.sh --cuda 12  # -> dist/cuda12/scfoundry: CUDA 12 drivers, Ampere and newer
+#   scripts/build-cuda.sh --cuda 12 --zig   # the same, linked by zig against glibc 2.28
 #                                    #    (scripts/build-cuda12.sh does it; docs/gpu.md, "The CUDA 12 build")
 #
 # How (docs/gpu.md has the reasons):
@@ -25,17 +26,22 @@ ROOT=$PWD
 CACHE=${SCFOUNDRY_CACHE:-$HOME/.cache/scfoundry}
 MODE=build
 CUDA_MAJOR=13
+ZIG=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --check) MODE=check ;;
     --cuda) CUDA_MAJOR=${2:?--cuda takes 12 or 13}; shift ;;
-    *) echo "build-cuda: unknown argument $1 (--check, --cuda 12|13)" >&2; exit 2 ;;
+    --zig) ZIG=1 ;;
+    *) echo "build-cuda: unknown argument $1 (--check, --cuda 12|13, --zig)" >&2; exit 2 ;;
   esac
   shift
 done
 if [[ $CUDA_MAJOR == 12 ]]; then
-  if [[ $MODE == check ]]; then exec scripts/build-cuda12.sh --check; else exec scripts/build-cuda12.sh; fi
+  if [[ $MODE == check ]]; then exec scripts/build-cuda12.sh --check
+  elif [[ -n $ZIG ]]; then exec scripts/build-cuda12.sh --zig
+  else exec scripts/build-cuda12.sh; fi
 fi
+[[ -z $ZIG ]] || { echo "build-cuda: --zig applies to --cuda 12 (the CUDA 13 build links nvcc-compiled host code and libcudart)" >&2; exit 2; }
 [[ $CUDA_MAJOR == 13 ]] || { echo "build-cuda: --cuda takes 12 or 13" >&2; exit 2; }
 
 # shellcheck source=scripts/toolchain.sh

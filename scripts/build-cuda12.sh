@@ -4,6 +4,8 @@
 #
 #   scripts/build-cuda12.sh           # -> dist/cuda12/scfoundry (and the fatbin listing)
 #   scripts/build-cuda12.sh --check   # cargo check only
+#   scripts/build-cuda12.sh --zig     # linked by zig against glibc 2.28 (scripts/zig.sh), build
+#                                     # folder $CARGO_TARGET_DIR_CUDA12 (default .../target-cuda12-zig)
 #
 # What differs from the CUDA 13 build (docs/gpu.md, "The CUDA 12 build", has the reasons):
 #   1. the kernels are compiled with NVRTC 12.8 from PyPI (ci/requirements-cuda12.txt, in
@@ -20,6 +22,7 @@ ROOT=$PWD
 CACHE=${SCFOUNDRY_CACHE:-$HOME/.cache/scfoundry}
 MODE=build
 [[ "${1:-}" == "--check" ]] && MODE=check
+ZIG=; [[ "${1:-}" == "--zig" ]] && ZIG=1
 # machine code for these, PTX for the last; the Hopper kernels (*_sm90.cu) for sm_90a alone
 SASS=80,90
 PTX=90
@@ -113,6 +116,19 @@ export SCFOUNDRY_CUDA_VERSION=12.8
 # this flavour links libcudart.
 export RUSTFLAGS="-L native=$CACHE/cuda-link"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR_CUDA12:-$CACHE/target-cuda12}
+OUTBIN=$CARGO_TARGET_DIR/release
+CARGO_BUILD=(cargo build --release)
+if [[ -n $ZIG ]]; then
+  # zig compiles the C parts and links against glibc 2.28's symbol versions, as the CPU release
+  # build does (scripts/test.sh); no host C++ or libcudart is linked in this flavour, so nothing
+  # else needs the build machine's glibc
+  # shellcheck source=scripts/zig.sh
+  source scripts/zig.sh
+  unset RUSTFLAGS
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR_CUDA12:-$CACHE/target-cuda12-zig}
+  OUTBIN=$CARGO_TARGET_DIR/$SCF_RELEASE_TRIPLE/release
+  CARGO_BUILD=(cargo zigbuild --release --target "$SCF_ZIG_TARGET")
+fi
 
 cp Cargo.lock "$CACHE/Cargo.lock.cuda12-backup"
 trap 'cp "$CACHE/Cargo.lock.cuda12-backup" "$ROOT/Cargo.lock"' EXIT
@@ -123,10 +139,10 @@ if [[ $MODE == check ]]; then
   cargo check --release --features cuda12 "${PATCH_ARGS[@]}" --bin scfoundry --bin scfoundry-bench
   exit 0
 fi
-cargo build --release --features cuda12 "${PATCH_ARGS[@]}" --bin scfoundry --bin scfoundry-bench
+"${CARGO_BUILD[@]}" --features cuda12 "${PATCH_ARGS[@]}" --bin scfoundry --bin scfoundry-bench
 mkdir -p dist/cuda12
 for b in scfoundry scfoundry-bench; do
-  cp "$CARGO_TARGET_DIR/release/$b" dist/cuda12/$b.tmp
+  cp "$OUTBIN/$b" dist/cuda12/$b.tmp
   strip dist/cuda12/$b.tmp
   mv dist/cuda12/$b.tmp dist/cuda12/$b
 done
