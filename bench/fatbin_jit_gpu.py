@@ -2,29 +2,18 @@
 libcuda: no cuBLAS), once as the driver picks (machine code for the card) and once with
 CUDA_FORCE_PTX_JIT=1 in a child process (the PTX compiled by the driver at load, as a card newer
 than the build's machine code would): does each module load, and how long does the JIT take.
-The fatbins are found by their header as cuda/list_fatbins.py finds them.
+The fatbins are found by cuda/list_fatbins.py's `fatbins`.
 
     python3 bench/fatbin_jit_gpu.py BINARY          # on a GPU machine; numpy not needed
 """
 import ctypes
 import os
-import struct
 import subprocess
 import sys
 import time
 
-MAGIC = struct.pack("<I", 0xBA55ED50)
-
-
-def fatbins(data):
-    i = data.find(MAGIC)
-    while i >= 0:
-        version, header, size = struct.unpack_from("<HHQ", data, i + 4)
-        if version == 1 and header == 16 and 0 < size < len(data):
-            yield i, data[i : i + header + size]
-            i = data.find(MAGIC, i + header + size)
-        else:
-            i = data.find(MAGIC, i + 4)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cuda"))
+from list_fatbins import fatbins  # noqa: E402  (the fatbins cut out by their header, one finder)
 
 
 def load_all(binary):
