@@ -6,6 +6,7 @@
 //! batch i + 1. Here the values are copied into one of eight page-locked buffers (`pinned.rs`,
 //! each reused once the copy made from it eight uploads before is done; a batch makes 2-4: its
 //! ids, its cells' offsets for the encoder, the rows to read out) and from there on the stream.
+//! u32 values and f32 values (SCimilarity's sparse counts) each have their ring.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -21,29 +22,63 @@ pub fn upload_u32(data: &[u32], device: &Device) -> Result<Tensor> {
     Tensor::new(data, device)
 }
 
+/// [`upload_u32`] for f32 values (a batch's sparse counts): its own ring of page-locked buffers.
+pub fn upload_f32(data: &[f32], device: &Device) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        if !data.is_empty() {
+            return cuda::upload(data, dev);
+        }
+    }
+    Tensor::new(data, device)
+}
+
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::upload_slice;
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::super::pinned::PinnedRing;
-    use candle_core::cuda_backend::cudarc::driver::{result, CudaSlice, DevicePtrMut};
+    use candle_core::cuda_backend::cudarc::driver::{result, CudaSlice, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+    use candle_core::cuda_backend::CudaDType;
     use candle_core::op::BackpropOp;
     use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
     use std::cell::RefCell;
+    use std::thread::LocalKey;
 
-    /// The page-locked buffers for one stream (a thread's uploads go to one).
-    #[derive(Default)]
-    struct Ring {
+    /// The page-locked buffers for one stream (a thread's uploads of one type go to one).
+    pub struct Ring<T> {
         stream: usize,
-        buffers: PinnedRing<u32, 8>,
+        buffers: PinnedRing<T, 8>,
+    }
+
+    impl<T> Default for Ring<T> {
+        fn default() -> Ring<T> {
+            Ring { stream: 0, buffers: PinnedRing::default() }
+        }
     }
 
     thread_local! {
-        static RING: RefCell<Ring> = RefCell::new(Ring::default());
+        static RING_U32: RefCell<Ring<u32>> = RefCell::new(Ring::default());
+        static RING_F32: RefCell<Ring<f32>> = RefCell::new(Ring::default());
     }
 
-    pub fn upload(data: &[u32], dev: &CudaDevice) -> Result<Tensor> {
+    /// The values a thread uploads, each type with its ring.
+    pub trait Staged: DeviceRepr + ValidAsZeroBits + CudaDType + Copy + 'static {
+        fn ring() -> &'static LocalKey<RefCell<Ring<Self>>>;
+    }
+    impl Staged for u32 {
+        fn ring() -> &'static LocalKey<RefCell<Ring<u32>>> {
+            &RING_U32
+        }
+    }
+    impl Staged for f32 {
+        fn ring() -> &'static LocalKey<RefCell<Ring<f32>>> {
+            &RING_F32
+        }
+    }
+
+    pub fn upload<T: Staged>(data: &[T], dev: &CudaDevice) -> Result<Tensor> {
         let dst = upload_slice(data, dev)?;
         let n = dst.len();
         Ok(Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, dev.clone())), n, BackpropOp::none(), false))
@@ -51,13 +86,13 @@ mod cuda {
 
     /// `data` on the device's stream as a raw slice (for kernels that take their indices
     /// inside a custom op), through page-locked memory.
-    pub fn upload_slice(data: &[u32], dev: &CudaDevice) -> Result<CudaSlice<u32>> {
+    pub fn upload_slice<T: Staged>(data: &[T], dev: &CudaDevice) -> Result<CudaSlice<T>> {
         if data.is_empty() {
             return dev.clone_htod(data);
         }
         let err = |e| candle_core::Error::Msg(format!("uploading a batch to the GPU: {e:?}"));
         let stream = dev.cuda_stream();
-        RING.with_borrow_mut(|ring| -> Result<_> {
+        T::ring().with_borrow_mut(|ring| -> Result<_> {
             let key = stream.cu_stream() as usize;
             if ring.stream != key {
                 // another stream (another device): its buffers go once their copies are done
@@ -67,7 +102,7 @@ mod cuda {
             // the copy made from this buffer eight uploads ago is done before it is handed out
             let (slot, src) = ring.buffers.take(&stream, data.len()).map_err(err)?;
             src.copy_from_slice(data);
-            let mut dst = unsafe { stream.alloc::<u32>(data.len()) }.map_err(err)?;
+            let mut dst = unsafe { stream.alloc::<T>(data.len()) }.map_err(err)?;
             {
                 let (ptr, _synced) = dst.device_ptr_mut(&stream);
                 unsafe { result::memcpy_htod_async(ptr, &*src, stream.cu_stream()) }.map_err(err)?;
@@ -87,5 +122,6 @@ mod tests {
         let t = upload_u32(&[3, 1, 4, 1, 5], &Device::Cpu).unwrap();
         assert_eq!(t.to_vec1::<u32>().unwrap(), vec![3, 1, 4, 1, 5]);
         assert_eq!(upload_u32(&[], &Device::Cpu).unwrap().elem_count(), 0);
+        assert_eq!(upload_f32(&[0.5, -2.0], &Device::Cpu).unwrap().to_vec1::<f32>().unwrap(), vec![0.5, -2.0]);
     }
 }

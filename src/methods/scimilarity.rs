@@ -34,6 +34,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Linear, Module};
 
 use crate::error::{Error, Result};
+use crate::nn::sparse_rows::SparseRows;
 
 /// The weights entry (the pinned tar.gz, extracted beside itself by `weights pull`).
 pub const ARCHIVE_ENTRY: &str = "scimilarity-model-v1.1";
@@ -224,6 +225,13 @@ impl Encoder {
         z.broadcast_div(&norm)
     }
 
+    /// Embeddings (`n x latent`, on the model's device, not read back) of a batch of sparse
+    /// cells (aligned, log-normalised), made dense on the device ([`SparseRows::to_dense`]: only
+    /// the non-zero values travel). The same values as [`Self::embed_rows`] on the same cells.
+    pub fn forward_sparse(&self, b: &SparseRows) -> candle_core::Result<Tensor> {
+        self.forward(&b.to_dense(&self.device)?)
+    }
+
     /// Rows (`n x latent`, row-major) for a dense row-major batch `n x n_genes`.
     pub fn embed_rows(&self, rows: &[f32], n: usize) -> Result<Vec<f32>> {
         let me = |e: candle_core::Error| Error::Model { context: "running the SCimilarity encoder".into(), detail: e.to_string() };
@@ -259,6 +267,42 @@ impl Alignment {
         let matched = seen.iter().filter(|&&k| k > 0).count();
         let duplicated = seen.iter().filter(|&&k| k > 1).map(|&k| k as usize).sum();
         Alignment { column, matched, missing: gene_order.len() - matched, duplicated, n_genes: gene_order.len() }
+    }
+
+    /// [`Self::lognorm_row`]'s non-zero values as (model column, value) entries in `out`, each
+    /// column once (repeated genes summed in the data's order, as there): the same values.
+    pub fn lognorm_sparse(&self, indices: &[u32], values: &[f32], out: &mut Vec<(u32, f32)>) -> std::result::Result<(), f32> {
+        out.clear();
+        let mut total = 0f64;
+        for (&j, &v) in indices.iter().zip(values) {
+            if !v.is_finite() || v < 0.0 {
+                return Err(v);
+            }
+            if let Some(c) = self.column[j as usize] {
+                out.push((c, v));
+                total += v as f64;
+            }
+        }
+        if self.duplicated > 0 {
+            // a stable sort keeps the data's order within a column: the sums are lognorm_row's
+            out.sort_by_key(|e| e.0);
+            let mut w = 0;
+            for r in 0..out.len() {
+                if w > 0 && out[w - 1].0 == out[r].0 {
+                    out[w - 1].1 += out[r].1;
+                } else {
+                    out[w] = (out[r].0, 0.0 + out[r].1);
+                    w += 1;
+                }
+            }
+            out.truncate(w);
+        }
+        out.retain(|e| e.1 != 0.0);
+        if total > 0.0 {
+            let f = (TARGET_SUM / total) as f32;
+            out.iter_mut().for_each(|e| e.1 = (e.1 * f).ln_1p());
+        }
+        Ok(())
     }
 
     /// One cell's aligned, log-normalised row into `out` (length n_genes): counts summed into
@@ -312,6 +356,30 @@ mod tests {
         a.lognorm_row(&[1], &[7.0], &mut row).unwrap();
         assert!(row.iter().all(|&v| v == 0.0));
         assert_eq!(a.lognorm_row(&[0], &[-1.0], &mut row), Err(-1.0));
+    }
+
+    #[test]
+    fn sparse_rows_scattered_equal_the_dense_rows() {
+        let order = names(&["A", "B", "C", "D", "E"]);
+        let data = names(&["C", "X", "A", "C", "E"]);
+        let a = Alignment::new(&data, &order);
+        let cells: Vec<(Vec<u32>, Vec<f32>)> = vec![(vec![0, 1, 2, 3, 4], vec![3.0, 100.0, 1.0, 1.0, 0.0]), (vec![1], vec![7.0]), (vec![4, 2], vec![2.0, 5.0]), (vec![], vec![])];
+        let mut sparse = Vec::new();
+        let mut dense = vec![0f32; cells.len() * 5];
+        for (i, (idx, v)) in cells.iter().enumerate() {
+            let mut e = Vec::new();
+            a.lognorm_sparse(idx, v, &mut e).unwrap();
+            a.lognorm_row(idx, v, &mut dense[i * 5..(i + 1) * 5]).unwrap();
+            sparse.push(e);
+        }
+        assert_eq!(a.lognorm_sparse(&[0], &[f32::NAN], &mut Vec::new()).unwrap_err().is_nan(), true);
+        let enc = Encoder::random(5, &[4], 3, Device::Cpu, 7).unwrap();
+        let want = enc.embed_rows(&dense, cells.len()).unwrap();
+        for segments in [1, 2, 3, 5, 9] {
+            let b = SparseRows::new(&sparse, 5, segments);
+            let got = enc.forward_sparse(&b).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(got, want, "{segments} segments");
+        }
     }
 
     #[test]

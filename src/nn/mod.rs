@@ -1,6 +1,6 @@
 //! Building blocks shared by several models: encoder layers (BERT, packed BERT, post-norm
 //! stacks), the CLS encoder of scCello and LangCell, seeded random initialisation, the
-//! fine-tuning heads and the kNN label transfer. Model files (`methods/`) build on these.
+//! fine-tuning heads, the kNN label transfer and sparse cells made dense on the device. Model files (`methods/`) build on these.
 
 pub mod bert;
 pub mod cls_encoder;
@@ -9,6 +9,7 @@ pub mod knn_transfer;
 pub mod packed_bert;
 pub mod post_norm;
 pub mod random_init;
+pub mod sparse_rows;
 
 /// FLOPs of one cell of `s` tokens through `layers` encoder layers of width `d` and
 /// feed-forward width `f`: the dense products and the attention scores.

@@ -12,6 +12,7 @@ use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scimilarity::{self, Alignment, Encoder};
+use crate::nn::sparse_rows::SparseRows;
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
@@ -90,23 +91,37 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
             }
         }
         let order: Vec<usize> = (0..b.n_rows()).collect();
-        let rows = batches.run(
+        // each batch: its cells' sparse, log-normalised rows built on all cores, scattered into
+        // dense rows on the model's device; read back while the next batch is built
+        let rows = batches.run_lagged(
             b.n_rows(),
             dim,
             &order,
+            None,
             0.0,
             |cells| {
-                let mut dense = vec![0f32; cells.len() * n_genes];
-                for (k, &i) in cells.iter().enumerate() {
-                    let (idx, vals) = b.row(i);
-                    align.lognorm_row(idx, vals, &mut dense[k * n_genes..(k + 1) * n_genes]).map_err(|v| Error::BadField {
+                use rayon::prelude::*;
+                let built: Vec<std::result::Result<Vec<(u32, f32)>, f32>> = cells
+                    .par_iter()
+                    .map(|&i| {
+                        let (idx, vals) = b.row(i);
+                        let mut e = Vec::new();
+                        align.lognorm_sparse(idx, vals, &mut e).map(|_| e)
+                    })
+                    .collect();
+                // the batch's first bad cell, as a serial pass would find it
+                let mut sparse = Vec::with_capacity(built.len());
+                for (k, r) in built.into_iter().enumerate() {
+                    let i = cells[k];
+                    sparse.push(r.map_err(|v| Error::BadField {
                         path: spec.data.clone(),
                         field: x.field.clone(),
                         detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
                         hint: Some("SCimilarity reads raw counts (non-negative, finite), as upstream's align_dataset requires; pass the counts layer with --layer".into()),
-                    })?;
+                    })?);
                 }
-                enc.embed_rows(&dense, cells.len())
+                let sb = SparseRows::new(&sparse, n_genes, SparseRows::segments_for(&enc.device, cells.len()));
+                enc.forward_sparse(&sb).map_err(|e| Error::Model { context: "running the SCimilarity encoder".into(), detail: e.to_string() })
             },
             |k| p.inc(k as u64),
         )?;
