@@ -55,6 +55,7 @@ use crate::formats::pickle::Py;
 use crate::formats::torch_zip::{TorchZip, TorchZipError};
 use super::scvi::{BatchNorm, FcLayers, Linear, ZEncoder};
 use crate::error::{Error, Result};
+use crate::nn::sparse_rows::SparseRows;
 
 /// The file scvi-tools' `save` writes in the model folder.
 pub const MODEL_FILE: &str = "model.pt";
@@ -337,6 +338,13 @@ impl GeneAlignment {
         self.present as f64 / self.n_model.max(1) as f64
     }
 
+    /// A cell's CSR row as (model column, count) entries in `out` (a gene given twice keeps its
+    /// last count, as [`Self::fill`]).
+    pub fn entries(&self, idx: &[u32], vals: &[f32], out: &mut Vec<(u32, f32)>) {
+        out.clear();
+        out.extend(idx.iter().zip(vals).filter_map(|(&j, &v)| self.model_col[j as usize].map(|c| (c, v))));
+    }
+
     /// A cell's CSR row as dense model-gene counts, added to `out` (n_model long, zeroed).
     pub fn fill(&self, idx: &[u32], vals: &[f32], out: &mut [f32]) {
         for (&j, &v) in idx.iter().zip(vals) {
@@ -431,6 +439,11 @@ impl PretrainedScvi {
         Ok(PretrainedScvi { enc, arch: arch.clone(), n_genes, device: device.clone() })
     }
 
+    /// The device the encoder runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     pub fn dim(&self) -> usize {
         self.arch.n_latent
     }
@@ -444,6 +457,12 @@ impl PretrainedScvi {
     fn qz_inner(&mut self, counts: Vec<f32>, codes: &[u32]) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
         let b = counts.len() / self.n_genes.max(1);
         let x = Tensor::from_vec(counts, (b, self.n_genes), &self.device)?;
+        self.qz_of(x, codes)
+    }
+
+    /// q_m and q_v of the dense counts `x` (cells x genes, on the model's device).
+    fn qz_of(&mut self, x: Tensor, codes: &[u32]) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+        let b = x.dim(0)?;
         let x = if self.arch.log_variational { x.affine(1.0, 1.0)?.log()? } else { x };
         let onehot = if self.arch.uses_batch() {
             let k = self.arch.n_batch;
@@ -458,6 +477,16 @@ impl PretrainedScvi {
         let mut rng = ChaCha8Rng::seed_from_u64(0); // unused in evaluation mode
         let (qm, qv) = self.enc.forward(&x, onehot.as_ref(), false, &mut rng)?;
         Ok((qm.flatten_all()?.to_vec1()?, qv.flatten_all()?.to_vec1()?))
+    }
+
+    /// [`Self::embed`] of cells given as sparse counts (the model's genes as columns), made dense
+    /// on the device: only the non-zero counts travel.
+    pub fn embed_sparse(&mut self, rows: &SparseRows, codes: &[u32], seed: u64, first_rows: &[usize]) -> Result<Vec<f32>> {
+        let (qm, qv) = rows.to_dense(&self.device).and_then(|x| self.qz_of(x, codes)).map_err(model_err("running the scVI encoder"))?;
+        match self.arch.latent_distribution {
+            Latent::Normal => Ok(qm),
+            Latent::Ln => Ok(ln_mean(&qm, &qv, self.arch.n_latent, seed, first_rows, MC_SAMPLES)),
+        }
     }
 
     /// The embedding rows of `b` cells: q_m, or for the "ln" latent the mean of softmax(z)

@@ -25,7 +25,8 @@ pub struct SparseRows {
 }
 
 impl SparseRows {
-    /// `cells`: each cell's (column, value) entries, each column at most once, below `n_cols`.
+    /// `cells`: each cell's (column, value) entries, columns below `n_cols`; a column given
+    /// twice takes its last value (the scatter writes a row's slots in order).
     pub fn new(cells: &[Vec<(u32, f32)>], n_cols: usize, segments: usize) -> SparseRows {
         let segments = segments.clamp(1, n_cols.max(1));
         let width = n_cols.div_ceil(segments).max(1);

@@ -13,6 +13,7 @@ use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
 use crate::error::{Error, Result};
 use crate::methods::scvi_pretrained::{self as sp, GeneAlignment, Latent, PretrainedScvi, SavedModel};
+use crate::nn::sparse_rows::SparseRows;
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
 
@@ -192,14 +193,21 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
             &order,
             0.0,
             |idx| {
-                let mut dense = vec![0f32; idx.len() * g];
-                for (r, &i) in idx.iter().enumerate() {
-                    let (ci, cv) = b.row(i);
-                    genes.fill(ci, cv, &mut dense[r * g..(r + 1) * g]);
-                }
+                use rayon::prelude::*;
+                // the batch's counts as sparse rows (built on all cores), made dense on the device
+                let cells: Vec<Vec<(u32, f32)>> = idx
+                    .par_iter()
+                    .map(|&i| {
+                        let (ci, cv) = b.row(i);
+                        let mut e = Vec::new();
+                        genes.entries(ci, cv, &mut e);
+                        e
+                    })
+                    .collect();
+                let sparse = SparseRows::new(&cells, g, SparseRows::segments_for(model.device(), idx.len()));
                 let c: Vec<u32> = idx.iter().map(|&i| codes[s + i]).collect();
                 let rows: Vec<usize> = idx.iter().map(|&i| s + i).collect();
-                model.embed(dense, &c, spec.seed, &rows)
+                model.embed_sparse(&sparse, &c, spec.seed, &rows)
             },
             |k| p.inc(k as u64),
         )?;
