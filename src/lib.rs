@@ -23,6 +23,7 @@ pub mod plots;
 pub mod progress;
 pub mod registry;
 pub mod runner;
+pub mod host_memory;
 pub mod lifecycle;
 pub mod paths;
 pub mod settings;

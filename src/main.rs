@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    scfoundry::host_memory::keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

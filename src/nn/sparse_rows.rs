@@ -28,27 +28,32 @@ impl SparseRows {
     /// `cells`: each cell's (column, value) entries, columns below `n_cols`; a column given
     /// twice takes its last value (the scatter writes a row's slots in order).
     pub fn new(cells: &[Vec<(u32, f32)>], n_cols: usize, segments: usize) -> SparseRows {
+        use rayon::prelude::*;
         let segments = segments.clamp(1, n_cols.max(1));
         let width = n_cols.div_ceil(segments).max(1);
-        let mut fill = vec![0usize; cells.len() * segments];
-        for (i, c) in cells.iter().enumerate() {
-            for &(col, _) in c {
-                fill[i * segments + col as usize / width] += 1;
-            }
-        }
-        let k = fill.iter().copied().max().unwrap_or(0).max(1);
-        let mut cols = vec![u32::MAX; fill.len() * k];
-        let mut vals = vec![0f32; fill.len() * k];
-        fill.iter_mut().for_each(|f| *f = 0);
-        for (i, c) in cells.iter().enumerate() {
+        // the fullest segment sets k; each cell then fills its own rows, on all cores
+        let k = cells
+            .par_iter()
+            .map(|c| {
+                let mut fill = vec![0usize; segments];
+                c.iter().for_each(|&(col, _)| fill[col as usize / width] += 1);
+                fill.into_iter().max().unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut cols = vec![u32::MAX; cells.len() * segments * k];
+        let mut vals = vec![0f32; cells.len() * segments * k];
+        cols.par_chunks_mut(segments * k).zip(vals.par_chunks_mut(segments * k)).zip(cells.par_iter()).for_each(|((cs, vs), c)| {
+            let mut fill = vec![0usize; segments];
             for &(col, v) in c {
-                let row = i * segments + col as usize / width;
-                let at = row * k + fill[row];
-                cols[at] = (col as usize % width) as u32;
-                vals[at] = v;
-                fill[row] += 1;
+                let r = col as usize / width;
+                let at = r * k + fill[r];
+                cs[at] = (col as usize % width) as u32;
+                vs[at] = v;
+                fill[r] += 1;
             }
-        }
+        });
         SparseRows { n: cells.len(), n_cols, segments, width, k, cols, vals }
     }
 

@@ -44,6 +44,7 @@ enum Commands {
 }
 
 fn main() -> ExitCode {
+    scfoundry::host_memory::keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -79,16 +79,20 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     let (mut fractional, mut empty) = (None::<(usize, f32)>, 0usize);
     for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
-        for i in 0..b.n_rows() {
-            let (idx, vals) = b.row(i);
+        {
+            // the block's first non-integer value and its cells without a model gene, on all cores
+            use rayon::prelude::*;
+            let flags: Vec<(Option<f32>, bool)> = (0..b.n_rows())
+                .into_par_iter()
+                .map(|i| {
+                    let (idx, vals) = b.row(i);
+                    (vals.iter().find(|v| v.fract() != 0.0).copied(), !idx.iter().any(|&j| align.column[j as usize].is_some()))
+                })
+                .collect();
             if fractional.is_none() {
-                if let Some(v) = vals.iter().find(|v| v.fract() != 0.0) {
-                    fractional = Some((s + i, *v));
-                }
+                fractional = flags.iter().enumerate().find_map(|(i, f)| f.0.map(|v| (s + i, v)));
             }
-            if !idx.iter().any(|&j| align.column[j as usize].is_some()) {
-                empty += 1;
-            }
+            empty += flags.iter().filter(|f| f.1).count();
         }
         let order: Vec<usize> = (0..b.n_rows()).collect();
         // each batch: its cells' sparse, log-normalised rows built on all cores, scattered into
