@@ -16,7 +16,8 @@
 # Environment: BIN (default dist/cuda13/scfoundry; when only dist/cuda13/scfoundry.xz is there it
 # is unpacked into a temporary folder), PY (default /opt/torch/.venv/bin/python, else python3;
 # needs torch, h5py, numpy), MODELS (default "geneformer scgpt uce sccello langcell"),
-# CHECKPOINTS (a folder from an earlier run: the models are not written again), DEVICE (default
+# CHECKPOINTS (a folder kept between runs: models already in it are not written again, so the
+# five can be split over several runs, e.g. MODELS=uce alone), DEVICE (default
 # cuda; `DEVICE=cpu BIN=<cpu build>` runs every step on the CPU, where auto resolves to f32:
 # for checking the script, not for figures).
 # Writes OUT_DIR/fidelity.tsv, and the logs, outputs' reports and benchmark folders beside it.
@@ -38,11 +39,21 @@ else echo "no binary: set BIN, or build dist/cuda13/scfoundry (scripts/build-cud
 [[ $DEVICE == cuda ]] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/nvidia-smi.txt"
 
 DATA=demo/wu2020_tcells.h5ad
-if [[ -n "${CHECKPOINTS:-}" ]]; then W=$(realpath "$CHECKPOINTS")
-else
-  W=$TMP/weights
-  only=$(echo "$MODELS" | tr ' ' ',')
-  "$PY" bench/fullsize_checkpoints.py "$W" --only "$only" --genes-from "$DATA:gene_ids" --symbols-from "$DATA" | tee "$OUT/checkpoints.jsonl" || exit 1
+# the models not in the checkpoint folder yet are written (a CHECKPOINTS folder keeps them for the next run)
+W=${CHECKPOINTS:-$TMP/weights}; mkdir -p "$W"; W=$(realpath "$W")
+only=()
+for m in $MODELS; do
+  case $m in
+    geneformer) f=geneformer_v1/pytorch_model.bin ;; scgpt) f=scgpt/whole_human/best_model.pt ;;
+    uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell)" >&2; exit 1 ;;
+  esac
+  [[ -f $W/$f ]] || only+=("$m")
+done
+if [[ ${#only[@]} -gt 0 ]]; then
+  "$PY" bench/fullsize_checkpoints.py "$W" --only "$(IFS=,; echo "${only[*]}")" --genes-from "$DATA:gene_ids" --symbols-from "$DATA" \
+    | tee -a "$OUT/checkpoints.jsonl"
+  [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
 fi
 R=$TMP/runs; mkdir -p "$R"; cp "$DATA" "$R/cells.h5ad"
 
