@@ -474,6 +474,9 @@ impl Resource {
             pointer_checks: self.pointer_checks(),
             backoff: None,
             batch_size: None,
+            // the runner sets these: it knows the task's wall time
+            alloc_ms: None,
+            alloc_share: None,
         }
     }
 }
