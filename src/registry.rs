@@ -201,7 +201,9 @@ pub fn parse_method(stem: &str, text: &str) -> std::result::Result<Method, Strin
                 return Err(format!("the --precision knob's default is {}, not \"auto\" ([precision] gpu_default decides)", k.default));
             }
             let f = &p.fidelity;
-            if !(f.lowest_cosine > 0.0 && f.lowest_cosine <= 1.0) || !(f.largest_rel_error >= 0.0) {
+            let cosine_ok = f.lowest_cosine > 0.0 && f.lowest_cosine <= 1.0;
+            let error_ok = f.largest_rel_error >= 0.0;
+            if !cosine_ok || !error_ok {
                 return Err(format!("[precision.fidelity] lowest_cosine {} must be in (0, 1] and largest_rel_error {} at least 0", f.lowest_cosine, f.largest_rel_error));
             }
         }
