@@ -23,14 +23,35 @@ their real size. Written under OUT_DIR in the layout `--weights-dir` expects:
 - geneformer_v1/ (6 x 256, 4 heads, FFN 512, 2,048 positions, 25,426 tokens) and geneformer_v2/
   (12 x 768, 12 heads, FFN 3,072, 4,096 positions, 20,275 tokens): config.json (relu, as
   upstream's pretraining), pytorch_model.bin, the fixture's dictionaries.
+- sccello/ (6 x 256, 4 heads, FFN 512, 2,048 positions, 25,427 tokens, one token type; the
+  shape of sccello/configs/pretrain/sccello_bert_model.json): config.json, pytorch_model.bin,
+  the fixture's dictionaries;
+- langcell/ (cell_bert/ 12 x 512, 8 heads, FFN 1,024, 2,048 positions, 25,427 tokens, two token
+  types: Geneformer 12L-30M's shape, as src/nn/cls_encoder.rs assumes; cell_proj.bin 512 -> 256):
+  the layout of LangCell's ckpt/, the fixture's dictionaries.
 Prints one JSON line a model: file sizes and parameter counts.
+
+    python3 bench/fullsize_checkpoints.py OUT_DIR [--only geneformer_v1,sccello,...]
+        [--genes-from DATA.h5ad:COLUMN] [--symbols-from DATA.h5ad]
+
+--genes-from rewrites the Geneformer-family dictionaries (geneformer_v1/v2, sccello, langcell)
+over DATA's var[COLUMN] ids, so that its cells are tokenised at their real length: the special
+tokens keep their ids, then the genes expressed in the most cells, as many as the vocabulary
+holds (sccello and langcell keep the last row for <cls> = len(token dictionary)); each gene's
+median is the median of its nonzero counts per 10,000 (Geneformer's normalisation). --symbols-from
+gives scGPT's placeholder vocabulary rows to DATA's var_names not in the vocabulary already.
+The weights are random either way: the dictionaries only decide which genes become tokens.
 """
+import argparse
 import json
+import pickle
 import shutil
-import sys
 from pathlib import Path
 
-import torch
+try:  # torch writes the checkpoints; the dictionaries alone need only h5py and numpy
+    import torch
+except ImportError:
+    torch = None
 
 FX = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
@@ -130,11 +151,149 @@ def geneformer(out):
         report(name, [d / "pytorch_model.bin"], big)
 
 
+def bert_cls_model(out, name, shape, bert_dir, proj_dim):
+    """A Geneformer-family encoder read at <cls> (scCello, LangCell's cell_bert) at full size,
+    from its parity fixture, and LangCell's cell_proj."""
+    src = FX / name
+    fx_bert = src / "cell_bert" if bert_dir else src
+    sd = torch.load(fx_bert / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    cfg = json.load(open(fx_bert / "config.json"))
+    small = {cfg["hidden_size"]: shape["hidden_size"], cfg["intermediate_size"]: shape["intermediate_size"],
+             cfg["vocab_size"]: shape["vocab_size"], cfg["max_position_embeddings"]: shape["max_position_embeddings"]}
+    assert len(small) == 4, small
+    prefix = next(p for p in ("bert.encoder.layer.", "encoder.layer.") if any(k.startswith(p) for k in sd))
+    big = redraw(sd, small, prefix, shape["num_hidden_layers"])
+    d = out / name
+    bd = d / "cell_bert" if bert_dir else d
+    bd.mkdir(parents=True, exist_ok=True)
+    cfg.update(shape, hidden_act="relu")
+    json.dump(cfg, open(bd / "config.json", "w"), indent=2)
+    torch.save(big, bd / "pytorch_model.bin")
+    files = [bd / "pytorch_model.bin"]
+    if proj_dim:
+        proj = {"weight": 0.02 * torch.randn(proj_dim, shape["hidden_size"]), "bias": 0.02 * torch.randn(proj_dim)}
+        torch.save(proj, d / "cell_proj.bin")
+        files.append(d / "cell_proj.bin")
+        big = {**big, **{f"cell_proj.{k}": v for k, v in proj.items()}}
+    for f in src.iterdir():
+        if "dictionary" in f.name:
+            shutil.copy(f, d / f.name)
+    report(name, files, big)
+
+
+def sccello(out):
+    bert_cls_model(out, "sccello", dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, intermediate_size=512,
+                                        max_position_embeddings=2048, vocab_size=25427, type_vocab_size=1), False, None)
+
+
+def langcell(out):
+    bert_cls_model(out, "langcell", dict(hidden_size=512, num_hidden_layers=12, num_attention_heads=8, intermediate_size=1024,
+                                         max_position_embeddings=2048, vocab_size=25427, type_vocab_size=2), True, 256)
+
+
+def read_var(data, column):
+    """DATA's var[column] (`_index`: var_names) and, per var column, the cells expressing it and
+    the median of its nonzero counts per 10,000 (X is CSR or dense)."""
+    import h5py
+    import numpy as np
+    with h5py.File(data, "r") as f:
+        var = f["var"]
+        col = var.attrs["_index"] if column in ("_index", "index") else column
+        v = var[col]
+        if isinstance(v, h5py.Group):  # categorical
+            cats = [x.decode() if isinstance(x, bytes) else str(x) for x in v["categories"][:]]
+            ids = [cats[i] for i in v["codes"][:]]
+        else:
+            ids = [x.decode() if isinstance(x, bytes) else str(x) for x in v[:]]
+        x = f["X"]
+        n_var = len(ids)
+        if isinstance(x, h5py.Group):
+            data_, ind, ptr = x["data"][:].astype(np.float64), x["indices"][:], x["indptr"][:]
+            rows = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+        else:
+            dense = x[:].astype(np.float64)
+            rows, ind = np.nonzero(dense)
+            data_ = dense[rows, ind]
+        totals = np.bincount(rows, weights=data_, minlength=int(rows.max()) + 1 if len(rows) else 0)
+        norm = data_ / totals[rows] * 10_000
+    cells = np.bincount(ind, minlength=n_var)
+    order = np.argsort(ind, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(cells)])
+    medians = [float(np.median(norm[order[starts[j]:starts[j + 1]]])) if cells[j] else 0.0 for j in range(n_var)]
+    return ids, cells, medians
+
+
+def genes_over_data(out, spec):
+    """Rewrite the Geneformer-family dictionaries under OUT over DATA:COLUMN (see --genes-from)."""
+    data, column = spec.rsplit(":", 1)
+    ids, cells, medians = read_var(data, column)
+    ranked = sorted(range(len(ids)), key=lambda j: -cells[j])
+    # scfoundry's Geneformer matches ids upper-cased (Ensembl ids are), scCello and LangCell exactly
+    for name, rows_for_genes, key in (("geneformer_v1", 0, str.upper), ("geneformer_v2", 0, str.upper), ("sccello", 1, str), ("langcell", 1, str)):
+        d = out / name
+        tok_files = sorted(d.glob("token_dictionary*.pkl"))
+        med_files = sorted(d.glob("gene_median_dictionary*.pkl"))
+        cfg_file = d / "config.json" if (d / "config.json").is_file() else d / "cell_bert" / "config.json"
+        if not (tok_files and med_files and cfg_file.is_file()):
+            continue
+        vocab = json.load(open(cfg_file))["vocab_size"]
+        old = pickle.load(open(tok_files[0], "rb"))
+        specials = {k: v for k, v in old.items() if str(k).startswith("<")}
+        room = vocab - rows_for_genes - len(specials)
+        tokens, medians_out, seen = dict(specials), {}, set()
+        for j in ranked:
+            if len(medians_out) >= room or cells[j] == 0:
+                break
+            g = key(ids[j].strip())
+            if g in seen or g in specials:
+                continue
+            seen.add(g)
+            tokens[g] = len(tokens)
+            medians_out[g] = medians[j]
+        assert max(tokens.values()) + 1 + rows_for_genes <= vocab, (name, len(tokens), vocab)
+        pickle.dump(tokens, open(tok_files[0], "wb"))
+        pickle.dump(medians_out, open(med_files[0], "wb"))
+        print(json.dumps({"dictionaries": name, "genes": len(medians_out), "from": spec}), flush=True)
+
+
+def symbols_over_data(out, data):
+    """Give scGPT's placeholder vocabulary rows to DATA's var_names (see --symbols-from)."""
+    path = out / "scgpt" / "whole_human" / "vocab.json"
+    if not path.is_file():
+        return
+    vocab = json.load(open(path))
+    ids, cells, _ = read_var(data, "_index")
+    new = [g for j, g in sorted(enumerate(ids), key=lambda t: -cells[t[0]]) if cells[j] and g not in vocab]
+    placeholders = sorted((v, k) for k, v in vocab.items() if k.startswith("SCFOUNDRY_PLACEHOLDER_"))
+    for (i, k), g in zip(placeholders, dict.fromkeys(new)):
+        del vocab[k]
+        vocab[g] = i
+    json.dump(vocab, open(path, "w"))
+    print(json.dumps({"vocabulary": "scgpt", "symbols_added": min(len(placeholders), len(set(new))), "from": data}), flush=True)
+
+
+MAKERS = {"scgpt": scgpt, "uce": uce, "geneformer": geneformer, "sccello": sccello, "langcell": langcell}
+
+
 def main():
-    out = Path(sys.argv[1])
-    torch.manual_seed(0)
-    for make in (scgpt, uce, geneformer):
-        make(out)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--only", default="scgpt,uce,geneformer", help=f"comma-separated, of {','.join(MAKERS)}")
+    ap.add_argument("--genes-from", metavar="DATA.h5ad:COLUMN")
+    ap.add_argument("--symbols-from", metavar="DATA.h5ad")
+    ap.add_argument("--dictionaries-only", action="store_true", help="only rewrite the dictionaries of models already in OUT_DIR")
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    if not args.dictionaries_only:
+        if torch is None:
+            raise SystemExit("fullsize_checkpoints.py: writing checkpoints needs torch")
+        torch.manual_seed(0)
+        for name in args.only.split(","):
+            MAKERS[name](out)
+    if args.genes_from:
+        genes_over_data(out, args.genes_from)
+    if args.symbols_from:
+        symbols_over_data(out, args.symbols_from)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,19 @@ METHOD_KEYS = {
     "batch": (False, (dict,)),
     "honours": (True, (dict,)),
     "knobs": (False, (list,)),
+    "precision": (False, (dict,)),
+}
+PRECISION_KEYS = {"gpu_default": (True, (str,)), "fidelity": (True, (dict,))}
+FIDELITY_KEYS = {
+    "lowest_cosine": (True, (float,)),
+    "largest_rel_error": (True, (float,)),
+    "scib_total_f32": (False, (float,)),
+    "scib_total_bf16": (False, (float,)),
+    "cells": (True, (str,)),
+    "source": (True, (str,)),
+    "machine": (True, (str,)),
+    "date": (True, (str,)),
+    "commit": (True, (str,)),
 }
 BATCH_KEYS = {"default": (True, (int,)), "source": (True, (str,))}
 KNOB_KEYS = {
@@ -217,6 +230,20 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
     for (method, flag), default in EXPECTED_KNOBS.items():
         if method == name and flags.get(flag) != default:
             problems.append(f"{where}: knob {flag} default {flags.get(flag)}, spec says {default}")
+
+    # --precision auto resolves to [precision] gpu_default on a GPU: the two come together
+    precision = m.get("precision")
+    if ("--precision" in flags) != isinstance(precision, dict):
+        problems.append(f"{where}: a --precision knob and a [precision] table (gpu_default, fidelity) come together")
+    if "--precision" in flags and flags["--precision"] != "auto":
+        problems.append(f"{where}: knob --precision default {flags['--precision']!r}, must be 'auto'")
+    if isinstance(precision, dict):
+        check_table(precision, PRECISION_KEYS, f"{where} [precision]", problems)
+        if precision.get("gpu_default") not in ("f32", "bf16"):
+            problems.append(f"{where} [precision]: gpu_default must be 'f32' or 'bf16'")
+        fidelity = precision.get("fidelity")
+        if isinstance(fidelity, dict):
+            check_table(fidelity, FIDELITY_KEYS, f"{where} [precision.fidelity]", problems)
 
 
 def check_weight(wid: str, w: dict, methods: set[str], problems: list[str]) -> None:

@@ -467,7 +467,7 @@ pub struct KnobArgs {
     #[arg(long, value_name = "MODE", value_parser = ["cell", "cls"])]
     pub emb_mode: Option<String>,
     // The methods that honour it are those whose toml lists it: see `precision_help`.
-    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16"], help = precision_help())]
+    #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "bf16"], help = precision_help())]
     pub precision: Option<String>,
     /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
     /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
@@ -492,8 +492,10 @@ fn precision_help() -> String {
     let reg = crate::registry::Registry::builtin();
     let names: Vec<&str> = reg.methods.values().filter(|m| m.implemented && m.knob("--precision").is_some()).map(|m| m.name.as_str()).collect();
     format!(
-        "{}: `f32` (default) or `bf16`, on a GPU only: weights and activations in bfloat16, attention \
-         through the fused variable-length kernel. The CPU always runs f32.",
+        "{}: `auto` (default): each method's GPU default on a GPU (bf16 where its measured distance to \
+         f32 allows: `scfoundry methods show NAME`), f32 on the CPU; `f32`: exact parity, on every \
+         device; `bf16`: weights and activations in bfloat16, attention through the fused \
+         variable-length kernel, on a GPU only (the CPU always runs f32).",
         names.join(", ")
     )
 }

@@ -80,6 +80,58 @@ pub struct Method {
     pub honours: Honours,
     #[serde(default)]
     pub knobs: Vec<Knob>,
+    /// `[precision]`: what `--precision auto` (the default) runs on a GPU, and the measured
+    /// distance of bf16 to f32 behind that choice. Required with a `--precision` knob.
+    #[serde(default)]
+    pub precision: Option<PrecisionDefault>,
+}
+
+/// A precision the GPU path computes in.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A method's `[precision]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrecisionDefault {
+    /// What `--precision auto` runs on a GPU that has bf16 (compute capability 8.0 and up).
+    pub gpu_default: Dtype,
+    /// bf16 against f32 on the same cells, as measured.
+    pub fidelity: Fidelity,
+}
+
+/// The embeddings of one run in bf16 against one in f32: per cell, the lowest cosine and the
+/// largest relative error (||a - b|| / ||a||), and the scIB totals of the two embeddings (absent
+/// until measured), with where, when and on what they were measured.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fidelity {
+    pub lowest_cosine: f64,
+    pub largest_rel_error: f64,
+    #[serde(default)]
+    pub scib_total_f32: Option<f64>,
+    #[serde(default)]
+    pub scib_total_bf16: Option<f64>,
+    /// The model and cells measured (e.g. "random full-size weights, 50 fixture cells").
+    pub cells: String,
+    /// The table or script the figures come from.
+    pub source: String,
+    pub machine: String,
+    pub date: String,
+    pub commit: String,
 }
 
 impl Method {
@@ -138,6 +190,25 @@ pub fn parse_method(stem: &str, text: &str) -> std::result::Result<Method, Strin
             }
         }
     }
+    match (&m.precision, m.knob("--precision")) {
+        (Some(_), None) => return Err("[precision] is given but the method has no --precision knob".into()),
+        (None, Some(_)) => return Err("the --precision knob needs a [precision] table (gpu_default and its measured fidelity)".into()),
+        (Some(p), Some(k)) => {
+            if !m.cuda {
+                return Err("[precision] is given but cuda = false".into());
+            }
+            if k.default.as_str() != Some("auto") {
+                return Err(format!("the --precision knob's default is {}, not \"auto\" ([precision] gpu_default decides)", k.default));
+            }
+            let f = &p.fidelity;
+            let cosine_ok = f.lowest_cosine > 0.0 && f.lowest_cosine <= 1.0;
+            let error_ok = f.largest_rel_error >= 0.0;
+            if !cosine_ok || !error_ok {
+                return Err(format!("[precision.fidelity] lowest_cosine {} must be in (0, 1] and largest_rel_error {} at least 0", f.lowest_cosine, f.largest_rel_error));
+            }
+        }
+        (None, None) => {}
+    }
     Ok(m)
 }
 
@@ -171,5 +242,37 @@ impl Registry {
         let mut v: Vec<&Method> = self.methods.values().collect();
         v.sort_by(|a, b| a.kind.eq(&Kind::Integration).cmp(&b.kind.eq(&Kind::Integration)).then(a.cost_tier.cmp(&b.cost_tier)).then(a.name.cmp(&b.name)));
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in geneformer toml, with its `[precision]` table and `--precision` knob edited.
+    fn geneformer(edit: impl Fn(&str) -> String) -> std::result::Result<Method, String> {
+        let (_, text) = BUILTIN.iter().find(|(stem, _)| *stem == "geneformer").expect("geneformer.toml is built in");
+        parse_method("geneformer", &edit(text))
+    }
+
+    #[test]
+    fn the_precision_table_is_read() {
+        let m = geneformer(|t| t.to_string()).unwrap();
+        let p = m.precision.expect("geneformer declares its GPU default");
+        assert_eq!(p.gpu_default, Dtype::Bf16);
+        assert!(p.fidelity.lowest_cosine > 0.999 && p.fidelity.largest_rel_error < 0.05, "{:?}", p.fidelity);
+    }
+
+    #[test]
+    fn the_precision_knob_and_table_come_together() {
+        let cut_table = |t: &str| t[..t.find("\n[precision]").expect("a [precision] table")].to_string();
+        let e = geneformer(cut_table).unwrap_err();
+        assert!(e.contains("needs a [precision] table"), "{e}");
+        let e = geneformer(|t| t.replacen("default = \"auto\"", "default = \"f32\"", 1)).unwrap_err();
+        assert!(e.contains("not \"auto\""), "{e}");
+        let e = geneformer(|t| t.replace("gpu_default = \"bf16\"", "gpu_default = \"fp16\"")).unwrap_err();
+        assert!(e.contains("fp16"), "{e}");
+        let e = geneformer(|t| t.replace("lowest_cosine = ", "lowest_cosine = 1.5 #")).unwrap_err();
+        assert!(e.contains("lowest_cosine"), "{e}");
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::commands::ExitStatus;
-use crate::registry::{Kind, Method, Registry};
+use crate::registry::{Dtype, Kind, Method, PrecisionDefault, Registry};
 use crate::weights::Manifest;
 
 fn params(n: u64) -> String {
@@ -52,8 +52,27 @@ pub fn table(reg: &Registry) -> String {
         writeln!(out, "{}", line.join("  ").trim_end()).unwrap();
     }
     writeln!(out, "\nTIER: relative cost, 1 cheapest to 5 most expensive. BATCH: default --batch-size ('-': no batch option{}).", if reg.overrides.is_empty() { "" } else { "; '*': set by the workspace" }).unwrap();
+    let bf16: Vec<&str> = reg.by_cost().into_iter().filter(|m| m.precision.as_ref().is_some_and(|p| p.gpu_default == Dtype::Bf16)).map(|m| m.name.as_str()).collect();
+    if !bf16.is_empty() {
+        writeln!(out, "--precision auto (the default) runs bf16 on a GPU for {} (their measured distance to f32: `methods show NAME`), f32 elsewhere; --precision f32 for exact parity.", bf16.join(", ")).unwrap();
+    }
     writeln!(out, "`scfoundry methods show NAME` gives the options a method honours, its weights and advice.").unwrap();
     out
+}
+
+/// The `GPU default precision` lines of `show`: what `--precision auto` runs on a GPU and the
+/// measured distance of bf16 to f32 behind it.
+fn gpu_precision(p: &PrecisionDefault) -> String {
+    let f = &p.fidelity;
+    let scib = match (f.scib_total_f32, f.scib_total_bf16) {
+        (Some(a), Some(b)) => format!("scIB total f32 {a:.4} / bf16 {b:.4}"),
+        _ => "scIB totals not measured yet".to_string(),
+    };
+    let mut o = String::new();
+    writeln!(o, "  GPU default precision: {} (bf16 vs f32: lowest cosine {}, largest rel. error {:.1e}; {scib})", p.gpu_default.name(), f.lowest_cosine, f.largest_rel_error).unwrap();
+    writeln!(o, "    measured on {}; {}; {}, {}, commit {}", f.cells, f.source, f.machine, f.date, f.commit).unwrap();
+    writeln!(o, "    --precision auto (the default) runs it on a GPU of compute capability 8.0 or newer, f32 on the CPU; --precision f32 for exact parity").unwrap();
+    o
 }
 
 /// One method in full.
@@ -64,6 +83,9 @@ pub fn show(reg: &Registry, m: &Method) -> String {
     writeln!(o, "  code:        {}", m.repository).unwrap();
     writeln!(o, "  family:      {} {}", m.family, if m.kind == Kind::Integration { "(integration)" } else { "" }).unwrap();
     writeln!(o, "  device:      {}", device(m.cuda)).unwrap();
+    if let Some(p) = &m.precision {
+        o.push_str(&gpu_precision(p));
+    }
     writeln!(o, "  parameters:  {}{}", params(m.parameters), m.parameters_note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()).unwrap();
     writeln!(o, "  cost tier:   {} of 5", m.cost_tier).unwrap();
     writeln!(o, "  embedding:   {} dimensions", m.embedding_dim).unwrap();

@@ -26,6 +26,19 @@ pub struct MemoryStats {
     pub failed: u64,
     /// Most allocations live at once.
     pub peak_live: u64,
+    /// Nanoseconds spent inside the upstream allocation calls (successful or not).
+    #[serde(default)]
+    pub alloc_ns: u64,
+    /// Nanoseconds spent inside the upstream free calls.
+    #[serde(default)]
+    pub free_ns: u64,
+}
+
+impl MemoryStats {
+    /// Milliseconds spent allocating and freeing.
+    pub fn alloc_ms(&self) -> f64 {
+        (self.alloc_ns + self.free_ns) as f64 / 1e6
+    }
 }
 
 /// Why an allocation was refused by the accounting itself.
@@ -92,8 +105,11 @@ impl Accounting {
             }
             s.reserved += bytes;
         }
+        let t0 = Instant::now();
         let got = upstream();
+        let spent = t0.elapsed().as_nanos() as u64;
         let mut s = self.state.lock().unwrap();
+        s.stats.alloc_ns += spent;
         s.reserved -= bytes;
         match got {
             Ok(ptr) => {
@@ -127,6 +143,17 @@ impl Accounting {
         drop(s);
         self.write_log("free", ptr, bytes, stream);
         Some(bytes)
+    }
+
+    /// Free `ptr` with `upstream` (given its size) if it is ours, timing the upstream call:
+    /// `Ok(None)` without calling it when the pointer is not ours.
+    pub fn free<E>(&self, ptr: u64, stream: u64, upstream: impl FnOnce(u64) -> Result<(), E>) -> Result<Option<u64>, E> {
+        let Some(bytes) = self.release(ptr, stream) else { return Ok(None) };
+        let t0 = Instant::now();
+        let got = upstream(bytes);
+        let spent = t0.elapsed().as_nanos() as u64;
+        self.state.lock().unwrap().stats.free_ns += spent;
+        got.map(|()| Some(bytes))
     }
 
     /// Whether a pointer is live here.
@@ -270,6 +297,42 @@ mod tests {
         assert_eq!(s.allocations, s.frees);
         assert!(s.peak_bytes <= 4_000, "peak {} over the limit", s.peak_bytes);
         assert!(s.peak_bytes > 3_000, "the test did not press the limit (peak {})", s.peak_bytes);
+    }
+
+    #[test]
+    fn time_inside_the_upstream_calls_is_summed() {
+        let a = Accounting::new(Some(1000), None).unwrap();
+        let next = AtomicU64::new(0x1000);
+        let nap = std::time::Duration::from_millis(3);
+        let slow = |bytes| {
+            std::thread::sleep(nap);
+            bump(&next, bytes)
+        };
+        let p = a.allocate(100, 0, || slow(100)).unwrap();
+        let _ = a.allocate(100, 0, || slow(100)).unwrap();
+        let after_two = a.stats().alloc_ns;
+        assert!(after_two >= 2 * nap.as_nanos() as u64, "two 3 ms allocations counted {after_two} ns");
+        assert!(a.allocate(5000, 0, || slow(5000)).is_err());
+        assert_eq!(a.stats().alloc_ns, after_two, "a refusal by the limit never calls upstream, so costs nothing");
+        assert_eq!(a.stats().free_ns, 0);
+        let freed = a.free(p, 0, |bytes| {
+            assert_eq!(bytes, 100);
+            std::thread::sleep(nap);
+            Ok::<(), &str>(())
+        });
+        assert_eq!(freed, Ok(Some(100)));
+        let called = std::cell::Cell::new(false);
+        let foreign = a.free(0xdead, 0, |_| {
+            called.set(true);
+            Ok::<(), &str>(())
+        });
+        assert_eq!(foreign, Ok(None));
+        assert!(!called.get(), "a pointer that is not ours is not freed upstream");
+        let s = a.stats();
+        assert!(s.free_ns >= nap.as_nanos() as u64, "the free counted {} ns", s.free_ns);
+        assert_eq!((s.frees, s.current_bytes), (1, 100));
+        assert!((s.alloc_ms() - (s.alloc_ns + s.free_ns) as f64 / 1e6).abs() < 1e-9);
+        assert!(s.alloc_ms() >= 9.0, "{} ms", s.alloc_ms());
     }
 
     #[test]

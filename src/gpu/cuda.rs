@@ -381,22 +381,23 @@ impl Resource {
 
     /// Free `ptr` if it is ours (false otherwise).
     pub fn deallocate(&self, ptr: CUdeviceptr, stream: CUstream) -> Result<bool, DriverError> {
-        let Some(bytes) = self.acct.release(ptr, stream as u64) else { return Ok(false) };
-        if self.kind.is_managed() && self.prefetched_ptrs.lock().unwrap().remove(&ptr) {
-            self.prefetched.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        // SAFETY: ptr was allocated by this resource with the matching call.
-        unsafe {
-            match self.upstream {
-                Upstream::DefaultPool | Upstream::OwnPool(_) => sys::cuMemFreeAsync(ptr, stream).result()?,
-                Upstream::Managed | Upstream::Plain => {
-                    // the stream may still use the memory: wait for it, as cudaFree would
-                    sys::cuStreamSynchronize(stream).result()?;
-                    sys::cuMemFree_v2(ptr).result()?
+        let freed = self.acct.free(ptr, stream as u64, |bytes| -> Result<(), DriverError> {
+            if self.kind.is_managed() && self.prefetched_ptrs.lock().unwrap().remove(&ptr) {
+                self.prefetched.fetch_sub(bytes, Ordering::Relaxed);
+            }
+            // SAFETY: ptr was allocated by this resource with the matching call.
+            unsafe {
+                match self.upstream {
+                    Upstream::DefaultPool | Upstream::OwnPool(_) => sys::cuMemFreeAsync(ptr, stream).result(),
+                    Upstream::Managed | Upstream::Plain => {
+                        // the stream may still use the memory: wait for it, as cudaFree would
+                        sys::cuStreamSynchronize(stream).result()?;
+                        sys::cuMemFree_v2(ptr).result()
+                    }
                 }
             }
-        }
-        Ok(true)
+        })?;
+        Ok(freed.is_some())
     }
 
     /// Read the driver's attributes of `ptr` and check them against the mode.
@@ -473,6 +474,9 @@ impl Resource {
             pointer_checks: self.pointer_checks(),
             backoff: None,
             batch_size: None,
+            // the runner sets these: it knows the task's wall time
+            alloc_ms: None,
+            alloc_share: None,
         }
     }
 }

@@ -164,6 +164,13 @@ pub struct GpuReport {
     /// `scfoundry trace` sizes batches from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<u64>,
+    /// Milliseconds inside the allocator's allocation and free calls (`stats.alloc_ns` +
+    /// `stats.free_ns`), and their share of the task's wall time: set by the runner, which
+    /// knows the wall time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_share: Option<f64>,
 }
 
 /// Sampled allocations whose driver attributes were read back (cuPointerGetAttribute).
@@ -184,6 +191,14 @@ impl GpuReport {
     pub fn read(dir: &Path) -> Option<GpuReport> {
         let t = std::fs::read_to_string(dir.join(Self::FILE)).ok()?;
         serde_json::from_str(&t).ok()
+    }
+
+    /// Fill `alloc_ms` and `alloc_share` from the task's wall time (`None`: unknown, or zero).
+    pub fn with_wall_ms(mut self, wall_ms: Option<u64>) -> GpuReport {
+        let ms = self.stats.alloc_ms();
+        self.alloc_ms = Some(ms);
+        self.alloc_share = wall_ms.filter(|&w| w > 0).map(|w| ms / w as f64);
+        self
     }
 }
 

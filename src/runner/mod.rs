@@ -303,7 +303,7 @@ pub fn write_reports(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome]) -> Resul
 fn write_reports_as(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome], status: serde_json::Value, signal: Option<&str>) -> Result<()> {
     // GPU tasks leave gpu.json (peak device memory, allocator, batch size): a table beside
     // trace.txt, and trace.txt's batch_size and peak_gpu_mem columns
-    let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g))).collect();
+    let gpu: Vec<(&Outcome, crate::gpu::GpuReport)> = outcomes.iter().filter_map(|o| crate::gpu::GpuReport::read(&run.task_dir(o.record.task_id)).map(|g| (*o, g.with_wall_ms(o.record.realtime_ms)))).collect();
     let records: Vec<TraceRecord> = outcomes
         .iter()
         .map(|o| {
@@ -358,10 +358,10 @@ fn write_reports_as(run: &Run, spec: &TaskSpec, outcomes: &[&Outcome], status: s
 
 /// `gpu.tsv`: one row per GPU task, the cost report's device-memory columns.
 fn render_gpu_table(rows: &[(&Outcome, crate::gpu::GpuReport)]) -> String {
-    let mut t = String::from("task_id\tname\tdevice\tallocator\tpeak_gpu_bytes\tpeak_gpu\tallocations\tfailed_allocations\tpool_reserved_high\tbatch_backoff\n");
+    let mut t = String::from("task_id\tname\tdevice\tallocator\tpeak_gpu_bytes\tpeak_gpu\tallocations\tfailed_allocations\talloc_ms\talloc_share\tpool_reserved_high\tbatch_backoff\n");
     for (o, g) in rows {
         t.push_str(&format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
             o.record.task_id,
             o.record.name,
             g.device,
@@ -370,6 +370,8 @@ fn render_gpu_table(rows: &[(&Outcome, crate::gpu::GpuReport)]) -> String {
             trace::fmt_memory(g.stats.peak_bytes),
             g.stats.allocations,
             g.stats.failed,
+            g.alloc_ms.map(|ms| format!("{ms:.1}")).unwrap_or_else(|| "-".into()),
+            g.alloc_share.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into()),
             g.pool_reserved_high.map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
             g.backoff.as_ref().map(|b| format!("{} -> {}", b.requested, b.final_batch)).unwrap_or_else(|| "-".into()),
         ));
@@ -444,5 +446,30 @@ mod ledger {
                 eprintln!("scfoundry: could not record the interrupted run in {}: {err}", e.dir.display());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpu.tsv's allocation columns: the time inside allocation and free calls, and its share
+    /// of the task's wall time (`-` where the wall time is unknown).
+    #[test]
+    fn gpu_table_has_the_allocation_time_and_its_share() {
+        let o = Outcome { exit: 0, record: TraceRecord { task_id: 1, name: "embed".into(), realtime_ms: Some(2_000), ..Default::default() }, stats: None, result: None };
+        let mut g = crate::gpu::GpuReport { device: "card".into(), ..Default::default() };
+        g.stats.allocations = 7;
+        g.stats.alloc_ns = 80_000_000;
+        g.stats.free_ns = 20_000_000;
+        let known = g.clone().with_wall_ms(o.record.realtime_ms);
+        assert_eq!((known.alloc_ms, known.alloc_share), (Some(100.0), Some(0.05)));
+        let unknown = g.with_wall_ms(None);
+        let t = render_gpu_table(&[(&o, known), (&o, unknown)]);
+        let rows: Vec<Vec<&str>> = t.lines().map(|l| l.split('\t').collect()).collect();
+        let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap_or_else(|| panic!("no {name} in {:?}", rows[0]));
+        assert!(rows.iter().all(|r| r.len() == rows[0].len()), "{t}");
+        assert_eq!((rows[1][col("allocations")], rows[1][col("alloc_ms")], rows[1][col("alloc_share")]), ("7", "100.0", "0.0500"));
+        assert_eq!((rows[2][col("alloc_ms")], rows[2][col("alloc_share")]), ("100.0", "-"));
     }
 }

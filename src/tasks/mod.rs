@@ -14,6 +14,7 @@ pub mod counts;
 pub mod embed;
 pub mod integrate;
 pub mod method;
+pub mod precision;
 pub mod runtime;
 pub mod shard;
 pub mod table;

@@ -382,16 +382,30 @@ pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, rows: std::o
     Ok(out)
 }
 
-/// `--precision`: bf16 on a GPU, float32 otherwise (a CPU run asked for bf16 says so in a note).
+/// `--precision` for this task (`tasks::precision::decide`): `auto` (the default) is the
+/// method's `[precision] gpu_default` on a GPU with bf16 and float32 on the CPU; the note saying
+/// which precision ran and why joins `notes`.
 pub(crate) fn precision(spec: &TaskSpec, device: &candle_core::Device, notes: &mut Vec<String>) -> candle_core::DType {
-    match spec.params.get("precision").and_then(Value::as_str) {
-        Some("bf16") if device.is_cuda() => candle_core::DType::BF16,
-        Some("bf16") => {
-            notes.push("--precision bf16 applies on a GPU; this CPU run used float32".to_string());
-            candle_core::DType::F32
-        }
-        _ => candle_core::DType::F32,
+    use crate::tasks::precision::{decide, Requested};
+    let registry = crate::registry::Registry::builtin();
+    let gpu_default = registry.methods.get(&spec.method).and_then(|m| m.precision.as_ref()).map(|p| p.gpu_default);
+    let requested = spec.params.get("precision").and_then(Value::as_str).and_then(Requested::parse).unwrap_or(Requested::Auto);
+    let d = decide(gpu_default, requested, device.is_cuda(), compute_capability(device));
+    notes.extend(d.note);
+    match d.dtype {
+        crate::registry::Dtype::Bf16 => candle_core::DType::BF16,
+        crate::registry::Dtype::F32 => candle_core::DType::F32,
     }
+}
+
+/// The GPU's compute capability; `None` on the CPU or when the driver does not say.
+fn compute_capability(device: &candle_core::Device) -> Option<(u32, u32)> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = device {
+        return d.cuda_stream().context().compute_capability().ok().map(|(major, minor)| (major as u32, minor as u32));
+    }
+    let _ = device;
+    None
 }
 
 /// The first five of `cells`' names, ", ..." after them when there are more: for notes that name
@@ -409,6 +423,11 @@ pub(crate) fn some_cells(obs_names: &[String], cells: &[usize]) -> String {
 pub(crate) fn commit_embedding(spec: &TaskSpec, out: PendingOutput, key: &str, matrix: &str, params: serde_json::Map<String, Value>, mut weights: serde_json::Map<String, Value>, sha256: Value, n_obs: usize, dim: usize, notes: Vec<String>) -> Result<TaskResult> {
     let uns = require_dict(out.file(), "uns").h5ctx(|| "creating uns".into())?;
     let mut prov = provenance(spec, key, matrix);
+    let mut params = params;
+    // `precision` is what ran (the adapter's); `precision_requested` what was asked (`auto` by default)
+    if let Some(asked) = spec.params.get("precision") {
+        params.entry("precision_requested").or_insert_with(|| asked.clone());
+    }
     prov.insert("parameters".into(), Value::Object(params));
     weights.insert("sha256".into(), sha256);
     prov.insert("weights".into(), Value::Object(weights));

@@ -132,6 +132,30 @@ fn geneformer_embed_command_with_model_dir() {
     r.user_error().stderr_has("none of the 765 ids is in the token dictionary").stderr_has("--gene-column");
 }
 
+/// `--precision` on the CPU: the default (`auto`) runs f32 with no precision note, and the output
+/// records what was asked and what ran; an explicit bf16 still runs f32 and says so.
+#[test]
+fn geneformer_default_precision_on_the_cpu_is_f32_and_recorded() {
+    let ctx = TestContext::new();
+    std::fs::copy(fx().join("pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let dir = fx().join("v1");
+    let param = |out: &str, k: &str| -> String {
+        let f = hdf5::File::open(ctx.path(out)).unwrap();
+        let v: hdf5::types::VarLenUnicode = f.dataset(&format!("uns/scfoundry/parameters/{k}")).unwrap().read_scalar().unwrap();
+        v.to_string()
+    };
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "auto.h5ad", "--model-dir", dir.to_str().unwrap()]);
+    r.success();
+    assert_eq!((param("auto.h5ad", "precision_requested"), param("auto.h5ad", "precision")), ("auto".to_string(), "f32".to_string()));
+    assert!(!r.stderr.contains("bf16") && !r.stderr.contains("precision"), "the default on the CPU says nothing of precision:\n{}", r.stderr);
+    let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "bf16.h5ad", "--model-dir", dir.to_str().unwrap(), "--precision", "bf16"]);
+    r.success().stderr_has("--precision bf16 applies on a GPU; this CPU run used float32");
+    assert_eq!((param("bf16.h5ad", "precision_requested"), param("bf16.h5ad", "precision")), ("bf16".to_string(), "f32".to_string()));
+    let (auto, _) = read_obsm(&ctx.path("auto.h5ad"), "X_geneformer");
+    let (bf16, _) = read_obsm(&ctx.path("bf16.h5ad"), "X_geneformer");
+    assert_eq!(auto, bf16, "both ran f32 on the CPU");
+}
+
 #[test]
 fn geneformer_missing_dictionary_names_the_file_and_fields() {
     let ctx = TestContext::new();
