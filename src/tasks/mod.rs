@@ -14,6 +14,7 @@ pub mod counts;
 pub mod embed;
 pub mod integrate;
 pub mod method;
+pub mod pipeline;
 pub mod runtime;
 pub mod shard;
 pub mod table;
