@@ -50,7 +50,7 @@ fi
 BENCH_BIN=$(binary "${BENCH_BIN:-$(dirname "$BIN")/scfoundry-bench}")
 BIN=$(binary "$BIN")
 echo "machine: $(nproc) CPUs, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-"$BIN" --version | head -1
+"$BIN" --version | sed -n 1p
 
 # data: CELLS tiled cells, the first UCE_CELLS of them for UCE, and each cell's genes
 [[ -f $W/cells-$CELLS.h5ad ]] || "$PYTHON" bench/tile_h5ad.py demo/wu2020_tcells.h5ad "$CELLS" "$W/cells-$CELLS.h5ad" --genes-out "$W/genes.txt"
@@ -70,6 +70,28 @@ GF_LAYERS=${GF_LAYERS:-6}
 want=()
 for m in scgpt uce; do [[ " $MODELS " == *" $m "* && ! -d $W/weights/$m ]] && want+=("$m"); done
 if ((${#want[@]})); then "$PYTHON" bench/embed_pipeline_models.py "$W/genes.txt" "$W/weights" "${want[@]}"; fi
+# pinned in the weights folder (local-pins.toml, as files brought in by hand are): the first run
+# hashes them once and stamps them, later runs trust the stamps, as with released weights
+if [[ -d $W/weights ]]; then "$PYTHON" - "$W/weights" <<'PY'
+import datetime, hashlib, os, re, sys
+w = sys.argv[1]
+text = open("weights.toml").read()
+pins = []
+for id_, body in re.findall(r'\[weights\."([^"]+)"\]\n(.*?)(?=\n\[|\Z)', text, re.S):
+    m = re.search(r'^file = "([^"]+)"', body, re.M)
+    if not m or not os.path.isfile(os.path.join(w, m.group(1))):
+        continue
+    path = os.path.join(w, m.group(1))
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 24), b""):
+            h.update(b)
+    pins.append(f'[pins."{id_}"]\nsha256 = "{h.hexdigest()}"\nsize = {os.path.getsize(path)}\nsource = "{path}"\n'
+                f'pinned_at = "{datetime.datetime.now(datetime.timezone.utc).isoformat()}"\n')
+open(os.path.join(w, "local-pins.toml"), "w").write("\n".join(pins))
+print(f"pinned {len(pins)} weights entries in {w}/local-pins.toml")
+PY
+fi
 
 # UCE's sentences: 1,024 sampled genes with their chromosome tokens and <cls> (about 1,072
 # tokens, as bench/encoder_checks_gpu.sh times them)
