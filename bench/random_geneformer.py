@@ -5,7 +5,7 @@ Needs torch (the weights are written as pytorch_model.bin, which scfoundry reads
 torch, numpy writes model.safetensors instead (a numpy generator with the same seed: other
 random numbers, the same shapes and distribution).
 
-    python3 bench/random_geneformer.py GENES OUT_DIR [--seed 0]
+    python3 bench/random_geneformer.py GENES OUT_DIR [--seed 0] [--layers 6]
 
 GENES: one gene id per line (bench/pbmc68k_genes.txt: the var_names of
 demo/pbmc68k_counts.h5ad); they become tokens 2.. of token_dictionary.json (upper-cased, as
@@ -46,6 +46,8 @@ def main():
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
     out.mkdir(parents=True, exist_ok=True)
     vocab, d, layers, heads, ffn, positions = 25426, 256, 6, 4, 512, 2048
+    if "--layers" in sys.argv:  # fewer layers: host-side timings on a CPU
+        layers = int(sys.argv[sys.argv.index("--layers") + 1])
     config = {
         "architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": vocab,
         "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads,

@@ -30,6 +30,10 @@ impl EnvVars {
     /// values a block; rounded up to the method's batch). Shards are whole blocks, so smaller
     /// blocks let a small file be split; sharded and unsharded runs must use the same value.
     pub const BLOCK_ROWS: &'static str = "SCFOUNDRY_BLOCK_ROWS";
+    /// Blocks of rows an `embed` task of a transformer reads and tokenises ahead of the block on
+    /// the device (default 2; 0: each block read, tokenised, run and written in turn). The
+    /// tokenising threads follow `RAYON_NUM_THREADS`, else the cores less one.
+    pub const BLOCKS_AHEAD: &'static str = "SCFOUNDRY_BLOCKS_AHEAD";
     /// Set by the local runner on a shard's task process: the file the task counts its cells
     /// into, for the run's one progress bar (`progress::ShardBar`).
     pub const PROGRESS_FILE: &'static str = "SCFOUNDRY_PROGRESS_FILE";

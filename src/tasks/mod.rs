@@ -14,7 +14,11 @@ pub mod counts;
 pub mod embed;
 pub mod integrate;
 pub mod method;
+<<<<<<< HEAD
 pub mod precision;
+=======
+pub mod pipeline;
+>>>>>>> h45e
 pub mod runtime;
 pub mod shard;
 pub mod table;

@@ -363,23 +363,38 @@ pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
 /// The total counts of cells `rows` (a task's rows; index `i - rows.start`): obs['n_counts']
 /// when present (upstream requires it), else row sums of those rows only.
 pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, rows: std::ops::Range<usize>, notes: &mut Vec<String>) -> Result<Vec<f64>> {
-    use crate::anndata::dataframe::Column;
-    let obs = ad.obs()?;
-    if let Some(Column::Numeric(v)) = obs.column("n_counts") {
-        return Ok(v[rows].to_vec());
+    if let Some(t) = obs_totals(ad, x, rows.clone(), notes)? {
+        return Ok(t);
     }
-    notes.push(format!("obs has no numeric `n_counts` (upstream requires it: each cell's total counts); the row sums of {} were used", x.field));
     let mut out = Vec::with_capacity(rows.len());
     let mut s = rows.start;
     while s < rows.end {
         let e = (s + 4096).min(rows.end);
         let b = x.read_rows(s, e)?;
         for i in 0..b.n_rows() {
-            out.push(b.row(i).1.iter().map(|&v| v as f64).sum());
+            out.push(row_total(b.row(i).1));
         }
         s = e;
     }
     Ok(out)
+}
+
+/// obs['n_counts'] of cells `rows` (index `i - rows.start`), or None, with a note, when obs has
+/// no numeric `n_counts`: the caller then takes each cell's [`row_total`] as it reads the row
+/// (what [`cell_totals`] computes, without reading X once more).
+pub(crate) fn obs_totals(ad: &AnnData, x: &crate::anndata::Matrix, rows: std::ops::Range<usize>, notes: &mut Vec<String>) -> Result<Option<Vec<f64>>> {
+    use crate::anndata::dataframe::Column;
+    let obs = ad.obs()?;
+    if let Some(Column::Numeric(v)) = obs.column("n_counts") {
+        return Ok(Some(v[rows].to_vec()));
+    }
+    notes.push(format!("obs has no numeric `n_counts` (upstream requires it: each cell's total counts); the row sums of {} were used", x.field));
+    Ok(None)
+}
+
+/// A row's sum, in f64 (a cell's total counts when obs has no `n_counts`).
+pub(crate) fn row_total(values: &[f32]) -> f64 {
+    values.iter().map(|&v| v as f64).sum()
 }
 
 /// `--precision` for this task (`tasks::precision::decide`): `auto` (the default) is the

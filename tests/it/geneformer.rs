@@ -156,6 +156,41 @@ fn geneformer_default_precision_on_the_cpu_is_f32_and_recorded() {
     assert_eq!(auto, bf16, "both ran f32 on the CPU");
 }
 
+/// The row-block pipeline (tasks/pipeline.rs): 50 cells in blocks of 20 (batches of 1, groups of
+/// 20) read and tokenised two blocks ahead on two threads give the same bytes, notes and
+/// parameters as each block read, tokenised, run and written in turn on one thread, and as the
+/// whole file in one block; the report names each stage's seconds.
+#[test]
+fn geneformer_pipelined_blocks_equal_one_block_at_a_time() {
+    let ctx = TestContext::new();
+    std::fs::copy(fx().join("pbmc68k_50.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let dir = fx().join("v1");
+    let run = |name: &str, env: &[(&str, &Path)]| {
+        let out = format!("{name}.h5ad");
+        let runs = ctx.path(&format!("runs-{name}"));
+        ctx.run_env(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", &out, "--model-dir", dir.to_str().unwrap(), "--batch-size", "1", "--runs-dir", runs.to_str().unwrap()], env).success();
+        let run = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir()).unwrap();
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+        (read_obsm(&ctx.path(&out), "X_geneformer").0, report["tasks"][0]["result"].clone())
+    };
+    let rows = Path::new("8");
+    let (serial, serial_result) = run("serial", &[("SCFOUNDRY_BLOCK_ROWS", rows), ("SCFOUNDRY_BLOCKS_AHEAD", Path::new("0")), ("RAYON_NUM_THREADS", Path::new("1"))]);
+    let (piped, piped_result) = run("piped", &[("SCFOUNDRY_BLOCK_ROWS", rows), ("SCFOUNDRY_BLOCKS_AHEAD", Path::new("2")), ("RAYON_NUM_THREADS", Path::new("2"))]);
+    let (whole, _) = run("whole", &[]);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(serial.len(), 50 * 32);
+    assert_eq!(bits(&piped), bits(&serial), "pipelined blocks differ from one block at a time");
+    assert_eq!(bits(&whole), bits(&serial), "blocks of 20 differ from the file in one block");
+    assert_eq!(piped_result["notes"], serial_result["notes"]);
+    assert!(serial_result["notes"].to_string().contains("were truncated"), "{}", serial_result["notes"]);
+    let phases: Vec<(String, f64)> = serde_json::from_value(piped_result["phases"].clone()).unwrap();
+    let phases: std::collections::HashMap<String, f64> = phases.into_iter().collect();
+    for stage in ["setup", "read", "tokenise", "device", "write", "blocks wall", "wall"] {
+        assert!(phases.get(stage).is_some_and(|&s| s >= 0.0), "no `{stage}` in {phases:?}");
+    }
+    assert!(phases["device"] > 0.0 && phases["blocks wall"] <= phases["wall"], "{phases:?}");
+}
+
 #[test]
 fn geneformer_missing_dictionary_names_the_file_and_fields() {
     let ctx = TestContext::new();

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::runtime::{gene_ids, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -42,6 +43,8 @@ pub fn load(arch: Arch, dir: &Path, device: candle_core::Device) -> Result<ClsEn
 }
 
 pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<TaskResult> {
+    use rayon::prelude::*;
+    let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let name = arch.name();
     let (model_dir, mut shas, given) = model_folder(spec, arch)?;
@@ -100,26 +103,49 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     let out = EmbeddingOut::create(spec, &task_rows, &key, ad.n_obs, dim)?;
     let p = rep.step(&format!("{name}: embed"), task_rows.len() as u64, "cells");
     let (mut only_cls, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
-    for (s, e) in task_rows.blocks() {
-        for start in (s..e).step_by(batch * 20) {
-            let end = (start + batch * 20).min(e);
-            let b = x.read_rows(start, end)?;
-            let cells: Vec<Vec<u32>> = (0..b.n_rows())
-                .map(|i| {
-                    let (idx, vals) = b.row(i);
-                    let (tokens, cut) = model.cell_tokens(&table, idx, vals);
-                    truncated += cut as usize;
-                    tokens
-                })
-                .collect();
-            only_cls += cells.iter().filter(|c| c.len() == 1).count();
-            n_tokens += cells.iter().map(Vec::len).sum::<usize>();
-            let order = length_order(&cells);
-            let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
-            let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-            out.write(start, &rows)?;
-        }
-    }
+    // blocks of rows, read and tokenised ahead on all cores while the device runs the block
+    // before; within a block, groups of 20 batches, each run longest first and written in the
+    // input order
+    let blocks = task_rows.blocks();
+    let group = batch * 20;
+    let (table, x, model_ref) = (&table, &x, &model);
+    let blocks_started = std::time::Instant::now();
+    let setup = clock.elapsed();
+    pipeline::run(
+        blocks.len(),
+        Plan::from_env(),
+        |k| {
+            let (s, e) = blocks[k];
+            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
+            Ok(clock.time(Stage::Tokenise, || {
+                (0..b.n_rows())
+                    .into_par_iter()
+                    .with_min_len(32)
+                    .map(|i| {
+                        let (idx, vals) = b.row(i);
+                        model_ref.cell_tokens(table, idx, vals)
+                    })
+                    .collect::<Vec<_>>()
+            }))
+        },
+        |k, tokenised| {
+            let (s, e) = blocks[k];
+            truncated += tokenised.iter().filter(|t| t.1).count();
+            let mut tokenised = tokenised.into_iter();
+            for start in (s..e).step_by(group) {
+                let end = (start + group).min(e);
+                let cells: Vec<Vec<u32>> = tokenised.by_ref().take(end - start).map(|t| t.0).collect();
+                only_cls += cells.iter().filter(|c| c.len() == 1).count();
+                n_tokens += cells.iter().map(Vec::len).sum::<usize>();
+                let order = length_order(&cells);
+                let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+                let rows = clock.time(Stage::Device, || batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model_ref.forward_tensor(&idx.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64)))?;
+                clock.time(Stage::Write, || out.write(start, &rows))?;
+            }
+            Ok(())
+        },
+    )?;
+    let blocks_wall = blocks_started.elapsed().as_secs_f64();
     p.finish();
     if only_cls > 0 {
         notes.push(format!("{only_cls} cell(s) have no gene in the dictionaries: their tokens are <cls> alone, embedded as upstream does"));
@@ -150,7 +176,9 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     }
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.phases = clock.phases(setup, blocks_wall);
+    Ok(result)
 }
 
 /// scCello's and LangCell's options, from their tomls.

@@ -13,10 +13,13 @@ use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
-use crate::tasks::runtime::{cell_totals, gene_ids, precision, verified_weights, Batches, TaskDevice};
+use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
+use crate::tasks::runtime::{cell_totals, gene_ids, obs_totals, row_total, precision, verified_weights, Batches, TaskDevice};
 
 fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
+    use rayon::prelude::*;
+    let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let given_dir = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
     let (model_dir, mut shas) = match &given_dir {
@@ -65,34 +68,61 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let key = "X_geneformer";
     let task_rows = TaskRows::new(spec, ad.n_obs, GeneformerMethod.block_rows(&x, &spec.params))?;
     let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
-    let totals = cell_totals(&ad, &x, task_rows.start..task_rows.end, &mut notes)?;
+    // obs['n_counts'], or each row's sum taken as the block is read
+    let totals = obs_totals(&ad, &x, task_rows.start..task_rows.end, &mut notes)?;
     let p = rep.step("geneformer: embed", task_rows.len() as u64, "cells");
     let (mut empty, mut truncated, mut n_tokens) = (0usize, 0usize, 0usize);
-    // blocks of cells: tokenised together, run longest first, written in the input order
-    for (s, e) in task_rows.blocks() {
-        for start in (s..e).step_by(batch.max(1) * 20) {
-            let end = (start + batch.max(1) * 20).min(e);
-            let b = x.read_rows(start, end)?;
-            let cells: Vec<Vec<u32>> = (0..b.n_rows())
-                .map(|i| {
-                    let (idx, vals) = b.row(i);
-                    let ranked = table.rank(idx, vals, totals[start + i - task_rows.start]);
-                    if ranked.len() > model.input_size - if model.dict.specials.is_some() { 2 } else { 0 } {
-                        truncated += 1;
-                    }
-                    model.tokens(ranked)
-                })
-                .collect();
-            empty += cells.iter().filter(|c| c.is_empty()).count();
-            n_tokens += cells.iter().map(Vec::len).sum::<usize>();
-            // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
-            let order = geneformer::length_order(&cells);
-            p.inc((cells.len() - order.len()) as u64);
-            let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
-            let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64))?;
-            out.write(start, &rows)?;
-        }
-    }
+    // blocks of rows, read and tokenised ahead on all cores while the device runs the block
+    // before; within a block, groups of 20 batches, each run longest first and written in the
+    // input order
+    let blocks = task_rows.blocks();
+    let group = batch.max(1) * 20;
+    let (input_size, specials) = (model.input_size, model.dict.specials);
+    let max_ranked = input_size - if specials.is_some() { 2 } else { 0 };
+    let (table, totals, x) = (&table, totals.as_deref(), &x);
+    let first_row = task_rows.start;
+    let blocks_started = std::time::Instant::now();
+    let setup = clock.elapsed();
+    pipeline::run(
+        blocks.len(),
+        Plan::from_env(),
+        |k| {
+            let (s, e) = blocks[k];
+            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
+            Ok(clock.time(Stage::Tokenise, || {
+                (0..b.n_rows())
+                    .into_par_iter()
+                    .with_min_len(32)
+                    .map(|i| {
+                        let (idx, vals) = b.row(i);
+                        let total = totals.map_or_else(|| row_total(vals), |t| t[s + i - first_row]);
+                        let ranked = table.rank(idx, vals, total);
+                        let cut = ranked.len() > max_ranked;
+                        (geneformer::finish_tokens(ranked, input_size, specials), cut)
+                    })
+                    .collect::<Vec<_>>()
+            }))
+        },
+        |k, tokenised| {
+            let (s, _) = blocks[k];
+            truncated += tokenised.iter().filter(|t| t.1).count();
+            let mut tokenised = tokenised.into_iter();
+            for start in (s..blocks[k].1).step_by(group) {
+                let end = (start + group).min(blocks[k].1);
+                let cells: Vec<Vec<u32>> = tokenised.by_ref().take(end - start).map(|t| t.0).collect();
+                empty += cells.iter().filter(|c| c.is_empty()).count();
+                n_tokens += cells.iter().map(Vec::len).sum::<usize>();
+                // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
+                let order = geneformer::length_order(&cells);
+                p.inc((cells.len() - order.len()) as u64);
+                let lens: Vec<usize> = cells.iter().map(Vec::len).collect();
+                let rows = clock.time(Stage::Device, || batches.run_lagged(cells.len(), dim, &order, Some(&lens), f32::NAN, |idx| model.forward_tensor(idx.iter().map(|&i| cells[i].as_slice()).collect()), |k| p.inc(k as u64)))?;
+                clock.time(Stage::Write, || out.write(start, &rows))?;
+            }
+            Ok(())
+        },
+    )?;
+    let blocks_wall = blocks_started.elapsed().as_secs_f64();
     p.finish();
     if empty > 0 {
         notes.push(format!("{empty} cell(s) have no gene in the token dictionary: their embedding is NaN (upstream drops such cells)"));
@@ -118,7 +148,9 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("weights_file".into(), json!(model.weights_path.display().to_string()));
     w.insert("token_dictionary".into(), json!(model.dict.token_path.display().to_string()));
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.phases = clock.phases(setup, blocks_wall);
+    Ok(result)
 }
 
 /// Geneformer's options, from `methods/geneformer.toml`.

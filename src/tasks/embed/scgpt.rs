@@ -13,6 +13,7 @@ use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
+use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::runtime::{precision, some_cells, verified_weights, Batches, TaskDevice};
 
 /// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
@@ -36,6 +37,8 @@ pub fn scgpt_gene_names(ad: &AnnData, gene_col: &str) -> Result<Vec<Option<Strin
 
 fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::scgpt::{self, Model};
+    use rayon::prelude::*;
+    let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let shas = verified_weights(&spec.method, &dir, scgpt::REQUIRED_ENTRIES)?;
@@ -73,23 +76,41 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
     let p = rep.step("scgpt: embed", task_rows.len() as u64, "cells");
     let (mut sampled, mut empty) = (0usize, Vec::new());
-    for (s, e) in task_rows.blocks() {
-        let b = x.read_rows(s, e)?;
-        let cells: Vec<scgpt::Cell> = (0..b.n_rows())
-            .map(|i| {
-                let (idx, vals) = b.row(i);
-                model.tokenizer.cell(idx, vals, &gene_ids, spec.seed, s + i)
-            })
-            .collect();
-        sampled += cells.iter().filter(|c| c.sampled).count();
-        empty.extend(cells.iter().enumerate().filter(|(_, c)| c.genes.len() == 1).map(|(i, _)| s + i));
-        // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
-        let mut order: Vec<usize> = (0..cells.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
-        let lens: Vec<usize> = cells.iter().map(|c| c.genes.len()).collect();
-        let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        out.write(s, &rows)?;
-    }
+    // blocks of rows, read and tokenised ahead on all cores while the device runs the block before
+    let blocks = task_rows.blocks();
+    let (tokenizer, gene_ids, x, seed) = (&model.tokenizer, &gene_ids, &x, spec.seed);
+    let blocks_started = std::time::Instant::now();
+    let setup = clock.elapsed();
+    pipeline::run(
+        blocks.len(),
+        Plan::from_env(),
+        |k| {
+            let (s, e) = blocks[k];
+            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
+            Ok(clock.time(Stage::Tokenise, || {
+                (0..b.n_rows())
+                    .into_par_iter()
+                    .with_min_len(32)
+                    .map(|i| {
+                        let (idx, vals) = b.row(i);
+                        tokenizer.cell(idx, vals, gene_ids, seed, s + i)
+                    })
+                    .collect::<Vec<scgpt::Cell>>()
+            }))
+        },
+        |k, cells| {
+            let (s, _) = blocks[k];
+            sampled += cells.iter().filter(|c| c.sampled).count();
+            empty.extend(cells.iter().enumerate().filter(|(_, c)| c.genes.len() == 1).map(|(i, _)| s + i));
+            // longest first, batched by tokens, halving the batch on CUDA out-of-memory; rows back in input order
+            let mut order: Vec<usize> = (0..cells.len()).collect();
+            order.sort_by_key(|&i| std::cmp::Reverse(cells[i].genes.len()));
+            let lens: Vec<usize> = cells.iter().map(|c| c.genes.len()).collect();
+            let rows = clock.time(Stage::Device, || batches.run_lagged(cells.len(), dim, &order, Some(&lens), 0.0, |idx| model.embed_batch_tensor(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64)))?;
+            clock.time(Stage::Write, || out.write(s, &rows))
+        },
+    )?;
+    let blocks_wall = blocks_started.elapsed().as_secs_f64();
     p.finish();
     if sampled > 0 {
         notes.push(format!("{sampled} cell(s) had more than {} genes and were sampled to --max-len {max_len} (seeded by --seed, as upstream samples at random)", max_len - 1));
@@ -112,7 +133,9 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("cells_without_vocab_genes".into(), json!(empty.len()));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.phases = clock.phases(setup, blocks_wall);
+    Ok(result)
 }
 
 /// scGPT's options, from `methods/scgpt.toml`.

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -53,6 +54,8 @@ fn load_expressing(spec: &TaskSpec, n_obs: usize, n_vars: usize) -> Result<Vec<u
 }
 
 pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    use rayon::prelude::*;
+    let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let p: Params = method::task_params(spec)?;
@@ -130,33 +133,58 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let out = EmbeddingOut::create(spec, &task_rows, key, ad.n_obs, dim)?;
     let p = rep.step("uce: embed", task_rows.len() as u64, "cells");
     let (mut empty, mut few) = (Vec::new(), 0usize);
-    for (s, e) in task_rows.blocks() {
-        let b = x.read_rows(s, e)?;
-        let mut sentences: Vec<Vec<u32>> = Vec::with_capacity(b.n_rows());
-        for i in 0..b.n_rows() {
-            let (idx, vals) = b.row(i);
-            let n_genes = idx.iter().zip(vals).filter(|(&j, &v)| v > 0.0 && expressing[j as usize] >= cfg.min_cells).count();
-            if n_genes < cfg.min_genes {
-                few += 1;
-            }
-            let (g, c) = uce::cell_counts(idx, vals, &map).map_err(|v| Error::BadField {
-                path: spec.data.clone(),
-                field: x.field.clone(),
-                detail: format!("cell {} ({}) has the negative value {v}", s + i, ad.obs_names[s + i]),
-                hint: Some("UCE reads raw counts; pass the counts layer with --layer".into()),
-            })?;
-            match uce::sentence(&g, &c, &map, &cfg, spec.seed, s + i)? {
-                Some(t) => sentences.push(t),
-                None => {
-                    empty.push(s + i);
-                    sentences.push(vec![cfg.cls_token_idx]);
+    // blocks of rows, read and turned into sentences ahead on all cores while the device runs
+    // the block before
+    let blocks = task_rows.blocks();
+    let (map, cfg_ref, expressing, x, ad_ref) = (&map, &cfg, &expressing, &x, &ad);
+    let blocks_started = std::time::Instant::now();
+    let setup = clock.elapsed();
+    pipeline::run(
+        blocks.len(),
+        Plan::from_env(),
+        |k| {
+            let (s, e) = blocks[k];
+            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
+            // each cell: whether it has few genes, and its sentence (None: no count); the first
+            // error in row order is the block's
+            let cells: Vec<Result<(bool, Option<Vec<u32>>)>> = clock.time(Stage::Tokenise, || {
+                (0..b.n_rows())
+                    .into_par_iter()
+                    .with_min_len(8)
+                    .map(|i| {
+                        let (idx, vals) = b.row(i);
+                        let n_genes = idx.iter().zip(vals).filter(|(&j, &v)| v > 0.0 && expressing[j as usize] >= cfg_ref.min_cells).count();
+                        let (g, c) = uce::cell_counts(idx, vals, map).map_err(|v| Error::BadField {
+                            path: spec.data.clone(),
+                            field: x.field.clone(),
+                            detail: format!("cell {} ({}) has the negative value {v}", s + i, ad_ref.obs_names[s + i]),
+                            hint: Some("UCE reads raw counts; pass the counts layer with --layer".into()),
+                        })?;
+                        Ok((n_genes < cfg_ref.min_genes, uce::sentence(&g, &c, map, cfg_ref, spec.seed, s + i)?))
+                    })
+                    .collect()
+            });
+            cells.into_iter().collect::<Result<Vec<_>>>()
+        },
+        |k, cells| {
+            let (s, _) = blocks[k];
+            let mut sentences: Vec<Vec<u32>> = Vec::with_capacity(cells.len());
+            for (i, (few_genes, sentence)) in cells.into_iter().enumerate() {
+                few += few_genes as usize;
+                match sentence {
+                    Some(t) => sentences.push(t),
+                    None => {
+                        empty.push(s + i);
+                        sentences.push(vec![cfg_ref.cls_token_idx]);
+                    }
                 }
             }
-        }
-        let order: Vec<usize> = (0..sentences.len()).collect();
-        let rows = batches.run_lagged(sentences.len(), dim, &order, None, 0.0, |idx| model.embed_tensor(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        out.write(s, &rows)?;
-    }
+            let order: Vec<usize> = (0..sentences.len()).collect();
+            let rows = clock.time(Stage::Device, || batches.run_lagged(sentences.len(), dim, &order, None, 0.0, |idx| model.embed_tensor(&idx.iter().map(|&i| sentences[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64)))?;
+            clock.time(Stage::Write, || out.write(s, &rows))
+        },
+    )?;
+    let blocks_wall = blocks_started.elapsed().as_secs_f64();
     p.finish();
     if few > 0 {
         notes.push(format!("{few} cell(s) express fewer than {} of the filtered genes: upstream's filter_cells drops them; they are embedded here", cfg.min_genes));
@@ -183,7 +211,9 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.phases = clock.phases(setup, blocks_wall);
+    Ok(result)
 }
 
 /// UCE's options, from `methods/uce.toml`.
