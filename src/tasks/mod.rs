@@ -14,11 +14,8 @@ pub mod counts;
 pub mod embed;
 pub mod integrate;
 pub mod method;
-<<<<<<< HEAD
-pub mod precision;
-=======
 pub mod pipeline;
->>>>>>> h45e
+pub mod precision;
 pub mod runtime;
 pub mod shard;
 pub mod table;
