@@ -116,7 +116,11 @@ pub fn sbee_per_cell(nn: &NeighborsResults, emb: &[f32], d: usize, batches: &[u3
             }
             let intra = if same.is_empty() { 0.0 } else { median(&mut same) };
             let inter = if other.is_empty() { intra } else { median(&mut other) };
-            let ratio = if intra == 0.0 || inter == 0.0 { f64::NAN } else { intra / inter };
+            if intra == 0.0 || inter == 0.0 {
+                // the ratio is NaN there, and so the harmonic mean; `np.where(denom > 0, ..)` gives 0
+                return 0.0;
+            }
+            let ratio = intra / inter;
             let ratio_score = (-(1.0 - ratio.min(1.0)).abs() / sensitivity).exp();
             let denom = js_score + ratio_score;
             if denom > 0.0 {
