@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=7200.0)
     ap.add_argument("--skip-scib", action="store_true")
+    ap.add_argument("--reuse-scib", action="store_true", help="reuse scib-metrics' result of an earlier run in --workdir (scib_N.json)")
     ap.add_argument("--json")
     a = ap.parse_args()
     exe = check_binary(a.scfoundry)
@@ -102,7 +103,11 @@ def main() -> None:
             subprocess.run([exe, "embed", "--method", "pca", "--data", str(raw), "--out", str(emb), "--quiet",
                             "--runs-dir", str(work / "runs")], check=True)
         rec = {}
-        if not a.skip_scib:
+        cached = work / f"scib_{n}.json"
+        if a.reuse_scib and cached.exists():
+            rec["scib"] = json.loads(cached.read_text())
+            print(f"scib-metrics result for {n} cells reused from {cached}", flush=True)
+        elif not a.skip_scib:
             with LoadSampler() as load:
                 runs = [run_measured([a.scib_python, str(CHILD), str(emb), "X_pca", "cell_type", "batch"],
                                      env=env_scib, timeout=a.timeout) for _ in range(a.repeats)]
@@ -110,6 +115,7 @@ def main() -> None:
             rec["scib"]["load"] = load.summary()
             if runs[-1]["rc"] == 0:
                 rec["scib"]["child"] = json.loads(runs[-1]["stdout"].strip().splitlines()[-1])
+                cached.write_text(json.dumps(rec["scib"], default=str))
         with tempfile.TemporaryDirectory() as td:
             cmd = [exe, "benchmark", "--data", str(emb), "--embedding", "X_pca", "--label-key", "cell_type",
                    "--batch-key", "batch", "--out", td, "--quiet"]
