@@ -3,8 +3,11 @@
 
     python bench/scib_benchmarker_child.py IN.h5ad OBSM_KEY[,KEY...] LABEL_KEY BATCH_KEY
 
-Default metric set (scib-metrics 0.5.10), pynndescent 90-NN, X_pre = sc.tl.pca of X in
-prepare (as `scfoundry benchmark` does). The embeddings are copied to `emb:<key>` first,
+Default metric set (scib-metrics 0.6.1), the exact 90-NN (sklearn brute force, as
+`scfoundry benchmark --neighbors exact`; SCIB_NEIGHBORS=pynndescent for the Benchmarker's own
+search), X_pre = sc.tl.pca of X in prepare (as `scfoundry benchmark` does). Then scib-metrics'
+own KMeans NMI/ARI over seeds 0..4 (SCIB_KMEANS_SEEDS) on each embedding: the spread that its
+one-run (seed 0) value comes from. The embeddings are copied to `emb:<key>` first,
 because prepare's sc.tl.pca writes obsm['X_pca']. Prints one JSON line: per-step seconds
 and the raw metric table.
 """
@@ -32,7 +35,17 @@ for k in keys:
 t["read"] = time.perf_counter() - s
 bm = Benchmarker(adata, batch_key=batch_key, label_key=label_key, embedding_obsm_keys=names, progress_bar=False)
 s = time.perf_counter()
-bm.prepare()
+
+
+def exact_knn(x, k):
+    from scib_metrics.nearest_neighbors import NeighborsResults
+    from sklearn.neighbors import NearestNeighbors
+
+    dist, idx = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(x).kneighbors(x)
+    return NeighborsResults(indices=idx, distances=dist)
+
+
+bm.prepare(neighbor_computer=None if os.environ.get("SCIB_NEIGHBORS") == "pynndescent" else exact_knn)
 t["prepare_pca_and_neighbors"] = time.perf_counter() - s
 s = time.perf_counter()
 bm.benchmark()
@@ -40,4 +53,20 @@ t["benchmark_metrics"] = time.perf_counter() - s
 res = bm.get_results(min_max_scale=False, clean_names=False)
 t["total_in_process"] = time.perf_counter() - t0
 table = {n.split(":", 1)[1]: {c: (None if v != v else float(v)) for c, v in res.loc[n].items() if c != "Metric Type"} for n in names}
-print(json.dumps({"seconds": t, "results": table}))
+from scib_metrics.utils import KMeans  # noqa: E402
+from sklearn.metrics.cluster import adjusted_rand_score, normalized_mutual_info_score  # noqa: E402
+
+spread = {}
+labels = np.asarray(adata.obs[label_key])
+for n in names:
+    x = np.asarray(adata.obsm[n], dtype=np.float32)
+    s = time.perf_counter()
+    vals = {"seeds": [], "nmi": [], "ari": []}
+    for seed in range(int(os.environ.get("SCIB_KMEANS_SEEDS", "5"))):
+        km = KMeans(len(np.unique(labels)), seed=seed).fit(x.copy())
+        vals["seeds"].append(seed)
+        vals["nmi"].append(float(normalized_mutual_info_score(labels, km.labels_, average_method="arithmetic")))
+        vals["ari"].append(float(adjusted_rand_score(labels, km.labels_)))
+    t[f"kmeans_seeds:{n}"] = time.perf_counter() - s
+    spread[n.split(":", 1)[1]] = vals
+print(json.dumps({"seconds": t, "results": table, "kmeans_spread": spread}))

@@ -7,8 +7,9 @@ Needs only numpy and h5py (writes the AnnData on-disk format itself, so it runs 
 not installed). Seeded (numpy default_rng(--seed)): --types cell types with centres uniform in
 [-3, 3]^d, --batches batches that shift every cell by a per-batch offset uniform in
 [-0.5, 0.5]^d (times --batch-strength), Gaussian noise sd 1. obs: `cell_type`, `batch`
-(categorical); obsm['X_emb'] (float32); X is an empty n x 1 CSR matrix, so PCR comparison (which
-needs a PCA of X) must be left out with --metrics. uns['synthetic'] = True.
+(categorical); obsm['X_emb'] (float32) and obsm['X_pre'], the same cells before integration
+(batch offsets 4x larger), for `--pre-integrated X_pre`; X is an empty n x 1 CSR matrix, so
+without that option PCR comparison is left out with a warning. uns['synthetic'] = True.
 """
 import argparse
 import os
@@ -74,6 +75,8 @@ def main() -> None:
         om = f.create_group("obsm")
         _attrs(om, "dict", "0.1.0")
         om.create_dataset("X_emb", data=x)
+        x += 3.0 * shifts[batches]
+        om.create_dataset("X_pre", data=x)
         for gname in ("varm", "obsp", "varp", "layers"):
             _attrs(f.create_group(gname), "dict", "0.1.0")
         uns = f.create_group("uns")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scib-metrics' Benchmarker on the demo data's PCA, as a fixture for scfoundry's agreement test.
 
-    /root/.cache/venv-scib/bin/python scripts/scib_demo_reference.py \
+    $VENV/bin/python scripts/scib_demo_reference.py   # VENV: see ci/reference/scib-metrics.txt \
         [--data demo/wu2020_tcells.h5ad] [--out tests/fixtures/scib/demo_wu2020_pca.json]
 
 The embedding is scanpy's standard PCA of the demo counts (normalize_total 1e4, log1p,
@@ -16,7 +16,8 @@ KMeans NMI/ARI depend on the k-means++ random stream (JAX's here, ChaCha8 in scf
 the script measures how much scib-metrics' own values move over seeds 0..9 and stores
 `kmeans_tolerance` = that spread (at least 0.05). The exact 90-NN of scfoundry and
 pynndescent are compared here too (`knn_sets_identical`): on 200 cells they coincide.
-Pins: ci/reference/scib-metrics.txt (scib-metrics 0.5.10).
+The Benchmarker gets the exact 90-NN (`exact_knn`, self first), as scfoundry's default
+--neighbors exact does. Pins: ci/reference/scib-metrics.txt (scib-metrics 0.6.1).
 """
 
 import argparse
@@ -32,9 +33,20 @@ import numpy as np  # noqa: E402
 import scanpy as sc  # noqa: E402
 import scib_metrics  # noqa: E402
 from scib_metrics.benchmark import Benchmarker  # noqa: E402
-from scib_metrics.nearest_neighbors import pynndescent  # noqa: E402
+from scib_metrics.nearest_neighbors import NeighborsResults, pynndescent  # noqa: E402
 from scib_metrics.utils import KMeans  # noqa: E402
 from sklearn.metrics.cluster import adjusted_rand_score, normalized_mutual_info_score  # noqa: E402
+
+
+def exact_knn(x, k):
+    """Exact Euclidean k-NN (self first), as scib-metrics' NeighborsResults."""
+    x64 = np.asarray(x, dtype=np.float64)
+    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d2, -1.0)
+    idx = np.argsort(d2, axis=1, kind="stable")[:, :k]
+    np.fill_diagonal(d2, 0.0)
+    dist = np.sqrt(np.take_along_axis(d2, idx, axis=1))
+    return NeighborsResults(indices=idx.astype(np.int64), distances=dist.astype(np.float32))
 
 
 def main():
@@ -54,6 +66,8 @@ def main():
     adata.obsm["X_pca_scanpy"] = emb
 
     bm = Benchmarker(adata, batch_key="batch", label_key="cell_type", embedding_obsm_keys=["X_pca_scanpy"], progress_bar=False)
+    # exact neighbours on both sides (scfoundry's --neighbors exact), so the search plays no part
+    bm.prepare(neighbor_computer=exact_knn)
     bm.benchmark()
     res = bm.get_results(min_max_scale=False, clean_names=False)
     rows = {k: (None if np.isnan(float(v)) else float(v)) for k, v in res.loc["X_pca_scanpy"].items() if k in bm._results.index}

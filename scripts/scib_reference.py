@@ -2,9 +2,11 @@
 """Produce scib-metrics reference fixtures for scfoundry's Rust metrics.
 
 The oracle is scib-metrics itself (see ci/reference/scib-metrics.txt for the pinned
-versions). For each synthetic case this writes tests/fixtures/scib/<case>.json
-with the inputs (embedding, labels, batches, unintegrated X_pre, the 90-NN
-lists scib-metrics' Benchmarker would use) and every metric value, plus
+versions: scib-metrics 0.6.1, Python >= 3.12). For each synthetic case this writes
+tests/fixtures/scib/<case>.json with the inputs (embedding, labels, batches, unintegrated
+X_pre, the exact 90-NN lists, self first, that both scib-metrics' metrics and its
+Benchmarker are given here, so neighbour search plays no part in the comparison) and every
+metric value, plus
 timings of each scib-metrics call (cold = first call incl. JAX compile, warm =
 second call).
 
@@ -23,7 +25,7 @@ warnings.filterwarnings("ignore")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import scib_metrics  # noqa: E402
-from scib_metrics.nearest_neighbors import pynndescent  # noqa: E402
+from scib_metrics.nearest_neighbors import NeighborsResults, pynndescent  # noqa: E402
 from sklearn.metrics.cluster import adjusted_rand_score, normalized_mutual_info_score  # noqa: E402
 
 
@@ -109,6 +111,18 @@ def make_case(name):
     )
 
 
+def exact_knn(x, k):
+    """Exact Euclidean k-NN (self first), as scib-metrics' NeighborsResults."""
+    x = np.asarray(x, dtype=np.float32)
+    sq = (x.astype(np.float64) ** 2).sum(1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x.astype(np.float64) @ x.astype(np.float64).T), 0.0)
+    np.fill_diagonal(d2, -1.0)
+    idx = np.argsort(d2, axis=1, kind="stable")[:, :k]
+    np.fill_diagonal(d2, 0.0)
+    dist = np.sqrt(np.take_along_axis(d2, idx, axis=1))
+    return NeighborsResults(indices=idx.astype(np.int64), distances=dist.astype(np.float32))
+
+
 def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     fn(*args, **kwargs)
@@ -135,10 +149,10 @@ def run_case(name):
     }
     timings = {}
 
-    # Benchmarker.prepare: pynndescent, 90 neighbours, random_state=0, then subsets 15/50/90.
+    # Benchmarker.prepare computes one 90-NN and takes subsets 15/50/90; here it is exact.
     t0 = time.perf_counter()
-    nn90 = pynndescent(emb, n_neighbors=90, random_state=0, n_jobs=1)
-    timings["pynndescent_90"] = time.perf_counter() - t0
+    nn90 = exact_knn(emb, 90)
+    timings["exact_knn_90"] = time.perf_counter() - t0
     nn15, nn50 = nn90.subset_neighbors(15), nn90.subset_neighbors(50)
     out["knn_k"] = 90
     out["knn_indices"] = nn90.indices.astype(np.int64).ravel().tolist()
@@ -182,6 +196,7 @@ def run_case(name):
     m["kbet_per_label_scores"] = [None if np.isnan(v) else float(v) for v in kb_df["kBET"]]
     acc, _, _ = scib_metrics.kbet(nn50, batches)
     m["kbet_global_k50"] = float(acc)
+    m["sbee"], timings["sbee"] = timed(scib_metrics.sbee, nn90, emb, batches, labels)
 
     # KMeans: JAX PRNG, cannot be replicated bit-for-bit; store scib's clustering too
     km, timings["nmi_ari_cluster_labels_kmeans"] = timed(scib_metrics.nmi_ari_cluster_labels_kmeans, emb, labels)
@@ -228,6 +243,7 @@ def run_benchmarker(emb, x_pre, labels, batches):
         pre_integrated_embedding_obsm_key="pre",
         progress_bar=False,
     )
+    bm.prepare(neighbor_computer=exact_knn)
     bm.benchmark()
     elapsed = time.perf_counter() - t0
     res = {"elapsed_s": elapsed}

@@ -1,5 +1,5 @@
 //! `scfoundry benchmark`: score several embeddings of one dataset with the scIB metrics
-//! (scib-metrics 0.5.10 definitions, `crate::metrics`) and rank them by total score.
+//! (scib-metrics 0.6.1 definitions, `crate::metrics`) and rank them by total score.
 //!
 //! As scib-metrics' `Benchmarker`: one exact 90-NN per embedding, subset to 15/50/90;
 //! PCR comparison against a PCA of the unintegrated X (`metrics::prepare`); aggregates
@@ -40,15 +40,25 @@ pub struct BenchmarkOptions {
     pub metrics: Vec<String>,
     pub per_cell: bool,
     pub min_max_scale: bool,
+    /// obsm key of the unintegrated embedding for PCR (older run folders lack it: a PCA of X).
+    #[serde(default)]
+    pub pre_integrated: Option<String>,
+    /// KMeans seeds for the spread (older run folders lack it: 1, off).
+    #[serde(default = "one")]
+    pub kmeans_seeds: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// Stamped on every value: values from different implementations are not comparable.
-pub const IMPLEMENTATION: &str = concat!("scfoundry-metrics ", env!("CARGO_PKG_VERSION"), " (scib-metrics 0.5.10 definitions)");
+pub const IMPLEMENTATION: &str = concat!("scfoundry-metrics ", env!("CARGO_PKG_VERSION"), " (scib-metrics 0.6.1 definitions)");
 /// Largest neighbour count of the Benchmarker (15/50/90 are prefixes of it).
 pub const K: usize = 90;
 
 /// Metric selectors accepted by --metrics: (name, aliases, config field).
-const METRICS: [(&str, &[&str]); 11] = [
+const METRICS: [(&str, &[&str]); 12] = [
     ("isolated_labels", &["isolated"]),
     ("nmi_ari_cluster_labels_kmeans", &["kmeans"]),
     ("nmi_ari_cluster_labels_leiden", &["leiden"]),
@@ -60,6 +70,7 @@ const METRICS: [(&str, &[&str]); 11] = [
     ("kbet_per_label", &["kbet"]),
     ("graph_connectivity", &[]),
     ("pcr_comparison", &["pcr"]),
+    ("sbee", &[]),
 ];
 
 const BIO: [&str; 5] = ["isolated_labels", "nmi_ari_cluster_labels_kmeans", "nmi_ari_cluster_labels_leiden", "silhouette_label", "clisi_knn"];
@@ -81,6 +92,7 @@ fn set(cfg: &mut BenchmarkConfig, name: &str, on: bool) {
         "kbet_per_label" => cfg.kbet_per_label = on,
         "graph_connectivity" => cfg.graph_connectivity = on,
         "pcr_comparison" => cfg.pcr_comparison = on,
+        "sbee" => cfg.sbee = on,
         _ => unreachable!(),
     }
 }
@@ -200,14 +212,20 @@ fn x_pre(ad: &AnnData, seed: u64, rep: &dyn Reporter) -> anyhow::Result<(Vec<f32
             path: ad.path.clone(),
             field: "X".into(),
             detail: format!("holds a non-finite value ({v}); PCR comparison needs a PCA of X"),
-            hint: Some("fix X, or leave PCR out with `--metrics bio,bras,ilisi,kbet,graph_connectivity`".into()),
+            hint: Some("fix X, pass the unintegrated embedding with `--pre-integrated KEY`, or leave PCR out with `--metrics bio,bras,ilisi,kbet,graph_connectivity`".into()),
         }
         .into());
     }
     p.inc(1);
     let nc = metrics::prepare::scanpy_n_comps(n, g);
     if nc == 0 {
-        return Err(Error::BadField { path: ad.path.clone(), field: "X".into(), detail: format!("is {n} x {g}: too small for a PCA"), hint: None }.into());
+        return Err(Error::BadField {
+            path: ad.path.clone(),
+            field: "X".into(),
+            detail: format!("is {n} x {g}: too small for a PCA"),
+            hint: Some("pass the unintegrated embedding with `--pre-integrated KEY` (an obsm key)".into()),
+        }
+        .into());
     }
     let csr = metrics::prepare::Csr { indptr: &b.indptr, indices: &b.indices, data: &b.data, n_rows: n, n_cols: g };
     let (proj, _) = metrics::prepare::pca_projections(&csr, nc, seed);
@@ -219,7 +237,7 @@ fn x_pre(ad: &AnnData, seed: u64, rep: &dyn Reporter) -> anyhow::Result<(Vec<f32
 /// The 90-NN of one embedding (or subsample), exact or NN-descent; the latter's rounds are
 /// reported on the progress bar and recorded for results.json.
 fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed: u64, rep: &dyn Reporter, reports: &mut Vec<Value>) -> NeighborsResults {
-    match search {
+    match search.resolve(n) {
         NeighborsSearch::Exact => {
             let p = rep.step(&format!("{name} {K}-NN (exact)"), 1, "search");
             let nn = metrics::exact_knn(x, n, d, K);
@@ -227,7 +245,7 @@ fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed:
             p.finish();
             nn
         }
-        NeighborsSearch::Approx => {
+        NeighborsSearch::Approx | NeighborsSearch::Auto => {
             let params = metrics::AnnParams { seed, ..Default::default() };
             let p = rep.step(&format!("{name} {K}-NN (NN-descent)"), params.max_iters as u64 + 1, "rounds");
             let t = Instant::now();
@@ -267,6 +285,7 @@ struct Scored {
     /// Wall seconds per metric step, in the order run ("(subsample)" marks the batch half).
     steps: Vec<(String, f64)>,
     lisi: Option<(Vec<f64>, Vec<f64>)>,
+    kmeans_spread: Option<metrics::KMeansSpread>,
 }
 
 fn run_metrics(
@@ -341,6 +360,8 @@ struct Prepared {
     any_batch: bool,
     sub: Option<Vec<usize>>,
     embs: Vec<(String, Vec<f32>, usize)>,
+    /// The --pre-integrated embedding, read when PCR is selected.
+    pre: Option<(Vec<f32>, usize)>,
 }
 
 fn prepare(data: &Path, a: &BenchmarkOptions, seed: u64) -> anyhow::Result<Prepared> {
@@ -425,7 +446,11 @@ fn prepare(data: &Path, a: &BenchmarkOptions, seed: u64) -> anyhow::Result<Prepa
         let (x, d) = read_embedding(&ad, e)?;
         embs.push((e.clone(), x, d));
     }
-    Ok(Prepared { cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs })
+    let pre = match &a.pre_integrated {
+        Some(key) if cfg.pcr_comparison => Some(read_embedding(&ad, key.trim())?),
+        _ => None,
+    };
+    Ok(Prepared { cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs, pre })
 }
 
 pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
@@ -439,6 +464,8 @@ pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
         metrics: args.metrics.clone(),
         per_cell: args.per_cell,
         min_max_scale: args.min_max_scale,
+        pre_integrated: args.pre_integrated.clone(),
+        kmeans_seeds: args.kmeans_seeds,
     };
     // the input is checked before any run folder exists; the task reads it again
     drop(prepare(&args.data, &opts, args.seed)?);
@@ -464,8 +491,16 @@ pub fn nextflow_params(spec: &TaskSpec, o: &BenchmarkOptions, run: &crate::runne
     if let Some(m) = o.batch_max_cells {
         p.push(("batch_max_cells".into(), m.to_string()));
     }
-    if o.neighbors == NeighborsSearch::Approx {
-        p.push(("neighbors".into(), "approx".into()));
+    match o.neighbors {
+        NeighborsSearch::Approx => p.push(("neighbors".into(), "approx".into())),
+        NeighborsSearch::Exact => p.push(("neighbors".into(), "exact".into())),
+        NeighborsSearch::Auto => {}
+    }
+    if let Some(k) = &o.pre_integrated {
+        p.push(("pre_integrated".into(), k.clone()));
+    }
+    if o.kmeans_seeds != 5 {
+        p.push(("kmeans_seeds".into(), o.kmeans_seeds.to_string()));
     }
     for (flag, on) in [("per_cell", o.per_cell), ("min_max_scale", o.min_max_scale)] {
         if on {
@@ -481,11 +516,42 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     let rep = reporter(spec.quiet || !spec.progress);
     let a: BenchmarkOptions = spec.options()?;
     let seed = spec.seed;
-    let Prepared { mut cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs } = prepare(&spec.data, &a, seed)?;
+    let Prepared { mut cfg, mut selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, mut any_batch, sub, embs, pre } = prepare(&spec.data, &a, seed)?;
     let out_dir = spec.out.clone();
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::Io { path: out_dir.clone(), source: e })?;
 
-    let (pre, d_pre) = if cfg.pcr_comparison { x_pre(&ad, seed, rep.as_ref())? } else { (Vec::new(), 0) };
+    // PCR's unintegrated embedding: --pre-integrated, else a PCA of X (X is read only here)
+    if a.pre_integrated.is_some() && !cfg.pcr_comparison {
+        warn("--pre-integrated is used by PCR comparison only, which --metrics leaves out: ignored");
+    }
+    let mut x_pre_source = Value::Null;
+    let (pre, d_pre) = match pre {
+        Some((x, d)) => {
+            let key = a.pre_integrated.clone().unwrap_or_default();
+            x_pre_source = json!({ "source": format!("obsm/{key}"), "n_comps": d, "method": "the embedding as stored (scib-metrics' pre_integrated_embedding_obsm_key)" });
+            (x, d)
+        }
+        None if cfg.pcr_comparison => match x_pre(&ad, seed, rep.as_ref()) {
+            Ok((x, d)) => {
+                x_pre_source = json!({ "source": "X", "n_comps": d, "method": "zero-centred PCA of X as stored, all genes (scib-metrics Benchmarker.prepare: sc.tl.pca(svd_solver='arpack', use_highly_variable=False)); Lanczos" });
+                (x, d)
+            }
+            Err(e) if selected.len() > 1 => {
+                let why = match e.downcast_ref::<Error>() {
+                    Some(err) => format!("{err}"),
+                    None => format!("{e:#}"),
+                };
+                warn(&format!("PCR comparison left out, the other metrics are scored ({why}); to score it, pass the unintegrated embedding with `--pre-integrated KEY` (an obsm key)"));
+                set(&mut cfg, "pcr_comparison", false);
+                selected.retain(|m| *m != "pcr_comparison");
+                any_batch = selected.iter().any(|m| !is_bio(m));
+                x_pre_source = json!({ "left_out": why });
+                (Vec::new(), 0)
+            }
+            Err(e) => return Err(e),
+        },
+        None => (Vec::new(), 0),
+    };
     let synthetic = is_synthetic(&ad);
 
     // bio on all cells; batch on the subsample when there is one
@@ -520,6 +586,17 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                 steps.extend(sub_steps.into_iter().map(|(k, s)| (format!("{k} (subsample)"), s)));
             }
         }
+        // KMeans over more seeds, beside the one-run headline
+        let kmeans_spread = (cfg.nmi_ari_cluster_labels_kmeans && a.kmeans_seeds > 1).then(|| {
+            let seeds: Vec<u64> = (0..a.kmeans_seeds).map(|i| seed.wrapping_add(i)).collect();
+            let p = rep.step(&format!("{name} KMeans over {} seeds", seeds.len()), 1, "metric");
+            let t = Instant::now();
+            let s = metrics::kmeans_seed_spread(x, n, d, &labels, &seeds);
+            p.inc(1);
+            p.finish();
+            steps.push(("nmi_ari_cluster_labels_kmeans (seed spread)".to_string(), t.elapsed().as_secs_f64()));
+            s
+        });
         // rows in scib-metrics' order: bio first, then batch, each in dataclass order
         let lisi = a.per_cell.then(|| (metrics::lisi_knn(&nn, &batches, None), metrics::lisi_knn(&nn, &labels, None)));
         for v in &values {
@@ -527,7 +604,7 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                 warn(&format!("{} is NaN for {name}: {}", v.name, nan_reason(&v.key)));
             }
         }
-        scored.push(Scored { embedding: name.clone(), dim: d, values, knn_s, metrics_s: t.elapsed().as_secs_f64(), steps, lisi });
+        scored.push(Scored { embedding: name.clone(), dim: d, values, knn_s, metrics_s: t.elapsed().as_secs_f64(), steps, lisi, kmeans_spread });
     }
 
     // aggregate and rank
@@ -542,6 +619,42 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     };
     let mut order: Vec<usize> = (0..scored.len()).collect();
     order.sort_by(|&i, &j| sort_key(j).total_cmp(&sort_key(i)));
+    // the ranking score of each embedding with its KMeans NMI/ARI at the low and the high end of
+    // their seed spread (the others as run), and the pairs whose ranges overlap
+    let ranges: Vec<Option<(f64, f64)>> = (0..scored.len())
+        .map(|i| {
+            let sp = scored[i].kmeans_spread.as_ref()?;
+            let at = |nmi: f64, ari: f64| {
+                let mut t = table.clone();
+                for (m, v) in scored[i].values.iter().zip(t[i].iter_mut()) {
+                    if m.key == "nmi_ari_cluster_labels_kmeans_nmi" {
+                        *v = nmi;
+                    } else if m.key == "nmi_ari_cluster_labels_kmeans_ari" {
+                        *v = ari;
+                    }
+                }
+                let g = aggregate(&kinds, &t, a.min_max_scale)[i];
+                if any_bio && any_batch { g.total } else { g.bio_conservation }
+            };
+            let (ns, as_) = (sp.nmi_summary(), sp.ari_summary());
+            let (lo, hi) = (at(ns.min, as_.min), at(ns.max, as_.max));
+            // the headline run belongs to the range too
+            let own = sort_key(i);
+            Some((lo.min(hi).min(own), lo.max(hi).max(own)))
+        })
+        .collect();
+    let range_of = |i: usize| ranges[i].unwrap_or((sort_key(i), sort_key(i)));
+    let may_flip: Vec<Vec<usize>> = (0..scored.len())
+        .map(|i| {
+            (0..scored.len())
+                .filter(|&j| j != i && (ranges[i].is_some() || ranges[j].is_some()))
+                .filter(|&j| {
+                    let ((li, hi), (lj, hj)) = (range_of(i), range_of(j));
+                    li <= hj && lj <= hi
+                })
+                .collect()
+        })
+        .collect();
 
     let batch_cells = sub.as_ref().map_or(n, |s| s.len());
     let subsample = json!({
@@ -608,6 +721,19 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
                     "Total": stamp(g.total),
                 },
                 "seconds": { "knn": sc.knn_s, "metrics": sc.metrics_s },
+                "kmeans_seed_spread": match &sc.kmeans_spread {
+                    None => Value::Null,
+                    Some(sp) => json!({
+                        "seeds": sp.seeds,
+                        "nmi": sp.nmi,
+                        "ari": sp.ari,
+                        "nmi_summary": sp.nmi_summary(),
+                        "ari_summary": sp.ari_summary(),
+                        "ranking_score_range": ranges[i].map(|(lo, hi)| json!([lo, hi])),
+                        "rank_may_flip_with": may_flip[i].iter().map(|&j| scored[j].embedding.clone()).collect::<Vec<_>>(),
+                        "note": "headline KMeans NMI/ARI is the one run with --seed, as scib-metrics reports it (seed 0 there); the spread is beside it and enters no aggregate",
+                    }),
+                },
                 "step_seconds": sc.steps.iter().map(|(k, s)| json!({ "step": k, "seconds": s })).collect::<Vec<_>>(),
             })
         })
@@ -624,23 +750,26 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         "n_labels": label_cats.len(),
         "n_batches": batch_cats.len(),
         "seed": seed,
-        "neighbors": match a.neighbors {
-            NeighborsSearch::Exact => json!({ "k": K, "subsets": metrics::BENCHMARK_K, "search": "exact", "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" }),
-            NeighborsSearch::Approx => json!({
+        "neighbors": match a.neighbors.resolve(n) {
+            NeighborsSearch::Exact => json!({ "k": K, "subsets": metrics::BENCHMARK_K, "search": "exact", "requested": a.neighbors, "auto_exact_max_cells": NeighborsSearch::AUTO_EXACT_MAX_CELLS, "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" }),
+            NeighborsSearch::Approx | NeighborsSearch::Auto => json!({
                 "k": K,
                 "subsets": metrics::BENCHMARK_K,
                 "search": "approx",
+                "requested": a.neighbors,
+                "auto_exact_max_cells": NeighborsSearch::AUTO_EXACT_MAX_CELLS,
                 "method": "NN-descent from a random-projection forest (as pynndescent), Euclidean, self included",
                 "seed": seed,
                 "params": metrics::AnnParams { seed, ..Default::default() },
                 "runs": ann_reports,
             }),
         },
-        "x_pre": if cfg.pcr_comparison { json!({ "source": "X", "n_comps": d_pre, "method": "zero-centred PCA of X as stored, all genes (scib-metrics Benchmarker.prepare: sc.tl.pca(svd_solver='arpack', use_highly_variable=False)); Lanczos" }) } else { Value::Null },
+        "x_pre": x_pre_source,
         "subsample": subsample,
         "min_max_scale": a.min_max_scale,
         "aggregation": "Batch correction = mean of batch metrics, Bio conservation = mean of bio metrics (NaN skipped), Total = 0.4 x batch + 0.6 x bio",
         "metrics": selected,
+        "kmeans_seeds": if cfg.nmi_ari_cluster_labels_kmeans && a.kmeans_seeds > 1 { json!((0..a.kmeans_seeds).map(|i| seed.wrapping_add(i)).collect::<Vec<_>>()) } else { Value::Null },
         "results": results,
         "seconds": t0.elapsed().as_secs_f64(),
     });
@@ -673,9 +802,15 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
             batch_cats.len(),
             if a.min_max_scale { " (min-max scaled)" } else { "" }
         ),
-        subtitle: format!("{IMPLEMENTATION}; {} {K}-NN; seed {}{}", match a.neighbors { NeighborsSearch::Exact => "exact", NeighborsSearch::Approx => "approximate (NN-descent)" }, seed, if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() }),
+        subtitle: format!(
+            "{IMPLEMENTATION}; {} {K}-NN; seed {}{}{}",
+            match a.neighbors.resolve(n) { NeighborsSearch::Exact => "exact", _ => "approximate (NN-descent)" },
+            seed,
+            if sub.is_some() { format!("; batch metrics on {batch_cells} sampled cells") } else { String::new() },
+            if may_flip.iter().any(|f| !f.is_empty()) { format!("; * rank could flip with the KMeans seed ({} seeds)", a.kmeans_seeds) } else { String::new() }
+        ),
         metrics: scored[0].values.iter().map(|v| (v.name.clone(), v.kind)).collect(),
-        rows: order.iter().map(|&i| (scored[i].embedding.clone(), shown[i].clone(), agg[i])).collect(),
+        rows: order.iter().map(|&i| (format!("{}{}", scored[i].embedding, if may_flip[i].is_empty() { "" } else { " *" }), shown[i].clone(), agg[i])).collect(),
     };
     plots::results_table(&fig, &out_dir.join("results.svg"), &out_dir.join("results.png"))?;
 
@@ -686,6 +821,25 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     for (rank, &i) in order.iter().enumerate() {
         let g = agg[i];
         writeln!(so, "{:<4} {:<w$} {:>10.4} {:>10.4} {:>10.4}", rank + 1, scored[i].embedding, g.batch_correction, g.bio_conservation, g.total)?;
+    }
+    for &i in &order {
+        if let Some(sp) = &scored[i].kmeans_spread {
+            let (ns, as_) = (sp.nmi_summary(), sp.ari_summary());
+            let flips = if may_flip[i].is_empty() { String::new() } else { format!("; rank could flip with {}", may_flip[i].iter().map(|&j| scored[j].embedding.as_str()).collect::<Vec<_>>().join(", ")) };
+            writeln!(
+                so,
+                "{}: KMeans over seeds {}..{}: NMI {:.4} [{:.4}, {:.4}], ARI {:.4} [{:.4}, {:.4}] (mean [min, max]){flips}",
+                scored[i].embedding,
+                sp.seeds[0],
+                sp.seeds[sp.seeds.len() - 1],
+                ns.mean,
+                ns.min,
+                ns.max,
+                as_.mean,
+                as_.min,
+                as_.max
+            )?;
+        }
     }
     let summary = format!(
         "scored {} embedding(s) of {n} cells with {} metric(s) in {:.1}s; wrote {} (results.tsv, results.json, results.svg, results.png{})",

@@ -2,9 +2,9 @@
 //! embedding: which metrics run by default, on which inputs and neighbour
 //! subsets (15/50/90 of one 90-NN), under which names and groups.
 //!
-//! Defaults (scib-metrics 0.5.10): bio = isolated labels, KMeans NMI/ARI,
+//! Defaults (scib-metrics 0.6.1): bio = isolated labels, KMeans NMI/ARI,
 //! silhouette label, cLISI (Leiden off); batch = BRAS, iLISI, kBET,
-//! graph connectivity, PCR comparison (the classic batch silhouette is off).
+//! graph connectivity, PCR comparison (the classic batch silhouette and sBEE are off).
 
 use super::aggregate::MetricKind;
 use super::neighbors::NeighborsResults;
@@ -27,6 +27,9 @@ pub struct BenchmarkConfig {
     pub kbet_per_label: bool,
     pub graph_connectivity: bool,
     pub pcr_comparison: bool,
+    /// sBEE (scib-metrics 0.6; off by default there too)
+    #[serde(default)]
+    pub sbee: bool,
     /// seed for KMeans and Leiden
     pub seed: u64,
     /// rows per block in the silhouettes
@@ -47,6 +50,7 @@ impl Default for BenchmarkConfig {
             kbet_per_label: true,
             graph_connectivity: true,
             pcr_comparison: true,
+            sbee: false,
             seed: 0,
             chunk_size: 256,
         }
@@ -242,6 +246,10 @@ pub fn run_benchmark_with(
             Batch,
             pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true),
         ));
+    }
+    if cfg.sbee {
+        on_metric("sbee");
+        out.push(mv("sbee", "sBEE", Batch, sbee::sbee(&nn90, emb, d, batches, labels)));
     }
     out
 }

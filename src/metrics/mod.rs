@@ -1,6 +1,6 @@
 //! scIB metrics as pure functions on arrays, following scib-metrics
-//! (YosefLab/scib-metrics, 0.5.10 — the newest on PyPI; it already contains
-//! BRAS). One metric per file, like `scib_metrics/metrics/*.py`.
+//! (YosefLab/scib-metrics, 0.6.1; BRAS and sBEE included). One metric per file, like
+//! `scib_metrics/metrics/*.py`.
 //!
 //! Conventions: embeddings are row-major `f32` slices of `n * d`; labels and
 //! batches are `u32` codes (any values; they are re-coded internally like
@@ -28,6 +28,7 @@ pub mod neighbors;
 pub mod nmi_ari;
 pub mod pcr_comparison;
 pub mod prepare;
+pub mod sbee;
 pub mod geometry;
 pub mod silhouette;
 pub mod umap_graph;
@@ -35,7 +36,7 @@ pub mod umap_graph;
 pub use aggregate::{aggregate, AggregateScores, MetricKind};
 pub use ann::{approx_knn, AnnParams, AnnReport};
 pub use benchmark::{run_benchmark, run_benchmark_with, BenchmarkConfig, MetricValue};
-pub use clustering::{kmeans, nmi_ari_cluster_labels_kmeans, KMeansResult};
+pub use clustering::{kmeans, kmeans_from_centroids, kmeans_seed_spread, nmi_ari_cluster_labels_kmeans, KMeansResult, KMeansSpread};
 pub use graph_connectivity::graph_connectivity;
 pub use isolated_labels::{isolated_labels, isolated_labels_from_silhouette};
 pub use kbet::{kbet, kbet_per_label};
@@ -44,6 +45,7 @@ pub use lisi::{clisi_knn, ilisi_knn, lisi_knn};
 pub use neighbors::{exact_knn, NeighborsResults};
 pub use nmi_ari::{ari, nmi};
 pub use pcr_comparison::{pcr_comparison, principal_component_regression};
+pub use sbee::sbee;
 pub use silhouette::{
     bras, silhouette_batch, silhouette_label, silhouette_label_from_samples, silhouette_samples,
 };

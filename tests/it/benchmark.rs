@@ -55,7 +55,7 @@ fn benchmark_ranks_embeddings_and_writes_outputs() {
     let png = std::fs::read(dir.join("results.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
     let j = read_json(&dir.join("results.json"));
-    assert_eq!(j["implementation"], "scfoundry-metrics 0.1.0 (scib-metrics 0.5.10 definitions)");
+    assert_eq!(j["implementation"], "scfoundry-metrics 0.1.0 (scib-metrics 0.6.1 definitions)");
     assert_eq!(j["neighbors"]["k"], 90);
     assert_eq!(j["seed"], 0);
     let res = j["results"].as_array().unwrap();
@@ -69,6 +69,24 @@ fn benchmark_ranks_embeddings_and_writes_outputs() {
         }
         assert_eq!(e["aggregates"]["Total"]["implementation"], j["implementation"]);
     }
+    // KMeans over seeds 0..4 beside the one-run value (default --kmeans-seeds 5)
+    assert_eq!(j["kmeans_seeds"], serde_json::json!([0, 1, 2, 3, 4]));
+    for e in res {
+        let sp = &e["kmeans_seed_spread"];
+        assert_eq!(sp["seeds"].as_array().unwrap().len(), 5);
+        for w in ["nmi", "ari"] {
+            let s = &sp[format!("{w}_summary")];
+            let (lo, mean, hi) = (s["min"].as_f64().unwrap(), s["mean"].as_f64().unwrap(), s["max"].as_f64().unwrap());
+            assert!(lo <= mean && mean <= hi, "{w}: {s}");
+            // seed 0 of the spread is the headline run
+            let key = format!("nmi_ari_cluster_labels_kmeans_{w}");
+            assert_eq!(sp[w][0].as_f64().unwrap(), e["metrics"][&key]["value"].as_f64().unwrap());
+        }
+        let r = sp["ranking_score_range"].as_array().unwrap();
+        assert!(r[0].as_f64().unwrap() <= e["aggregates"]["Total"]["value"].as_f64().unwrap() + 1e-12);
+        assert!(r[1].as_f64().unwrap() >= e["aggregates"]["Total"]["value"].as_f64().unwrap() - 1e-12);
+    }
+    assert!(r.stdout.contains("KMeans over seeds 0..4"), "{}", r.stdout);
     let tsv = std::fs::read_to_string(dir.join("results.tsv")).unwrap();
     assert_eq!(tsv.lines().count(), 3);
     assert!(tsv.lines().next().unwrap().ends_with("implementation"));
@@ -77,6 +95,56 @@ fn benchmark_ranks_embeddings_and_writes_outputs() {
     assert!(per_cell.starts_with("cell\tX_noise_ilisi\tX_noise_clisi\tX_good_ilisi\tX_good_clisi"));
     let svg = std::fs::read_to_string(dir.join("results.svg")).unwrap();
     assert!(svg.contains("Bio conservation") && svg.contains("X_good") && svg.contains("t.h5ad"));
+}
+
+/// A file whose X is a placeholder (n x 1) scores every other default metric and leaves PCR
+/// out with a warning; `--pre-integrated KEY` scores PCR against that embedding instead, and X
+/// is then not read at all (a file without X scores too).
+#[test]
+fn benchmark_pcr_left_out_without_usable_x_and_scored_with_pre_integrated() {
+    let ctx = TestContext::new();
+    let mut t = tiny_bench(150);
+    t.n_vars = 1;
+    t.var_names.truncate(1);
+    t.x = (0..150).map(|i| (i % 5) as f32).collect();
+    let pre: Vec<f32> = t.obsm[0].1.iter().enumerate().map(|(i, v)| v + if (i / 6) >= 75 { 2.0 } else { 0.0 }).collect();
+    t = t.with_obsm("X_unintegrated", pre, 6);
+    t.write(&ctx.path("t.h5ad"));
+    let mut args = bench_args("t.h5ad", "X_good");
+    args.extend(["--out", "no_pcr"]);
+    let r = ctx.run(&args);
+    r.success();
+    assert!(r.stderr.contains("PCR comparison left out") && r.stderr.contains("too small for a PCA") && r.stderr.contains("--pre-integrated"), "{}", r.stderr);
+    let j = read_json(&ctx.path("no_pcr/results.json"));
+    let m = j["results"][0]["metrics"].as_object().unwrap();
+    assert_eq!(m.len(), 9, "every default metric but PCR");
+    assert!(!m.contains_key("pcr_comparison"));
+    assert!(j["x_pre"]["left_out"].as_str().unwrap().contains("too small"));
+
+    assert!(j["results"][0]["kmeans_seed_spread"].is_object());
+    let mut args = bench_args("t.h5ad", "X_good");
+    args.extend(["--pre-integrated", "X_unintegrated", "--kmeans-seeds", "1", "--out", "pcr"]);
+    let r = ctx.run(&args);
+    r.success();
+    assert!(!r.stderr.contains("left out"), "{}", r.stderr);
+    let j = read_json(&ctx.path("pcr/results.json"));
+    assert_eq!(j["x_pre"]["source"], "obsm/X_unintegrated");
+    assert!(j["kmeans_seeds"].is_null() && j["results"][0]["kmeans_seed_spread"].is_null(), "--kmeans-seeds 1 is off");
+    let pcr = j["results"][0]["metrics"]["pcr_comparison"]["value"].as_f64().unwrap();
+    assert!(pcr > 0.0 && pcr <= 1.0, "the pre-integrated embedding carries a batch shift the integrated one mostly lacks: {pcr}");
+
+    // no X at all: --pre-integrated needs none
+    let mut nox = tiny_bench(150);
+    nox.write_x = false;
+    let pre: Vec<f32> = nox.obsm[0].1.clone();
+    nox.with_obsm("X_unintegrated", pre, 6).write(&ctx.path("nox.h5ad"));
+    let mut args = bench_args("nox.h5ad", "X_good");
+    args.extend(["--pre-integrated", "X_unintegrated", "--metrics", "pcr,ilisi", "--out", "nox"]);
+    ctx.run(&args).success();
+    // a wrong key is an error naming the key
+    let mut args = bench_args("t.h5ad", "X_good");
+    args.extend(["--pre-integrated", "X_nope"]);
+    ctx.run(&args).user_error().stderr_has("X_nope");
 }
 
 #[test]
@@ -90,6 +158,7 @@ fn benchmark_batch_subsample_is_recorded() {
     assert_eq!(j["subsample"]["batch_metric_cells"], 120);
     assert_eq!(j["subsample"]["bio_metric_cells"], 150);
     assert_eq!(j["subsample"]["seed"], 7);
+    assert_eq!(j["kmeans_seeds"], serde_json::json!([7, 8, 9, 10, 11]), "the spread's seeds start at --seed");
     assert_eq!(j["results"][0]["metrics"].as_object().unwrap().len(), 8);
 }
 
