@@ -173,10 +173,13 @@ pub struct EmbedArgs {
     /// Input file; never modified unless --in-place. AnnData .h5ad from anndata 0.7 to 0.13
     /// (tested: 0.8, 0.10, 0.11, 0.12, 0.13 with pandas 3), legacy AnnData (< 0.7), or a Cell
     /// Ranger / Space Ranger .h5 matrix (v2, v3; --genome picks a genome); the last two are read
-    /// through a converted copy. Formats, encodings and departures: docs/file-formats.md.
+    /// through a converted copy. Or an AnnData Zarr store (the folder `adata.write_zarr` makes:
+    /// zarr format 2 or 3, sharded or not), read in blocks of rows as an .h5ad is. Formats,
+    /// encodings and departures: docs/file-formats.md.
     #[arg(long, short, value_name = "H5AD", required_unless_present = "resume")]
     pub data: Option<PathBuf>,
-    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).
+    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input); a name ending in
+    /// .zarr writes an AnnData Zarr store (the input's zarr format, or 2 from an .h5ad).
     #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
     pub out: Option<PathBuf>,
     /// Replace the input file atomically (a temporary file is renamed over it when complete).
@@ -623,8 +626,8 @@ pub struct IntegrateArgs {
     /// The integration method (see `scfoundry methods`; harmony and seurat run today).
     #[arg(long, short)]
     pub method: String,
-    /// Input .h5ad: harmony corrects an embedding in it (e.g. the output of `embed --method pca`);
-    /// seurat reads its expression matrix (X or --layer).
+    /// Input .h5ad or AnnData Zarr store: harmony corrects an embedding in it (e.g. the output of
+    /// `embed --method pca`); seurat reads its expression matrix (X or --layer).
     #[arg(long, short, value_name = "H5AD")]
     pub data: PathBuf,
     /// harmony: obsm key of the embedding to correct.
@@ -633,7 +636,8 @@ pub struct IntegrateArgs {
     /// obs column(s) holding the batch; comma-separated for several keys.
     #[arg(long, value_delimiter = ',', required = true, value_name = "COL")]
     pub batch_key: Vec<String>,
-    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input).
+    /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input); a name ending in
+    /// .zarr writes an AnnData Zarr store.
     #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
     pub out: Option<PathBuf>,
     /// Replace the input file atomically.
@@ -699,7 +703,7 @@ pub struct ScviArgs {
 #[derive(Debug, Args)]
 #[command(after_help = ONE_TASK_HELP)]
 pub struct BenchmarkArgs {
-    /// Input .h5ad holding the embeddings in obsm (never modified).
+    /// Input .h5ad (or AnnData Zarr store) holding the embeddings in obsm (never modified).
     #[arg(long, short, value_name = "H5AD")]
     pub data: PathBuf,
     /// obsm keys of the embeddings to score, comma-separated (e.g. X_pca,X_scvi).
@@ -785,7 +789,7 @@ impl NeighborsSearch {
 #[derive(Debug, Args)]
 #[command(after_help = ONE_TASK_HELP)]
 pub struct GeometryArgs {
-    /// Input .h5ad holding the embedding in obsm (never modified).
+    /// Input .h5ad (or AnnData Zarr store) holding the embedding in obsm (never modified).
     #[arg(long, short, value_name = "H5AD")]
     pub data: PathBuf,
     /// obsm key of the embedding.

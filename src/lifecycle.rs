@@ -115,7 +115,8 @@ fn abandon(why: &str, code: i32) -> ! {
     let files = UNFINISHED.lock().map(|v| v.clone()).unwrap_or_default();
     let mut removed = Vec::new();
     for f in &files {
-        if std::fs::remove_file(f).is_ok() {
+        // a Zarr output is staged in a folder
+        if std::fs::remove_file(f).is_ok() || (f.is_dir() && std::fs::remove_dir_all(f).is_ok()) {
             removed.push(f.display().to_string());
         }
     }
@@ -180,7 +181,8 @@ pub fn sweep(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix(&format!("{me}."))) else { continue };
         let mut parts = rest.splitn(3, '.');
         let (Some(b), Some(pid)) = (parts.next(), parts.next().and_then(|p| p.parse::<i32>().ok())) else { continue };
-        if (b != boot || !alive(pid)) && std::fs::remove_file(e.path()).is_ok() {
+        let gone = |p: &Path| if p.is_dir() { std::fs::remove_dir_all(p).is_ok() } else { std::fs::remove_file(p).is_ok() };
+        if (b != boot || !alive(pid)) && gone(&e.path()) {
             removed.push(e.path());
         }
     }

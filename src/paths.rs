@@ -47,10 +47,10 @@ pub fn same_file(input: &Path, out: &Path) -> bool {
     }
 }
 
-/// An output file (`--out`, `--predict-out`) must not be an existing folder: checked before
-/// any work.
+/// An output file (`--out`, `--predict-out`) must not be an existing folder, unless it is a
+/// Zarr store named `.zarr` (an output store replaces it): checked before any work.
 pub fn check_output_file(out: &Path, option: &str) -> crate::error::Result<()> {
-    if out.is_dir() {
+    if out.is_dir() && !(crate::anndata::zarr::is_store_name(out) && crate::anndata::zarr::is_store(out)) {
         return Err(crate::error::Error::BadOption {
             option: option.into(),
             detail: format!("{} is a folder; {option} names the output file", out.display()),

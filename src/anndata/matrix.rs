@@ -71,6 +71,10 @@ pub enum Storage {
     Csr { data: Dataset, indices: Dataset, indptr: Vec<u64> },
     /// CSC converted to CSR in memory.
     InMemory { indptr: Vec<u64>, indices: Vec<u32>, data: Vec<f32> },
+    /// A dense array of a Zarr store, read by rows.
+    ZarrDense(super::zarr::ZArray),
+    /// A CSR matrix of a Zarr store: `data` and `indices` read by `indptr` ranges.
+    ZarrCsr { data: super::zarr::ZArray, indices: super::zarr::ZArray, indptr: Vec<u64> },
 }
 
 /// A matrix inside an .h5ad file.
@@ -197,6 +201,77 @@ impl Matrix {
         }
     }
 
+    /// Open the matrix at `field` of a Zarr store (a dense array, or a csr_matrix or csc_matrix
+    /// group), checked as [`Matrix::open`] checks an .h5ad's.
+    pub fn open_zarr(path: &Path, store: &super::zarr::Store, field: &str) -> Result<Matrix> {
+        use super::zarr::Kind;
+        match store.kind(field) {
+            None => Err(bad(path, field, "is missing", Some("an AnnData store keeps its matrix in `X`; a layer is named with `--layer NAME`"))),
+            Some(Kind::Array) => {
+                let a = store.array(field)?;
+                let elem = a.elem()?;
+                if !elem.is_numeric() {
+                    return Err(bad(path, field, format!("holds {}, not numbers", elem.name()), None));
+                }
+                let shape = a.shape();
+                if shape.len() != 2 {
+                    return Err(bad(path, field, format!("is a {}-dimensional array, expected 2 (cells x genes)", shape.len()), None));
+                }
+                Ok(Matrix { path: path.into(), field: field.into(), n_rows: shape[0], n_cols: shape[1], dtype: elem.name().into(), storage: Storage::ZarrDense(a), format: "dense" })
+            }
+            Some(Kind::Group) => {
+                let attrs = store.attributes(field);
+                let enc = attrs.get("encoding-type").and_then(|v| v.as_str()).map(str::to_string).ok_or_else(|| {
+                    bad(path, field, "is a group without an `encoding-type` attribute, so not a matrix anndata wrote", Some("the formats read are listed in docs/file-formats.md; rewrite the store with a current anndata"))
+                })?;
+                let shape: Vec<i64> = attrs
+                    .get("shape")
+                    .and_then(|v| v.as_array())
+                    .map(|v| v.iter().filter_map(|x| x.as_i64()).collect())
+                    .ok_or_else(|| bad(path, &format!("{field}.attrs['shape']"), "is missing or unreadable", Some(CORRUPT_HINT)))?;
+                if shape.len() != 2 || shape.iter().any(|&s| s < 0) {
+                    return Err(bad(path, &format!("{field}.attrs['shape']"), format!("is {shape:?}, expected two sizes"), None));
+                }
+                let (n_rows, n_cols) = (shape[0] as usize, shape[1] as usize);
+                let n_major = if enc == "csc_matrix" { n_cols } else { n_rows };
+                if enc != "csr_matrix" && enc != "csc_matrix" {
+                    return Err(bad(path, field, format!("has encoding `{enc}`, expected csr_matrix, csc_matrix or a dense array"), None));
+                }
+                for part in ["data", "indices", "indptr"] {
+                    if store.kind(&format!("{field}/{part}")) != Some(Kind::Array) {
+                        return Err(bad(path, &format!("{field}/{part}"), "is missing", Some(CORRUPT_HINT)));
+                    }
+                }
+                let data = store.array(&format!("{field}/data"))?;
+                let elem = data.elem()?;
+                if !elem.is_numeric() {
+                    return Err(bad(path, &format!("{field}/data"), format!("holds {}, not numbers", elem.name()), None));
+                }
+                let indices = store.array(&format!("{field}/indices"))?;
+                let indptr_a = store.array(&format!("{field}/indptr"))?;
+                let indptr: Vec<u64> = indptr_a
+                    .read_i64(0, indptr_a.len())?
+                    .into_iter()
+                    .map(|x| u64::try_from(x).map_err(|_| bad(path, &format!("{field}/indptr"), format!("holds a negative offset ({x})"), None)))
+                    .collect::<Result<_>>()?;
+                let nnz = data.len() as u64;
+                if indices.len() as u64 != nnz {
+                    return Err(bad(path, &format!("{field}/indices"), format!("has {} entries but data has {nnz}", indices.len()), Some(CORRUPT_HINT)));
+                }
+                check_indptr(path, field, &indptr, n_major, nnz)?;
+                let dtype = elem.name().to_string();
+                if enc == "csr_matrix" {
+                    return Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csr", storage: Storage::ZarrCsr { data, indices, indptr } });
+                }
+                // CSC: read whole and turned into CSR, as for an .h5ad
+                let vals = data.read_f32(0, data.len())?;
+                let rows = indices.read_i64(0, indices.len())?;
+                let storage = csc_parts_to_csr(path, field, vals, rows, &indptr, n_rows, n_cols)?;
+                Ok(Matrix { path: path.into(), field: field.into(), n_rows, n_cols, dtype, format: "csc", storage })
+            }
+        }
+    }
+
     /// A CSR matrix from the `data`, `indices` and `indptr` datasets of `g` (anndata's csr_matrix,
     /// or Cell Ranger's genes x cells CSC read as cells x genes).
     pub fn from_csr_group(path: &Path, g: &Group, field: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
@@ -206,8 +281,8 @@ impl Matrix {
 
     pub fn nnz_estimate(&self) -> u64 {
         match &self.storage {
-            Storage::Dense(_) => (self.n_rows * self.n_cols) as u64,
-            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => *indptr.last().unwrap_or(&0),
+            Storage::Dense(_) | Storage::ZarrDense(_) => (self.n_rows * self.n_cols) as u64,
+            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } | Storage::ZarrCsr { indptr, .. } => *indptr.last().unwrap_or(&0),
         }
     }
 
@@ -215,7 +290,7 @@ impl Matrix {
     pub fn blocks(&self, target_nnz: u64) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
         match &self.storage {
-            Storage::Dense(_) => {
+            Storage::Dense(_) | Storage::ZarrDense(_) => {
                 let rows = ((target_nnz as usize) / self.n_cols.max(1)).max(1);
                 let mut s = 0;
                 while s < self.n_rows {
@@ -224,7 +299,7 @@ impl Matrix {
                     s = e;
                 }
             }
-            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => {
+            Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } | Storage::ZarrCsr { indptr, .. } => {
                 let mut s = 0;
                 while s < self.n_rows {
                     let mut e = s + 1;
@@ -246,8 +321,8 @@ impl Matrix {
     pub fn row_runs(&self, rows: &[usize], target_nnz: u64) -> Vec<(usize, usize)> {
         let nnz = |s: usize, e: usize| -> u64 {
             match &self.storage {
-                Storage::Dense(_) => ((e - s) * self.n_cols) as u64,
-                Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } => indptr[e] - indptr[s],
+                Storage::Dense(_) | Storage::ZarrDense(_) => ((e - s) * self.n_cols) as u64,
+                Storage::Csr { indptr, .. } | Storage::InMemory { indptr, .. } | Storage::ZarrCsr { indptr, .. } => indptr[e] - indptr[s],
             }
         };
         let mut out: Vec<(usize, usize)> = Vec::new();
@@ -287,6 +362,34 @@ impl Matrix {
                     .map_err(|e| bad(&self.path, &format!("{field}/data"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
                 let idx = read_indices(indices, a..b)
                     .map_err(|e| bad(&self.path, &format!("{field}/indices"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+                let mut out_idx = Vec::with_capacity(idx.len());
+                for &j in &idx {
+                    if j < 0 || j as usize >= self.n_cols {
+                        return Err(bad(&self.path, &format!("{field}/indices"), format!("holds column {j}, outside 0..{}", self.n_cols), Some(CORRUPT_HINT)));
+                    }
+                    out_idx.push(j as u32);
+                }
+                let ip = indptr[start..=end].iter().map(|&p| (p - a as u64) as usize).collect();
+                Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals }.canonical())
+            }
+            Storage::ZarrDense(arr) => {
+                let vals = arr.read_f32(start, end)?;
+                let mut block = CsrBlock { start_row: start, indptr: vec![0], ..Default::default() };
+                for row in vals.chunks(self.n_cols.max(1)).take(end - start) {
+                    for (j, &v) in row.iter().enumerate() {
+                        if v != 0.0 {
+                            block.indices.push(j as u32);
+                            block.data.push(v);
+                        }
+                    }
+                    block.indptr.push(block.data.len());
+                }
+                Ok(block)
+            }
+            Storage::ZarrCsr { data, indices, indptr } => {
+                let (a, b) = (indptr[start] as usize, indptr[end] as usize);
+                let vals = if b > a { data.read_f32(a, b)? } else { Vec::new() };
+                let idx = if b > a { indices.read_i64(a, b)? } else { Vec::new() };
                 let mut out_idx = Vec::with_capacity(idx.len());
                 for &j in &idx {
                     if j < 0 || j as usize >= self.n_cols {
@@ -376,6 +479,11 @@ fn csc_to_csr(path: &Path, field: &str, data: &Dataset, indices: &Dataset, indpt
     check_backed(path, &format!("{field}/indices"), indices)?;
     let vals: Vec<f32> = data.read_raw().map_err(|e| bad(path, &format!("{field}/data"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
     let rows: Vec<i64> = indices.read_raw().map_err(|e| bad(path, &format!("{field}/indices"), format!("cannot be read: {e}"), Some(CORRUPT_HINT)))?;
+    csc_parts_to_csr(path, field, vals, rows, indptr, n_rows, n_cols)
+}
+
+/// A CSC matrix's values, row indices and column offsets as an in-memory CSR matrix.
+fn csc_parts_to_csr(path: &Path, field: &str, vals: Vec<f32>, rows: Vec<i64>, indptr: &[u64], n_rows: usize, n_cols: usize) -> Result<Storage> {
     let mut counts = vec![0u64; n_rows + 1];
     for &r in &rows {
         if r < 0 || r as usize >= n_rows {

@@ -19,6 +19,7 @@ pub mod h5util;
 pub mod matrix;
 pub mod uns;
 pub mod write;
+pub mod zarr;
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -41,7 +42,11 @@ pub struct AnnData {
     pub source: PathBuf,
     /// What `path` holds.
     pub layout: convert::Layout,
+    /// The HDF5 file read; for a Zarr store, an image of it in memory less its matrices' values
+    /// (anndata::zarr), which are read from `zarr`.
     pub file: File,
+    /// The Zarr store, when `path` is one.
+    pub zarr: Option<zarr::Store>,
     pub n_obs: usize,
     pub n_vars: usize,
     pub obs_names: Vec<String>,
@@ -57,7 +62,7 @@ pub fn check_hdf5_signature(path: &Path) -> Result<()> {
         _ => Error::Io { path: path.into(), source: e },
     })?;
     if f.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-        return Err(Error::BadField { path: path.into(), field: "(path)".into(), detail: "is a folder, not a file".into(), hint: Some("pass the .h5ad file itself".into()) });
+        return Err(Error::BadField { path: path.into(), field: "(path)".into(), detail: "is a folder, but not a Zarr store (no .zgroup, .zattrs or zarr.json in it)".into(), hint: Some("pass an .h5ad file, or the folder of an AnnData Zarr store (`adata.write_zarr(...)`)".into()) });
     }
     let mut buf = vec![0u8; 8];
     let mut offset = 0usize;
@@ -94,8 +99,14 @@ pub fn check_hdf5_signature(path: &Path) -> Result<()> {
 impl AnnData {
     /// Open and validate: the file exists, is HDF5, has X, and X's shape agrees with obs and var.
     pub fn open(path: &Path) -> Result<AnnData> {
-        let (source, layout) = source_of(path)?;
-        let file = open_hdf5(&source)?;
+        let (source, layout, file, store) = if zarr::is_store(path) {
+            let store = zarr::Store::open(path)?;
+            (path.to_path_buf(), convert::Layout::AnnData, zarr::mirror(&store)?, Some(store))
+        } else {
+            let (source, layout) = source_of(path)?;
+            let file = open_hdf5(&source)?;
+            (source, layout, file, None)
+        };
         for group in ["obs", "var"] {
             if !file.link_exists(group) {
                 return Err(Error::BadField {
@@ -112,7 +123,10 @@ impl AnnData {
         let var_names = dataframe::read_index(path, &var, "var")?;
         let has_x = file.link_exists("X");
         let (n_obs, n_vars) = if has_x {
-            let x = Matrix::open(path, &file, "X")?;
+            let x = match &store {
+                Some(z) => Matrix::open_zarr(path, z, "X")?,
+                None => Matrix::open(path, &file, "X")?,
+            };
             if x.n_rows != obs_names.len() {
                 return Err(Error::ShapeObs { path: path.into(), n_obs: x.n_rows, obs_len: obs_names.len() });
             }
@@ -129,7 +143,7 @@ impl AnnData {
             }
             (obs_names.len(), var_names.len())
         };
-        Ok(AnnData { path: path.into(), source, layout, file, n_obs, n_vars, obs_names, var_names, has_x })
+        Ok(AnnData { path: path.into(), source, layout, file, zarr: store, n_obs, n_vars, obs_names, var_names, has_x })
     }
 
     /// Fail on zero cells, zero genes or duplicated gene names.
@@ -172,7 +186,7 @@ impl AnnData {
                 field
             }
         };
-        let m = Matrix::open(&self.path, &self.file, &field)?;
+        let m = self.open_matrix(&field)?;
         if m.n_rows != self.n_obs || m.n_cols != self.n_vars {
             return Err(Error::BadField {
                 path: self.path.clone(),
@@ -182,6 +196,14 @@ impl AnnData {
             });
         }
         Ok(m)
+    }
+
+    /// The matrix at `field`, from the store or the file.
+    fn open_matrix(&self, field: &str) -> Result<Matrix> {
+        match &self.zarr {
+            Some(z) => Matrix::open_zarr(&self.path, z, field),
+            None => Matrix::open(&self.path, &self.file, field),
+        }
     }
 
     /// Member names of a top-level group (obsm, varm, layers, uns), sorted.
@@ -209,7 +231,7 @@ impl AnnData {
         let g = self.file.group("raw").h5ctx(|| "opening raw".into())?;
         let var_g = g.group("var").map_err(|_| Error::BadField { path: self.path.clone(), field: "raw/var".into(), detail: "is missing".into(), hint: None })?;
         let var = dataframe::read_dataframe(&self.path, &var_g, "raw/var")?;
-        let m = Matrix::open(&self.path, &self.file, "raw/X")?;
+        let m = self.open_matrix("raw/X")?;
         Ok(Some((var, m)))
     }
 

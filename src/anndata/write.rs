@@ -17,17 +17,33 @@ pub struct PendingOutput {
     pub dest: PathBuf,
     temp: tempfile::TempPath,
     pub file: Option<File>,
+    /// The zarr format (2 or 3) when `dest` is a Zarr store (`.zarr`): the .h5ad built in `temp`
+    /// is copied into one at `commit`.
+    zarr_format: Option<u8>,
+}
+
+/// The zarr format of an output at `dest`: none for an .h5ad; for a `.zarr`, the input's format
+/// when the input is a store, else 2 (read by anndata 0.8 and later, with zarr 2 or 3).
+fn zarr_format_of(dest: &Path, input: Option<&super::zarr::Store>) -> Option<u8> {
+    super::zarr::is_store_name(dest).then(|| input.map(|s| s.format).unwrap_or(2))
 }
 
 impl PendingOutput {
     /// Copy `input` to a temporary file in `dest`'s folder and open the copy for writing. A
     /// legacy AnnData or Cell Ranger input is represented by its converted copy.
+    /// An input Zarr store is copied whole into the temporary .h5ad.
     pub fn create(input: &Path, dest: &Path) -> Result<PendingOutput> {
-        let (source, _) = super::source_of(input)?;
         let temp = temp_beside(dest)?;
-        std::fs::copy(&source, &temp).map_err(|e| Error::Io { path: temp.to_path_buf(), source: e })?;
+        let store = if super::zarr::is_store(input) { Some(super::zarr::Store::open(input)?) } else { None };
+        match &store {
+            Some(z) => super::zarr::to_hdf5(z, &temp)?,
+            None => {
+                let (source, _) = super::source_of(input)?;
+                std::fs::copy(&source, &temp).map_err(|e| Error::Io { path: temp.to_path_buf(), source: e })?;
+            }
+        }
         let file = File::open_rw(&temp).h5ctx(|| format!("opening the copy {} for writing", temp.display()))?;
-        Ok(PendingOutput { dest: dest.into(), temp, file: Some(file) })
+        Ok(PendingOutput { dest: dest.into(), temp, file: Some(file), zarr_format: zarr_format_of(dest, store.as_ref()) })
     }
 
     /// Start a new AnnData file from nothing, in anndata's current encodings (readable by anndata
@@ -53,7 +69,7 @@ impl PendingOutput {
         for g in ["layers", "obsm", "obsp", "uns", "varm", "varp"] {
             require_dict(&file, g).h5ctx(|| format!("creating {g}"))?;
         }
-        Ok(PendingOutput { dest: dest.into(), temp, file: Some(file) })
+        Ok(PendingOutput { dest: dest.into(), temp, file: Some(file), zarr_format: zarr_format_of(dest, None) })
     }
 
     /// A new AnnData file holding only the obs index (`obs_names`), an empty var and what the
@@ -174,9 +190,54 @@ impl PendingOutput {
         }
         let dest = self.dest.clone();
         let temp_path = self.temp.to_path_buf();
+        if let Some(format) = self.zarr_format {
+            commit_store(&temp_path, &dest, format)?;
+            drop(self.temp);
+            crate::lifecycle::unregister(&temp_path);
+            return Ok(dest);
+        }
         self.temp.persist(&dest).map_err(|e| Error::Io { path: dest.clone(), source: e.error })?;
         crate::lifecycle::unregister(&temp_path);
         Ok(dest)
+    }
+}
+
+/// Copy the finished .h5ad `h5ad` into a Zarr store staged in a temporary folder beside `dest`,
+/// then rename it into place (an earlier store at `dest` is moved aside first and removed after).
+fn commit_store(h5ad: &Path, dest: &Path, format: u8) -> Result<()> {
+    let stage = temp_beside(dest)?;
+    let stage_path = stage.to_path_buf();
+    // the temporary name is taken by an empty file: the store is a folder of that name
+    std::fs::remove_file(&stage_path).map_err(|e| Error::Io { path: stage_path.clone(), source: e })?;
+    let staged = super::zarr::write_store(h5ad, &stage_path, format).and_then(|()| {
+        let old = if dest.exists() {
+            let old = stage_path.with_extension("old");
+            crate::lifecycle::register(&old);
+            std::fs::rename(dest, &old).map_err(|e| Error::Io { path: dest.into(), source: e })?;
+            Some(old)
+        } else {
+            None
+        };
+        std::fs::rename(&stage_path, dest).map_err(|e| Error::Io { path: dest.into(), source: e })?;
+        if let Some(old) = old {
+            let _ = std::fs::remove_dir_all(&old);
+            crate::lifecycle::unregister(&old);
+        }
+        Ok(())
+    });
+    if staged.is_err() {
+        let _ = std::fs::remove_dir_all(&stage_path);
+    }
+    crate::lifecycle::unregister(&stage_path);
+    // the TempPath would remove a file of that name: the folder is gone or renamed by now
+    let _ = stage.keep();
+    staged
+}
+
+impl PendingOutput {
+    /// Whether the output is a Zarr store.
+    pub fn is_zarr(&self) -> bool {
+        self.zarr_format.is_some()
     }
 }
 

@@ -46,3 +46,4 @@ mod cellplm;
 mod cellfm;
 mod shards;
 mod wheel;
+mod zarr;
