@@ -94,8 +94,10 @@ export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 export RUSTFLAGS="-L native=$LINKDIR"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR_CUDA:-$CACHE/target-cuda}
 
-cp Cargo.lock "$CACHE/Cargo.lock.cuda-backup"
-trap 'cp "$CACHE/Cargo.lock.cuda-backup" "$ROOT/Cargo.lock"' EXIT
+# this checkout's own copy: builds in other worktrees at the same time keep theirs
+LOCK_BACKUP=$(mktemp "${TMPDIR:-/tmp}/scfoundry-Cargo.lock.XXXXXX")
+cp Cargo.lock "$LOCK_BACKUP"
+trap 'cp "$LOCK_BACKUP" "$ROOT/Cargo.lock" && rm -f "$LOCK_BACKUP"' EXIT
 PATCH_ARGS=(--config "patch.crates-io.cudarc.path=\"${PATCHED[cudarc]}\""
             --config "patch.crates-io.candle-core.path=\"${PATCHED[candle-core]}\"")
 if [[ $MODE == check ]]; then

@@ -130,8 +130,10 @@ if [[ -n $ZIG ]]; then
   CARGO_BUILD=(cargo zigbuild --release --target "$SCF_ZIG_TARGET")
 fi
 
-cp Cargo.lock "$CACHE/Cargo.lock.cuda12-backup"
-trap 'cp "$CACHE/Cargo.lock.cuda12-backup" "$ROOT/Cargo.lock"' EXIT
+# this checkout's own copy: builds in other worktrees at the same time keep theirs
+LOCK_BACKUP=$(mktemp "${TMPDIR:-/tmp}/scfoundry-Cargo.lock.XXXXXX")
+cp Cargo.lock "$LOCK_BACKUP"
+trap 'cp "$LOCK_BACKUP" "$ROOT/Cargo.lock" && rm -f "$LOCK_BACKUP"' EXIT
 PATCH_ARGS=(--config "patch.crates-io.cudarc.path=\"${PATCHED[cudarc]}\""
             --config "patch.crates-io.candle-core.path=\"${PATCHED[candle-core]}\""
             --config "patch.crates-io.candle-kernels.path=\"${PATCHED[candle-kernels]}\"")
