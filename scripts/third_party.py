@@ -26,11 +26,18 @@ BUNDLED = [
     ("lzf-sys", "source/LICENSE", "LibLZF (Marc Alexander Lehmann), BSD-2-Clause"),
     ("esaxx-rs", "src/esa.hxx", "esaxx (Daisuke Okanohara), MIT licence (header of esa.hxx)"),
     ("ring", "LICENSE-BoringSSL", "BoringSSL/OpenSSL-derived code in ring"),
+    # AnnData Zarr stores (zarrs' Blosc codec); blosc-src ships no licence file, so c-blosc's
+    # (1.21.6, BSD-3-Clause) is kept in this repository ("repo:" paths)
+    ("blosc-src", "repo:licenses/c-blosc-LICENSE.txt", "c-blosc (Francesc Alted, The Blosc Development Team), BSD-3-Clause"),
+    ("lz4-sys", "liblz4/lib/LICENSE", "LZ4 library (Yann Collet), BSD-2-Clause"),
+    ("snappy_src", "snappy/COPYING", "Snappy (Google), BSD-3-Clause"),
+    ("zstd-sys", "zstd/LICENSE", "Zstandard (Meta Platforms), BSD-3-Clause"),
 ]
 # crates with a `links` key or a C build tool that compile no third-party C sources themselves
 NO_C_SOURCES = {
     "hdf5-metno-sys": "links the HDF5 that hdf5-metno-src builds",
     "rayon-core": "a `links` key only, to keep one copy in a build",
+    "link-cplusplus": "links the platform's C++ standard library; compiles no sources",
 }
 C_BUILD_TOOLS = {"cc", "cmake"}
 LICENSE_FILE = re.compile(r"^(licen[cs]e|copying|notice|unlicense|copyright)([-_.].*)?$", re.I)
@@ -98,7 +105,10 @@ def main():
         p = by_name.get(crate)
         if p is None:
             sys.exit(f"third_party.py: {crate} is no longer in the dependency graph: update BUNDLED")
-        path = os.path.join(os.path.dirname(p["manifest_path"]), rel)
+        if rel.startswith("repo:"):
+            path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), rel[len("repo:"):])
+        else:
+            path = os.path.join(os.path.dirname(p["manifest_path"]), rel)
         text = open(path, encoding="utf-8", errors="replace").read()
         if rel.endswith(".hxx"):  # the licence is the file's opening comment
             text = text[: text.index("*/") + 2]

@@ -135,10 +135,12 @@ impl AnnData {
             }
             (x.n_rows, x.n_cols)
         } else {
-            // X may be None when the counts live in a layer (read with --layer); without any
-            // layer there is nothing to read at all
+            // X may be None when the counts live in a layer (read with --layer) or when only
+            // obsm matters (`benchmark` with --pre-integrated); without any layer or obsm there
+            // is nothing to read at all. Reading X from such a file is an error (`matrix`).
             let layers = file.group("layers").and_then(|g| g.member_names()).unwrap_or_default();
-            if layers.is_empty() {
+            let obsm = file.group("obsm").and_then(|g| g.member_names()).unwrap_or_default();
+            if layers.is_empty() && obsm.is_empty() {
                 return Err(missing_x(path, &layers));
             }
             (obs_names.len(), var_names.len())
