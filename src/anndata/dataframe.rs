@@ -150,11 +150,23 @@ pub fn row_list(rows: &[usize]) -> String {
 
 /// Read a whole dataframe group.
 pub fn read_dataframe(path: &Path, g: &Group, field: &str) -> Result<DataFrame> {
+    read_dataframe_columns(path, g, field, None)
+}
+
+/// The names of a dataframe group's columns, in order (`column-order`), none of them read.
+pub fn column_names(g: &Group) -> Vec<String> {
+    str_array_attr(g, "column-order").unwrap_or_default()
+}
+
+/// Read a dataframe group's index and the columns named in `only` (all of them with `None`).
+/// A named column the group lacks is left out (the caller says what is missing); the others
+/// are never opened, so a column in an encoding scfoundry does not read costs nothing.
+pub fn read_dataframe_columns(path: &Path, g: &Group, field: &str, only: Option<&[&str]>) -> Result<DataFrame> {
     let index_name = str_attr(g, "_index").unwrap_or_else(|| "_index".into());
     let index = read_index(path, g, field)?;
-    let order = str_array_attr(g, "column-order").unwrap_or_default();
+    let order = column_names(g);
     let mut columns = Vec::with_capacity(order.len());
-    for name in order {
+    for name in order.into_iter().filter(|n| only.is_none_or(|o| o.contains(&n.as_str()))) {
         let f = format!("{field}/{name}");
         let col = read_column(path, g, &name, &f)?;
         if col.len() != index.len() {

@@ -220,6 +220,19 @@ impl AnnData {
         dataframe::read_dataframe(&self.path, &g, "obs")
     }
 
+    /// obs with only the columns named in `only` read (those it has): what `benchmark` and
+    /// `transfer` need of a file whose other columns may be many, large or unreadable.
+    pub fn obs_columns(&self, only: &[&str]) -> Result<DataFrame> {
+        let g = self.file.group("obs").h5ctx(|| "opening obs".into())?;
+        dataframe::read_dataframe_columns(&self.path, &g, "obs", Some(only))
+    }
+
+    /// The names of obs's columns, none of them read (for messages that list them).
+    pub fn obs_column_names(&self) -> Result<Vec<String>> {
+        let g = self.file.group("obs").h5ctx(|| "opening obs".into())?;
+        Ok(dataframe::column_names(&g))
+    }
+
     pub fn var(&self) -> Result<DataFrame> {
         let g = self.file.group("var").h5ctx(|| "opening var".into())?;
         dataframe::read_dataframe(&self.path, &g, "var")

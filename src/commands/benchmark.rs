@@ -145,7 +145,7 @@ pub fn obs_codes(ad: &AnnData, obs: &crate::anndata::DataFrame, key: &str, flag:
         path: ad.path.clone(),
         field: format!("obs/{key}"),
         detail: "is missing".into(),
-        hint: Some(format!("pass {flag} with one of the obs columns in this file: {}", obs.names().join(", "))),
+        hint: Some(format!("pass {flag} with one of the obs columns in this file: {}", ad.obs_column_names().unwrap_or_default().join(", "))),
     })?;
     let labels = col.as_labels().ok_or_else(|| Error::BadField {
         path: ad.path.clone(),
@@ -383,7 +383,8 @@ fn prepare(data: &Path, a: &BenchmarkOptions, seed: u64) -> anyhow::Result<Prepa
 
     let ad = AnnData::open(data)?;
     let n = ad.n_obs;
-    let obs = ad.obs()?;
+    // only the two obs columns the metrics use are read (obs may hold many more)
+    let obs = ad.obs_columns(&[a.label_key.as_str(), a.batch_key.as_str()])?;
     let (labels, label_cats) = obs_codes(&ad, &obs, &a.label_key, "--label-key")?;
     let (batches, batch_cats) = obs_codes(&ad, &obs, &a.batch_key, "--batch-key")?;
     let any_bio = selected.iter().any(|m| is_bio(m));

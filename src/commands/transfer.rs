@@ -55,12 +55,12 @@ struct Labels {
 }
 
 fn read_labels(ad: &AnnData, key: &str, role: &str) -> Result<Option<Labels>, Error> {
-    let obs = ad.obs()?;
+    let obs = ad.obs_columns(&[key])?;
     let Some(col) = obs.column(key) else {
         if role == "query" {
             return Ok(None);
         }
-        let have = obs.names();
+        let have = ad.obs_column_names()?;
         return Err(Error::BadField {
             path: ad.path.clone(),
             field: format!("obs/{key}"),
@@ -214,8 +214,8 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         }
         any
     });
-    let qobs = qad.obs()?;
-    if qobs.column(&pred_key).is_some() || qobs.column(&conf_key).is_some() {
+    let qobs = qad.obs_column_names()?;
+    if qobs.contains(&pred_key) || qobs.contains(&conf_key) {
         warn(&format!("the query already has obs `{pred_key}` or `{conf_key}`; the output replaces them (the input is not touched)"));
     }
     let obsm_key = precomputed.clone().unwrap_or_else(|| format!("X_{method_name}"));

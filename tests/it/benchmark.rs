@@ -343,3 +343,55 @@ fn benchmark_approx_neighbors_records_seed_and_stays_close_to_exact() {
     bad.extend(["--neighbors", "fast"]);
     ctx.run(&bad).stderr_has("exact").stderr_has("approx");
 }
+
+/// A file with a large dense X (30,000 x 8,000 float32: 960 MB once read, about 1 MB on disk as
+/// compressed zeros) and an obs column in an encoding scfoundry does not read: `benchmark`
+/// (with `--pre-integrated`), `geometry` and `transfer --embedding` read only the obs columns
+/// and obsm keys they use, so each runs with its data segment capped at 500 MB and never opens
+/// the odd column. Without `--pre-integrated`, PCR reads X and the cap stops it.
+#[test]
+fn scoring_reads_only_the_obs_columns_and_obsm_keys_it_needs() {
+    let ctx = TestContext::new();
+    let (n, genes) = (30_000usize, 8_000usize);
+    let mut t = tiny_bench(n);
+    t.write_x = false;
+    t.n_vars = genes;
+    t.var_names = (0..genes).map(|j| format!("gene_{j}")).collect();
+    let pre: Vec<f32> = t.obsm[0].1.iter().enumerate().map(|(i, v)| v + if (i / 6) >= n / 2 { 2.0 } else { 0.0 }).collect();
+    t = t.with_obsm("X_unintegrated", pre, 6);
+    let path = ctx.path("big.h5ad");
+    t.write(&path);
+    {
+        crate::common::no_hdf5_locking();
+        let f = hdf5::File::open_rw(&path).unwrap();
+        // X: zeros, compressed about 1000:1, so the file stays small
+        let x = f.new_dataset::<f32>().shape([n, genes]).chunk([256, genes]).deflate(1).create("X").unwrap();
+        x.write_raw(&vec![0f32; n * genes]).unwrap();
+        crate::common::enc(&x, "array", "0.2.0");
+        // an obs column in an encoding from the future
+        let obs = f.group("obs").unwrap();
+        let odd = obs.create_group("spatial_polygons").unwrap();
+        crate::common::enc(&odd, "awkward-array", "0.1.0");
+        let order: Vec<hdf5::types::VarLenUnicode> = ["cell_type", "batch", "spatial_polygons"].iter().map(|s| s.parse().unwrap()).collect();
+        obs.delete_attr("column-order").unwrap();
+        obs.new_attr::<hdf5::types::VarLenUnicode>().shape([3]).create("column-order").unwrap().write_raw(&order).unwrap();
+    }
+    assert!(std::fs::metadata(&path).unwrap().len() < 20 << 20, "X compresses");
+    let cap = 500u64 << 20;
+    let mut args = bench_args("big.h5ad", "X_good");
+    args.extend(["--pre-integrated", "X_unintegrated", "--metrics", "pcr,ilisi,graph_connectivity", "--kmeans-seeds", "1", "--out", "res"]);
+    let r = ctx.run_capped(&args, &[], cap);
+    r.success();
+    let j = read_json(&ctx.path("res/results.json"));
+    assert_eq!(j["n_cells"].as_u64(), Some(n as u64));
+    assert_eq!(j["x_pre"]["source"], "obsm/X_unintegrated");
+    assert!(j["results"][0]["metrics"]["pcr_comparison"]["value"].as_f64().is_some(), "{j}");
+    ctx.run_capped(&["geometry", "--data", "big.h5ad", "--embedding", "X_good", "--out", "geo"], &[], cap).success();
+    ctx.run_capped(&["transfer", "--embedding", "X_good", "--reference", "big.h5ad", "--query", "big.h5ad", "--label-key", "cell_type", "--pred-key", "pred", "-o", "labelled.h5ad"], &[], cap).success();
+    // PCR without --pre-integrated needs X: the cap shows that X is then read
+    let mut args = bench_args("big.h5ad", "X_good");
+    args.extend(["--metrics", "pcr", "--out", "with_x"]);
+    let r = ctx.run_capped(&args, &[], cap);
+    assert!(r.code != 0, "reading X (960 MB) fits no 500 MB cap, so the runs above did not read it: {}", r.stderr);
+    assert!(!ctx.path("with_x/results.json").exists());
+}
