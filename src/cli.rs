@@ -176,10 +176,15 @@ pub struct EmbedArgs {
     /// through a converted copy. Or an AnnData Zarr store (the folder `adata.write_zarr` makes:
     /// zarr format 2 or 3, sharded or not), read in blocks of rows as an .h5ad is. Formats,
     /// encodings and departures: docs/file-formats.md.
-    #[arg(long, short, value_name = "H5AD", required_unless_present = "resume")]
-    pub data: Option<PathBuf>,
+    ///
+    /// Several files (`--data a.h5ad b.h5ad ...`, or a .txt file listing one path a line) are
+    /// embedded as one run, each file its own task (or shards), for methods that embed each cell
+    /// on its own; each gets its own output, or with --embedding-only one table (--out).
+    #[arg(long, short, value_name = "H5AD", num_args = 1.., required_unless_present = "resume")]
+    pub data: Vec<PathBuf>,
     /// Output .h5ad (default: <input stem>.<method>.h5ad beside the input); a name ending in
-    /// .zarr writes an AnnData Zarr store (the input's zarr format, or 2 from an .h5ad).
+    /// .zarr writes an AnnData Zarr store (the input's zarr format, or 2 from an .h5ad). With
+    /// several --data files: the folder for their outputs, or with --embedding-only the table.
     #[arg(long, short, value_name = "H5AD", conflicts_with = "in_place")]
     pub out: Option<PathBuf>,
     /// Replace the input file atomically (a temporary file is renamed over it when complete).

@@ -109,13 +109,24 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
     Ok(spec)
 }
 
+/// One input file of an embedding, checked: its cells, the block grid, the groups a sharded
+/// method is cut by, and where its output goes.
+struct Input {
+    data: PathBuf,
+    tag: String,
+    n_obs: usize,
+    block: usize,
+    groups: Option<crate::tasks::shard::GroupOrder>,
+    out: PathBuf,
+}
+
 pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if let Some(dir) = &args.resume {
         return resume(s, args, dir);
     }
-    let (Some(method), Some(data)) = (args.method.as_deref(), args.data.as_deref()) else {
-        unreachable!("clap requires --method and --data without --resume")
-    };
+    let Some(method) = args.method.as_deref() else { unreachable!("clap requires --method and --data without --resume") };
+    let files = crate::tasks::inputs::expand(&args.data)?;
+    let several = files.len() > 1;
     let m = s.registry.get(method)?.clone();
     let params = resolve_params(s, &m, args);
     if !m.implemented {
@@ -128,74 +139,175 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if exec.base.executor == ExecutorKind::Nextflow && exec.shards.is_some() {
         warn("--shards applies to --executor local and slurm; the Nextflow pipeline embeds each file in one task");
     }
-    let device = resolve_device(s, &m, args)?;
-    // Validate what is cheap before any run folder exists: weights first (the usual miss).
-    let entry = crate::tasks::table::get(&m.name).ok_or_else(|| Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") })?;
-    let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data };
-    entry.check(&pf)?;
-    let ad = AnnData::open(data)?;
-    ad.check_usable()?;
-    entry.check_data(&pf, &ad)?;
-    let x = ad.matrix(args.layer.as_deref())?;
-    let block = entry.block_rows(&x, &params);
-    // a method whose cells see each other in groups is cut between groups (read from obs only)
-    let groups = if exec.shards.is_some() { entry.shard_groups(&ad, &params)? } else { None };
-    if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), args.skip_counts_check)? {
-        warn(&w);
-    }
-    let n_obs = ad.n_obs;
-    drop(x);
-    drop(ad);
-
-    let out = match (&args.out, args.in_place) {
-        (_, true) => data.to_path_buf(),
-        (Some(o), false) => o.clone(),
-        (None, false) => default_output(data, &m.name),
-    };
-    crate::paths::check_output_file(&out, "--out")?;
-    if !args.in_place && crate::paths::same_file(data, &out) {
+    if several && pipeline.is_some() {
         return Err(Error::BadOption {
-            option: "--out".into(),
-            detail: format!("{} is the input file", out.display()),
-            hint: Some("pass --in-place to replace the input on purpose, or choose another --out".into()),
+            option: "--data".into(),
+            detail: format!("names {} files; with --executor nextflow scfoundry hands the pipeline one file", files.len()),
+            hint: Some("run them with --executor local or slurm, or run the pipeline itself on all of them: `nextflow run <scfoundry>/main.nf --task embed --input 'folder/*.h5ad' ...` (one task a file)".into()),
         }
         .into());
     }
-    let run = executor::create_run(s, &exec.base, &out, &m.name)?;
-    let tag = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    let spec = TaskSpec {
-        layer: args.layer.clone(),
-        weights_dir: Some(std::path::absolute(&s.weights_dir)?),
-        gpus,
-        device,
-        embedding_only: args.embedding_only,
-        ..TaskSpec::new(&run, format!("EMBED_{} ({tag})", m.name.to_uppercase()), "embed", &m.name, data, &out, args.seed, params, s.quiet, s.progress)?
+    let device = resolve_device(s, &m, args)?;
+    // Validate what is cheap before any run folder exists: weights first (the usual miss).
+    let entry = crate::tasks::table::get(&m.name).ok_or_else(|| Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") })?;
+    if several && entry.fits_before_shards() {
+        return Err(Error::BadOption {
+            option: "--data".into(),
+            detail: format!("names {} files, and {} fits a model to the whole data before it embeds a cell, so its files cannot be embedded one by one", files.len(), m.name),
+            hint: Some("concatenate them into one file first (`anndata.concat([...])`), or pick a method that embeds each cell on its own (a foundation model)".into()),
+        }
+        .into());
+    }
+    let tags = crate::tasks::inputs::tags(&files);
+    let out_dir = if several && !args.embedding_only && !args.in_place { args.out.clone() } else { None };
+    if let Some(d) = &out_dir {
+        crate::paths::check_output_dir(d, "--out")?;
+    }
+    let mut inputs = Vec::new();
+    for (data, tag) in files.iter().zip(&tags) {
+        let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data };
+        if inputs.is_empty() {
+            entry.check(&pf)?;
+        }
+        let ad = AnnData::open(data)?;
+        ad.check_usable()?;
+        entry.check_data(&pf, &ad)?;
+        let x = ad.matrix(args.layer.as_deref())?;
+        let block = entry.block_rows(&x, &params);
+        // a method whose cells see each other in groups is cut between groups (read from obs only)
+        let groups = if exec.shards.is_some() || several { entry.shard_groups(&ad, &params)? } else { None };
+        if let Some(w) = crate::tasks::counts::check(&m, &ad, args.layer.as_deref(), args.skip_counts_check)? {
+            warn(&if several { format!("{}: {w}", data.display()) } else { w });
+        }
+        let n_obs = ad.n_obs;
+        drop(x);
+        drop(ad);
+        let out = match (&args.out, args.in_place) {
+            (_, true) => data.to_path_buf(),
+            // several files with --embedding-only: each file's part goes to the run's work folder
+            (_, false) if several && args.embedding_only => PathBuf::new(),
+            (Some(o), false) if !several => o.clone(),
+            (_, false) => {
+                let name = format!("{tag}.{}.h5ad", m.name);
+                match &out_dir {
+                    Some(d) => d.join(name),
+                    None if tag == &data.file_stem().unwrap_or_default().to_string_lossy() => default_output(data, &m.name),
+                    None => data.with_file_name(name),
+                }
+            }
+        };
+        if !out.as_os_str().is_empty() {
+            crate::paths::check_output_file(&out, "--out")?;
+            if !args.in_place && crate::paths::same_file(data, &out) {
+                return Err(Error::BadOption {
+                    option: "--out".into(),
+                    detail: format!("{} is the input file", out.display()),
+                    hint: Some("pass --in-place to replace the input on purpose, or choose another --out".into()),
+                }
+                .into());
+            }
+        }
+        inputs.push(Input { data: data.clone(), tag: tag.clone(), n_obs, block, groups, out });
+    }
+    let table = if several && args.embedding_only {
+        let Some(t) = args.out.clone() else {
+            return Err(Error::BadOption {
+                option: "--out".into(),
+                detail: format!("is needed with --embedding-only and {} --data files: it names the one table of their embeddings", files.len()),
+                hint: Some("e.g. `--out atlas.embedding.h5ad`".into()),
+            }
+            .into());
+        };
+        crate::paths::check_output_file(&t, "--out")?;
+        Some(t)
+    } else {
+        None
+    };
+    if let Some(d) = &out_dir {
+        std::fs::create_dir_all(d).map_err(|e| Error::Io { path: d.clone(), source: e })?;
+    }
+
+    let run_near = table.clone().or_else(|| out_dir.as_ref().map(|d| d.join("x"))).unwrap_or_else(|| inputs[0].out.clone());
+    let run = executor::create_run(s, &exec.base, &run_near, &m.name)?;
+    let base = |inp: &Input, out: &Path| -> anyhow::Result<TaskSpec> {
+        Ok(TaskSpec {
+            layer: args.layer.clone(),
+            weights_dir: Some(std::path::absolute(&s.weights_dir)?),
+            gpus: gpus.clone(),
+            device: device.clone(),
+            embedding_only: args.embedding_only,
+            ..TaskSpec::new(&run, format!("EMBED_{} ({})", m.name.to_uppercase(), inp.tag), "embed", &m.name, &inp.data, out, args.seed, params.clone(), s.quiet, s.progress)?
+        })
     };
     if let Some(p) = pipeline {
+        let spec = base(&inputs[0], &inputs[0].out)?;
         if args.embedding_only {
             warn("--embedding-only applies to --executor local and slurm; the Nextflow pipeline writes the full output");
         }
         return run_nextflow(s, args, &spec, &run, &p);
     }
-    let cards = spec.gpus.as_ref().map(|g| g.slots_here()).unwrap_or(0);
-    let shards = exec.shards.map(|k| k.count(n_obs, cards));
-    let ranges = shards.map(|k| match &groups {
-        Some(g) => g.ranges(k as usize),
-        None => runner::shard_ranges(n_obs, k as usize, block),
-    });
-    let tasks = executor::plan_embed(&spec, &run, ranges, entry.fits_before_shards());
-    let planned = tasks.iter().filter(|t| matches!(t.step, runner::Step::Project { .. })).count() as u64;
-    if let Some(k) = shards.filter(|&k| k > planned) {
-        let why = match &groups {
-            Some(g) => format!("{} embeds its cells in {} groups that see each other and a shard is whole groups", m.name, g.groups()),
-            None => format!("{} reads X in blocks of {block} rows and a shard is whole blocks", m.name),
+    let cards = gpus.as_ref().map(|g| g.slots_here()).unwrap_or(0);
+    let mut plans = Vec::new();
+    for (k, inp) in inputs.iter().enumerate() {
+        let out = match &table {
+            Some(_) => run.dir.join("work").join(format!("{k}-{}.h5ad", inp.tag)),
+            None => inp.out.clone(),
         };
-        warn(&format!("{planned} shard(s), not {k}: {why} ({n_obs} cells)"));
+        let spec = base(inp, &out)?;
+        // several files: each is at least one shard, so the files run side by side
+        let shards = exec.shards.map(|c| c.count(inp.n_obs, cards)).or(several.then_some(1));
+        let ranges = shards.map(|c| match &inp.groups {
+            Some(g) => g.ranges(c as usize),
+            None => runner::shard_ranges(inp.n_obs, c as usize, inp.block),
+        });
+        let tasks = executor::plan_embed(&spec, &run, ranges, entry.fits_before_shards());
+        let planned = tasks.iter().filter(|t| matches!(t.step, runner::Step::Project { .. })).count() as u64;
+        if let Some(c) = shards.filter(|&c| c > planned && exec.shards.is_some()) {
+            let why = match &inp.groups {
+                Some(g) => format!("{} embeds its cells in {} groups that see each other and a shard is whole groups", m.name, g.groups()),
+                None => format!("{} reads X in blocks of {} rows and a shard is whole blocks", m.name, inp.block),
+            };
+            let of = if several { format!(" of {}", inp.tag) } else { String::new() };
+            warn(&format!("{planned} shard(s){of}, not {c}: {why} ({} cells)", inp.n_obs));
+        }
+        plans.push(tasks);
     }
+    if let Some(t) = &table {
+        std::fs::create_dir_all(run.dir.join("work")).map_err(|e| Error::Io { path: run.dir.join("work"), source: e })?;
+        let record = json!({ "table": std::path::absolute(t)?, "inputs": inputs.iter().map(|i| json!({ "input": std::path::absolute(&i.data).unwrap_or_default(), "tag": i.tag })).collect::<Vec<_>>() });
+        let path = run.dir.join(TABLE_RECORD);
+        std::fs::write(&path, serde_json::to_string_pretty(&record).unwrap_or_default()).map_err(|e| Error::Io { path, source: e })?;
+    }
+    let tasks = executor::join_plans(&run, plans);
     executor::save_plan(&run, &tasks, &exec.base)?;
     // with a GPU list, as many shards at once as it has entries (one task per card)
-    let max_forks = exec.max_forks.or_else(|| spec.gpus.as_ref().map(|g| g.slots_here() as u64));
+    let max_forks = exec.max_forks.or_else(|| gpus.as_ref().map(|g| g.slots_here() as u64));
     finish(s, &run, &tasks, &exec.base, max_forks, Vec::new())
+}
+
+/// In the run folder of several files embedded into one table: the table's path and the inputs.
+const TABLE_RECORD: &str = "table.json";
+
+/// The one table of a run of several files with --embedding-only, from each file's part.
+fn write_table(s: &Settings, run: &Run, tasks: &[TaskSpec], key: &str) -> anyhow::Result<Option<PathBuf>> {
+    let path = run.dir.join(TABLE_RECORD);
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let record: Value = serde_json::from_str(&text).map_err(|e| Error::BadField { path: path.clone(), field: "table".into(), detail: e.to_string(), hint: None })?;
+    let dest = PathBuf::from(record["table"].as_str().unwrap_or_default());
+    let mut parts = Vec::new();
+    for i in record["inputs"].as_array().into_iter().flatten() {
+        let input = PathBuf::from(i["input"].as_str().unwrap_or_default());
+        let output = tasks.iter().find(|t| t.data == input && !matches!(t.step, runner::Step::Project { .. })).map(|t| t.out.clone()).unwrap_or_default();
+        parts.push(crate::tasks::inputs::Part { output, input, tag: i["tag"].as_str().unwrap_or_default().to_string() });
+    }
+    let (n, d, renamed) = crate::tasks::inputs::write_table(&parts, key, &dest)?;
+    if !s.quiet {
+        eprintln!("wrote {} with obsm['{key}'] ({n} cells x {d}) from {} files; obs['{}'] names each cell's file", dest.display(), parts.len(), crate::tasks::inputs::FILE_COLUMN);
+        if renamed {
+            eprintln!("note: some cell names repeat across the files: every name has `-<file>` appended (as anndata.concat(..., index_unique=\"-\"))");
+        }
+    }
+    Ok(Some(dest))
 }
 
 /// Run `tasks` (those of `cached` already done) and print what was written.
@@ -210,21 +322,39 @@ fn finish(s: &Settings, run: &Run, tasks: &[TaskSpec], exec: &crate::cli::Execut
             return Ok(ExitStatus::Code(code));
         }
     };
+    // the outputs: one a file (a merge, or a whole-file task), in the plan's order
+    let written: Vec<&runner::Outcome> = tasks
+        .iter()
+        .filter(|t| matches!(t.step, runner::Step::Merge { .. } | runner::Step::Embed))
+        .filter_map(|t| outcomes.iter().find(|o| o.record.task_id == t.task_id))
+        .collect();
+    let key = written.first().and_then(|o| o.result.as_ref()).and_then(|r| r.obsm_key.clone()).unwrap_or_default();
+    let table = write_table(s, run, tasks, &key)?;
     if !s.quiet {
-        let last = outcomes.iter().find(|o| matches!(tasks.iter().find(|t| t.task_id == o.record.task_id).map(|t| &t.step), Some(runner::Step::Merge { .. } | runner::Step::Embed))).or(outcomes.last()).expect("at least one task");
-        let r = last.result.clone().unwrap_or_default();
         let wall: u64 = outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.realtime_ms)).sum();
         let peak = outcomes.iter().filter_map(|o| o.stats.as_ref().map(|s| s.peak_rss)).max().unwrap_or(0);
         let how = if tasks.len() > 1 { format!(" ({} tasks)", tasks.len()) } else { String::new() };
-        eprintln!(
-            "wrote {} with obsm['{}'] ({} cells x {}) in {}{how}, peak memory {}",
-            r.output.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            r.obsm_key.unwrap_or_default(),
-            r.n_obs,
-            r.dim,
-            runner::trace::fmt_duration(wall),
-            runner::trace::fmt_memory(peak)
-        );
+        let last = written.last().copied().or(outcomes.last()).expect("at least one task");
+        let mut lines: Vec<String> = written
+            .iter()
+            .filter(|_| table.is_none())
+            .map(|o| {
+                let r = o.result.clone().unwrap_or_default();
+                format!("wrote {} with obsm['{}'] ({} cells x {})", r.output.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), r.obsm_key.unwrap_or_default(), r.n_obs, r.dim)
+            })
+            .collect();
+        if lines.is_empty() {
+            lines.push("embedded".into());
+        }
+        let n = lines.len();
+        for (i, l) in lines.into_iter().enumerate() {
+            if i + 1 == n {
+                eprintln!("{l} in {}{how}, peak memory {}", runner::trace::fmt_duration(wall), runner::trace::fmt_memory(peak));
+            } else {
+                eprintln!("{l}");
+            }
+        }
+        let r = last.result.clone().unwrap_or_default();
         if tasks.len() > 1 {
             for o in &outcomes {
                 let (time, mem) = o.stats.as_ref().map(|s| (runner::trace::fmt_duration(s.realtime_ms), runner::trace::fmt_memory(s.peak_rss))).unwrap_or_default();
@@ -243,7 +373,16 @@ fn finish(s: &Settings, run: &Run, tasks: &[TaskSpec], exec: &crate::cli::Execut
                 eprintln!("{}: GPU {} {}", o.record.name, c.ordinal, c.uuid);
             }
         }
-        for n in r.notes {
+        // each note once (files embedded alike say the same)
+        let mut notes: Vec<String> = r.notes;
+        for o in &written {
+            for n in o.result.as_ref().map(|r| r.notes.clone()).unwrap_or_default() {
+                if !notes.contains(&n) {
+                    notes.push(n);
+                }
+            }
+        }
+        for n in notes {
             eprintln!("note: {n}");
         }
         eprintln!("run folder: {} (trace.txt, report.json)", run.dir.display());

@@ -157,6 +157,36 @@ pub fn plan_embed(base: &TaskSpec, run: &Run, shards: Option<Vec<(usize, usize)>
     tasks
 }
 
+/// One plan of several files' plans ([`plan_embed`] each, sharded): each file's shards in a
+/// work folder of its own (`work/<k>`), every shard before every merge, tasks numbered anew in
+/// that order (a Slurm job array takes the shards as one range of task ids). One plan is
+/// returned as it is.
+pub fn join_plans(run: &Run, mut plans: Vec<Vec<TaskSpec>>) -> Vec<TaskSpec> {
+    if plans.len() == 1 {
+        return plans.pop().unwrap_or_default();
+    }
+    let mut ordered: Vec<TaskSpec> = Vec::new();
+    for rank in 0..3 {
+        for (k, plan) in plans.iter().enumerate() {
+            for t in plan {
+                let r = match t.step {
+                    Step::Fit => 0,
+                    Step::Project { .. } => 1,
+                    _ => 2,
+                };
+                if r == rank {
+                    let work = t.work.as_ref().map(|_| run.dir.join("work").join(k.to_string()));
+                    ordered.push(TaskSpec { work, ..t.clone() });
+                }
+            }
+        }
+    }
+    for (i, t) in ordered.iter_mut().enumerate() {
+        t.task_id = i as u64 + 1;
+    }
+    ordered
+}
+
 /// What `plan.json` in a run folder holds: every task of the run and its executor;
 /// `embed --resume` reads it back.
 #[derive(serde::Serialize, serde::Deserialize)]

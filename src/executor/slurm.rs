@@ -334,7 +334,7 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
         }
         // a fit over the whole data first when the method has one, then the shards as a job
         // array, then the merge once every element has finished
-        let merge = tasks.iter().find(|t| matches!(t.step, Step::Merge { .. })).expect("a sharded plan has a merge");
+        let merges: Vec<&TaskSpec> = tasks.iter().filter(|t| matches!(t.step, Step::Merge { .. })).collect();
         let mut fit_id = None;
         if let Some(fit) = tasks.iter().find(|t| t.step == Step::Fit) {
             let j = submit("fit", logs.join("fit.out"), None, TaskRef::One(fit.task_id), vec![fit.task_id], None, true)?;
@@ -346,7 +346,11 @@ pub fn run(run: &Run, tasks: &[TaskSpec], opts: &SlurmArgs, max_forks: Option<u6
         let j = submit("project", logs.join("project-%a.out"), Some((projects.len(), max_forks)), TaskRef::Array { first }, ids, fit_id.as_deref(), true)?;
         let array_id = j.id.clone();
         jobs.push(j);
-        jobs.push(submit("merge", logs.join("merge.out"), None, TaskRef::One(merge.task_id), vec![merge.task_id], Some(&array_id), false)?);
+        // one merge a file (several --data files: one each)
+        for merge in &merges {
+            let label = if merges.len() == 1 { "merge".to_string() } else { format!("merge-{}", merge.task_id) };
+            jobs.push(submit(&label, logs.join(format!("{label}.out")), None, TaskRef::One(merge.task_id), vec![merge.task_id], Some(&array_id), false)?);
+        }
         Ok(())
     })();
     let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();

@@ -148,6 +148,29 @@ fn slurm_shards_of_a_transformer_and_a_non_transformer_equal_the_local_run() {
         let trace = std::fs::read_to_string(dir.join("trace.txt")).unwrap();
         assert_eq!(trace.lines().count(), 1 + 4, "3 shards and a merge: {trace}");
     }
+    // several files: one job array over every file's shards, then a merge job a file
+    std::fs::copy(ctx.path("pbmc.h5ad"), ctx.path("a.h5ad")).unwrap();
+    std::fs::copy(ctx.path("pbmc.h5ad"), ctx.path("b.h5ad")).unwrap();
+    let out = Command::new(BIN)
+        .args(["embed", "-m", "genept", "-d", "a.h5ad", "b.h5ad", "--model-dir", gp.to_str().unwrap(), "-o", "files", "--executor", "slurm", "--shards", "2", "--time", "10", "--mem", "1G", "--runs-dir", "runs-files"])
+        .current_dir(ctx.dir.path())
+        .env("SLURM_CONF", &conf)
+        .env("SCFOUNDRY_NO_PROGRESS", "1")
+        .env("SCFOUNDRY_BLOCK_ROWS", SHARD_BLOCK_ROWS)
+        .env("SCFOUNDRY_WEIGHTS_DIR", ctx.path("w"))
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("merge-5 job") && stderr.contains("merge-6 job"), "{stderr}");
+    let (a, _) = read_obsm(&ctx.path("genept-local.h5ad"), "X_genept");
+    for f in ["files/a.genept.h5ad", "files/b.genept.h5ad"] {
+        let (b, _) = read_obsm(&ctx.path(f), "X_genept");
+        assert_eq!(bits(&a), bits(&b), "{f}: Slurm's output differs from the local run");
+    }
+    let script = std::fs::read_to_string(only_dir(&ctx.path("runs-files")).join("slurm/project.sh")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-3\n"), "{script}");
 }
 
 /// Nextflow's `-resume` finds cached tasks when their scripts are byte-identical: the same
@@ -174,4 +197,52 @@ fn nextflow_inputs_are_identical_for_the_same_run() {
     }
     assert_eq!(seen[0].0, seen[1].0, "the pipeline's parameters differ");
     assert_eq!(seen[0].1, seen[1].1, "the generated nextflow.config differs");
+}
+
+/// Several files as one run: `--data a.h5ad b.h5ad` (each file its own shard(s), its own
+/// output, each equal to that file embedded alone), a .txt list with --embedding-only (one
+/// table, read by anndata), and the refusals: a method that fits the whole data, and a table
+/// without --out.
+#[test]
+fn several_files_embed_as_one_run() {
+    let ctx = TestContext::new();
+    pbmc(&ctx);
+    let model = genept_dir();
+    let m = model.to_str().unwrap();
+    std::fs::copy(ctx.path("pbmc.h5ad"), ctx.path("a.h5ad")).unwrap();
+    std::fs::copy(ctx.path("pbmc.h5ad"), ctx.path("b.h5ad")).unwrap();
+    ctx.run(&["embed", "-m", "genept", "-d", "pbmc.h5ad", "--model-dir", m, "-o", "alone.h5ad"]).success();
+    let (alone, _) = read_obsm(&ctx.path("alone.h5ad"), "X_genept");
+    let r = ctx.run(&["embed", "-m", "genept", "-d", "a.h5ad", "b.h5ad", "--model-dir", m, "-o", "outs", "--runs-dir", "runs-files"]);
+    r.success().stderr_has("outs/a.genept.h5ad").stderr_has("outs/b.genept.h5ad");
+    for f in ["outs/a.genept.h5ad", "outs/b.genept.h5ad"] {
+        let (v, _) = read_obsm(&ctx.path(f), "X_genept");
+        assert_eq!(bits(&v), bits(&alone), "{f}");
+    }
+    let trace = std::fs::read_to_string(only_dir(&ctx.path("runs-files")).join("trace.txt")).unwrap();
+    assert!(trace.contains("(a, shard 0)") && trace.contains("(b, shard 0)") && trace.contains("MERGE (b)"), "{trace}");
+    // shards within files
+    let block = [("SCFOUNDRY_BLOCK_ROWS", Path::new(SHARD_BLOCK_ROWS))];
+    ctx.run_env(&["embed", "-m", "genept", "-d", "a.h5ad", "b.h5ad", "--model-dir", m, "-o", "split", "--shards", "2", "--runs-dir", "runs-split"], &block).success();
+    let (v, _) = read_obsm(&ctx.path("split/b.genept.h5ad"), "X_genept");
+    assert_eq!(bits(&v), bits(&alone));
+    // a list file and one table
+    std::fs::write(ctx.path("files.txt"), "# two parts\na.h5ad\nb.h5ad\n").unwrap();
+    let r = ctx.run(&["embed", "-m", "genept", "-d", "files.txt", "--model-dir", m, "--embedding-only", "-o", "table.h5ad"]);
+    r.success().stderr_has("(100 cells x").stderr_has("index_unique");
+    let (t, _) = read_obsm(&ctx.path("table.h5ad"), "X_genept");
+    assert_eq!(bits(&t), bits(&[alone.clone(), alone.clone()].concat()));
+    if let Some(py) = python() {
+        let out = crate::common::python_json(&py, "table_of_files.py", &[&ctx.path("table.h5ad"), Path::new("X_genept"), &ctx.path("outs/a.genept.h5ad"), &ctx.path("outs/b.genept.h5ad")]);
+        assert_eq!(out["shape"], serde_json::json!([100, 0]));
+        assert_eq!(out["files"], serde_json::json!(["a", "b"]));
+        assert_eq!(out["counts"], serde_json::json!([50, 50]));
+        assert_eq!(out["names_unique"], true);
+        assert!(out["first_name"].as_str().unwrap().ends_with("-a"), "{out}");
+        assert_eq!(out["equal"], serde_json::json!([true, true]));
+    }
+    // refusals, before any work
+    ctx.run(&["embed", "-m", "genept", "-d", "a.h5ad", "b.h5ad", "--model-dir", m, "--embedding-only"]).user_error().stderr_has("--out");
+    ctx.run(&["embed", "-m", "pca", "-d", "a.h5ad", "b.h5ad"]).user_error().stderr_has("anndata.concat");
+    ctx.run(&["embed", "-m", "genept", "-d", "a.h5ad", "a.h5ad", "--model-dir", m]).user_error().stderr_has("named twice");
 }
