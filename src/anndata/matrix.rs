@@ -32,6 +32,23 @@ impl CsrBlock {
         self.data.len()
     }
 
+    /// The non-zero values of `rows` dense rows of `n_cols` values each (row-major), as a block
+    /// starting at row `start_row`.
+    pub fn from_dense_rows(start_row: usize, values: &[f32], n_cols: usize, rows: usize) -> CsrBlock {
+        let mut block = CsrBlock { start_row, indptr: Vec::with_capacity(rows + 1), ..Default::default() };
+        block.indptr.push(0);
+        for r in 0..rows {
+            for (j, &v) in values[r * n_cols..(r + 1) * n_cols].iter().enumerate() {
+                if v != 0.0 {
+                    block.indices.push(j as u32);
+                    block.data.push(v);
+                }
+            }
+            block.indptr.push(block.data.len());
+        }
+        block
+    }
+
     /// Columns in increasing order within each row, duplicates summed, as scipy's
     /// `sum_duplicates()`: a CSR matrix may legally hold either (anndata writes what scipy had),
     /// and every reader downstream expects neither. Rows already canonical are left as they are.
@@ -336,6 +353,19 @@ impl Matrix {
     }
 
     /// Read rows `start..end` as a CSR block of f32 values.
+    /// Column indices of a sparse slice as u32, each checked to lie inside the matrix.
+    fn checked_columns(&self, idx: &[i64]) -> Result<Vec<u32>> {
+        idx.iter()
+            .map(|&j| {
+                if j < 0 || j as usize >= self.n_cols {
+                    Err(bad(&self.path, &format!("{}/indices", self.field), format!("holds column {j}, outside 0..{}", self.n_cols), Some(CORRUPT_HINT)))
+                } else {
+                    Ok(j as u32)
+                }
+            })
+            .collect()
+    }
+
     pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
         note_rows_read(start, end);
         let field = &self.field;
@@ -344,17 +374,8 @@ impl Matrix {
                 let arr: ndarray::Array2<f32> = ds
                     .read_slice_2d((start..end, ..))
                     .map_err(|e| bad(&self.path, field, format!("rows {start}..{end} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
-                let mut block = CsrBlock { start_row: start, indptr: vec![0], ..Default::default() };
-                for row in arr.rows() {
-                    for (j, &v) in row.iter().enumerate() {
-                        if v != 0.0 {
-                            block.indices.push(j as u32);
-                            block.data.push(v);
-                        }
-                    }
-                    block.indptr.push(block.data.len());
-                }
-                Ok(block)
+                let (vals, _) = arr.into_raw_vec_and_offset();
+                Ok(CsrBlock::from_dense_rows(start, &vals, self.n_cols, end - start))
             }
             Storage::Csr { data, indices, indptr } => {
                 let (a, b) = (indptr[start] as usize, indptr[end] as usize);
@@ -362,41 +383,19 @@ impl Matrix {
                     .map_err(|e| bad(&self.path, &format!("{field}/data"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
                 let idx = read_indices(indices, a..b)
                     .map_err(|e| bad(&self.path, &format!("{field}/indices"), format!("entries {a}..{b} cannot be read: {e}"), Some(CORRUPT_HINT)))?;
-                let mut out_idx = Vec::with_capacity(idx.len());
-                for &j in &idx {
-                    if j < 0 || j as usize >= self.n_cols {
-                        return Err(bad(&self.path, &format!("{field}/indices"), format!("holds column {j}, outside 0..{}", self.n_cols), Some(CORRUPT_HINT)));
-                    }
-                    out_idx.push(j as u32);
-                }
+                let out_idx = self.checked_columns(&idx)?;
                 let ip = indptr[start..=end].iter().map(|&p| (p - a as u64) as usize).collect();
                 Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals }.canonical())
             }
             Storage::ZarrDense(arr) => {
                 let vals = arr.read_f32(start, end)?;
-                let mut block = CsrBlock { start_row: start, indptr: vec![0], ..Default::default() };
-                for row in vals.chunks(self.n_cols.max(1)).take(end - start) {
-                    for (j, &v) in row.iter().enumerate() {
-                        if v != 0.0 {
-                            block.indices.push(j as u32);
-                            block.data.push(v);
-                        }
-                    }
-                    block.indptr.push(block.data.len());
-                }
-                Ok(block)
+                Ok(CsrBlock::from_dense_rows(start, &vals, self.n_cols, end - start))
             }
             Storage::ZarrCsr { data, indices, indptr } => {
                 let (a, b) = (indptr[start] as usize, indptr[end] as usize);
                 let vals = if b > a { data.read_f32(a, b)? } else { Vec::new() };
                 let idx = if b > a { indices.read_i64(a, b)? } else { Vec::new() };
-                let mut out_idx = Vec::with_capacity(idx.len());
-                for &j in &idx {
-                    if j < 0 || j as usize >= self.n_cols {
-                        return Err(bad(&self.path, &format!("{field}/indices"), format!("holds column {j}, outside 0..{}", self.n_cols), Some(CORRUPT_HINT)));
-                    }
-                    out_idx.push(j as u32);
-                }
+                let out_idx = self.checked_columns(&idx)?;
                 let ip = indptr[start..=end].iter().map(|&p| (p - a as u64) as usize).collect();
                 Ok(CsrBlock { start_row: start, indptr: ip, indices: out_idx, data: vals }.canonical())
             }

@@ -695,16 +695,19 @@ fn write_h5_dataset(w: &Writer, ds: &hdf5::Dataset, at: &str) -> Result<()> {
         Elem::Bool => {
             // bool or h5py's int8 enum
             let v: Vec<bool> = super::h5util::read_bools(ds).ok_or_else(|| bad(&w.dir, at, "cannot be read as booleans"))?;
-            let sub = if shape.is_empty() { ArraySubset::new_with_ranges(&[]) } else { ArraySubset::new_with_ranges(&shape.iter().map(|&x| 0..x as u64).collect::<Vec<_>>()) };
-            a.store_array_subset(&sub, v).map_err(|x| w.err(at, x))?;
+            a.store_array_subset(&whole(&shape), v).map_err(|x| w.err(at, x))?;
         }
         Elem::Str => {
             let v: Vec<String> = if shape.is_empty() { super::h5util::read_scalar_string(ds).into_iter().collect() } else { super::h5util::read_strings(ds).ok_or_else(|| bad(&w.dir, at, "cannot be read as strings"))? };
-            let sub = if shape.is_empty() { ArraySubset::new_with_ranges(&[]) } else { ArraySubset::new_with_ranges(&shape.iter().map(|&x| 0..x as u64).collect::<Vec<_>>()) };
-            a.store_array_subset(&sub, v).map_err(|x| w.err(at, x))?;
+            a.store_array_subset(&whole(&shape), v).map_err(|x| w.err(at, x))?;
         }
     }
     Ok(())
+}
+
+/// The whole of an array of `shape` (a scalar's empty subset too).
+fn whole(shape: &[usize]) -> ArraySubset {
+    ArraySubset::new_with_ranges(&shape.iter().map(|&x| 0..x as u64).collect::<Vec<_>>())
 }
 
 /// Copy the finished .h5ad `h5ad` into a new Zarr store of format `format` (2 or 3) at `dir`
