@@ -73,6 +73,12 @@ pub fn is_ensembl(id: &str) -> bool {
     letters >= 1 && rest.as_bytes()[letters - 1] == b'G' && digits >= 6
 }
 
+/// The vocabulary of a model that reads gene names as text (Cell2Sentence, CELLama): any name
+/// that is not an Ensembl id.
+pub fn is_symbol(name: &str) -> bool {
+    !name.trim().is_empty() && !is_ensembl(name.trim())
+}
+
 /// An Ensembl id without its version suffix (ENSG00000141510.17 -> ENSG00000141510); other
 /// names as they are, trimmed.
 pub fn strip_version(id: &str) -> &str {
@@ -456,6 +462,12 @@ impl GeneMatch {
     }
 }
 
+/// The column used and the report, into an embedding's parameters (`uns['scfoundry']`).
+pub fn record(m: &GeneMatch, r: &Resolved, params: &mut serde_json::Map<String, serde_json::Value>) {
+    params.insert("gene_column".into(), serde_json::json!(r.column));
+    params.insert("gene_match".into(), m.to_json());
+}
+
 /// `--gene-column` and `--min-gene-match` from a task's parameters.
 pub fn options(params: &serde_json::Map<String, serde_json::Value>) -> (Option<String>, f64) {
     use serde_json::Value;
@@ -468,7 +480,12 @@ pub fn options(params: &serde_json::Map<String, serde_json::Value>) -> (Option<S
 /// below the threshold, and return the ids with the report (whose note joins `notes`).
 pub fn match_genes(ad: &AnnData, x: &Matrix, params: &serde_json::Map<String, serde_json::Value>, want: Kind, in_vocab: &dyn Fn(&str) -> bool, notes: &mut Vec<String>) -> Result<(Resolved, GeneMatch)> {
     let (column, min) = options(params);
-    let r = resolve(ad, column.as_deref(), want, in_vocab)?;
+    match_genes_with(ad, x, column.as_deref(), min, want, in_vocab, notes)
+}
+
+/// [`match_genes`] with the column and threshold given.
+pub fn match_genes_with(ad: &AnnData, x: &Matrix, column: Option<&str>, min: f64, want: Kind, in_vocab: &dyn Fn(&str) -> bool, notes: &mut Vec<String>) -> Result<(Resolved, GeneMatch)> {
+    let r = resolve(ad, column, want, in_vocab)?;
     let m = GeneMatch::measure(&r, x, min)?;
     m.check(&ad.path)?;
     notes.push(m.message());
