@@ -351,7 +351,8 @@ pub fn count_share(x: &Matrix, matched: &[bool]) -> Result<(f64, usize, bool)> {
         if a >= b {
             continue;
         }
-        let block = x.read_rows(a, b)?;
+        // the same sample in every task of a run, sharded or not: not a shard's own reads
+        let block = x.read_rows_unnoted(a, b)?;
         cells += block.n_rows();
         for i in 0..block.n_rows() {
             let (idx, vals) = block.row(i);
