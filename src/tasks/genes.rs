@@ -315,21 +315,23 @@ pub fn translate(values: &[String], want: Kind, table: &GeneTable, in_vocab: &dy
 
 /// The gene ids of `ad` for a model reading `want`: from `column` (`--gene-column`; `index`
 /// for var_names), or, when it is not given, from var_names or the var column that matches
-/// the vocabulary best (var_names on a tie).
+/// the vocabulary best (on a tie, the one needing the fewest mappings, then var_names).
 pub fn resolve(ad: &AnnData, column: Option<&str>, want: Kind, in_vocab: &dyn Fn(&str) -> bool) -> Result<Resolved> {
     let cands = candidates(ad, column)?.into_iter().map(|c| (c.column, c.values)).collect();
     Ok(pick(cands, want, human(), in_vocab))
 }
 
 /// [`resolve`] on the candidates given as (`index` or column name, values), in order: the
-/// first that matches the most genes.
+/// first that matches the most genes, and of those the one with the fewest entries mapped
+/// (already in the form the model reads).
 pub fn pick(cands: Vec<(String, Vec<String>)>, want: Kind, table: &GeneTable, in_vocab: &dyn Fn(&str) -> bool) -> Resolved {
     let mut best: Option<Resolved> = None;
     for (column, values) in cands {
         let c = Candidate { column, values };
         let (names, matched, mapped, ambiguous, versions_stripped) = translate(&c.values, want, table, in_vocab);
         let r = Resolved { names, matched, found: detect(&c.values), want, column: c.column, mapped, ambiguous, versions_stripped };
-        if best.as_ref().is_none_or(|b| r.n_matched() > b.n_matched()) {
+        // the most genes matched; on a tie, the fewest mapped (ids as the model reads them)
+        if best.as_ref().is_none_or(|b| (r.n_matched(), std::cmp::Reverse(r.mapped)) > (b.n_matched(), std::cmp::Reverse(b.mapped))) {
             best = Some(r);
         }
     }
@@ -581,6 +583,15 @@ mod tests {
         let r = pick(cands, Kind::Symbols, t, &|g| sym.contains(&g));
         assert_eq!((r.column.as_str(), r.found, r.label().as_str()), ("gene_ids", Kind::Ensembl, "var['gene_ids']"));
         assert_eq!((r.names.clone(), r.mapped, r.versions_stripped), (s(&["TP53", "BRCA1"]), 2, 2));
+    }
+
+    #[test]
+    fn on_a_tie_the_column_already_in_the_models_form_wins() {
+        let t = human();
+        let ens = ["ENSG00000141510", "ENSG00000012048"];
+        let cands = vec![("index".to_string(), s(&["TP53", "BRCA1"])), ("ensembl_id".to_string(), s(&["ENSG00000141510", "ENSG00000012048"]))];
+        let r = pick(cands, Kind::Ensembl, t, &|g| ens.contains(&g));
+        assert_eq!((r.column.as_str(), r.n_matched(), r.mapped), ("ensembl_id", 2, 0));
     }
 
     #[test]
