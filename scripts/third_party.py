@@ -2,7 +2,7 @@
 """Write THIRD-PARTY-NOTICES for a release archive (scripts/release.sh).
 
 The C and C++ libraries compiled into the binary, with their licence texts read from the crate
-sources cargo fetched (HDF5, zlib, Oniguruma, LZF, esaxx, ring's BoringSSL parts), the NVIDIA
+sources cargo fetched, the data compiled into it (the gene table, licences in licenses/) (HDF5, zlib, Oniguruma, LZF, esaxx, ring's BoringSSL parts), the NVIDIA
 CUDA runtime for a GPU flavour, then every Rust crate in the build (normal and build
 dependencies of scfoundry, from `cargo metadata --locked`) with its declared licence and the
 licence files its package ships, identical texts printed once.
@@ -41,6 +41,16 @@ NO_C_SOURCES = {
 }
 C_BUILD_TOOLS = {"cc", "cmake"}
 LICENSE_FILE = re.compile(r"^(licen[cs]e|copying|notice|unlicense|copyright)([-_.].*)?$", re.I)
+
+# Data compiled into the binary (include_bytes!), with the licence texts kept in licenses/.
+DATA = [
+    ("resources/genes/human.tsv.gz", "licenses/celltypist-LICENSE.txt",
+     "Human gene table (Ensembl gene ids and symbols) from GENCODE release 44 (Ensembl 110, July 2023), "
+     "file GENCODEv44_Gene_id2name.csv as shipped in celltypist 1.7.1 (PyPI; MIT licence, Teichmann Lab). "
+     "GENCODE and Ensembl data are available without restriction on use "
+     "(https://www.ensembl.org/info/about/legal/disclaimer.html, https://www.gencodegenes.org/pages/data_access.html). "
+     "Written by scripts/make_gene_map.py; see docs/genes.md."),
+]
 
 CUDA_NOTICE = """\
 This flavour links the NVIDIA CUDA Runtime (libcudart_static.a) into the binary. The CUDA
@@ -113,6 +123,13 @@ def main():
         if rel.endswith(".hxx"):  # the licence is the file's opening comment
             text = text[: text.index("*/") + 2]
         out += ["-" * 78, f"{what}", f"(bundled by the Rust crate {crate} {p['version']}, file {rel})", "-" * 78, text.rstrip(), ""]
+    out += ["-" * 78, "Data compiled into the binary", "-" * 78, ""]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for data, licence, what in DATA:
+        if not os.path.isfile(os.path.join(root, data)):
+            sys.exit(f"third_party.py: {data} is gone: update DATA")
+        text = open(os.path.join(root, licence), encoding="utf-8").read()
+        out += [f"{data}: {what}", "", "celltypist's licence:", text.rstrip(), ""]
     if cuda:
         out += ["=" * 78, "2. NVIDIA CUDA Runtime", "=" * 78, "", CUDA_NOTICE]
         if not a.cuda_license:

@@ -464,10 +464,18 @@ pub struct KnobArgs {
     /// cellama: obs columns appended to each cell sentence, comma-separated (e.g. `cell_type`).
     #[arg(long, value_name = "COL[,COL]")]
     pub obs_features: Option<String>,
-    /// geneformer: var column holding Ensembl ids (default `ensembl_id`; `index` for var_names).
-    /// cellplm: the same (default `index`).
-    #[arg(long, value_name = "COL")]
+    /// Every method that reads gene ids (`input_genes` in `scfoundry methods show NAME`): the var
+    /// column holding them, symbols or Ensembl ids (version suffixes are stripped); `index` for
+    /// var_names. Default: var_names or the var column that matches the model's vocabulary
+    /// best. Symbols and Ensembl ids are mapped to what the model reads through an offline
+    /// GENCODE 44 human table (docs/genes.md).
+    #[arg(long, alias = "gene-col", value_name = "COL")]
     pub gene_column: Option<String>,
+    /// Every method that reads gene ids: the share of the counts (0 to 1) that must fall on
+    /// genes of the model's vocabulary, or the run stops naming the column and the figures
+    /// [default: 0.5]; 0 runs whatever matched.
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
+    pub min_gene_match: Option<f64>,
     /// geneformer: layer to read, -1 (second-to-last, upstream's default) or 0 (last).
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1..=0))]
     pub emb_layer: Option<i64>,
@@ -485,9 +493,6 @@ pub struct KnobArgs {
     /// cellplm: a folder with one `<prefix>.best.ckpt` and its `<prefix>.config.json`.
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
-    /// scgpt: var column holding the gene symbols matched to the vocabulary (default: var_names).
-    #[arg(long, value_name = "COL")]
-    pub gene_col: Option<String>,
     /// scvi: obs column of the query's batches, for a model whose encoder reads the batch
     /// (default: the model's own batch_key).
     /// cellplm: obs column grouping the cells embedded together (default `batch`).
@@ -522,7 +527,6 @@ impl KnobArgs {
         use serde_json::json;
         let dir = self.model_dir.as_ref().map(|d| json!(std::path::absolute(d).unwrap_or_else(|_| d.clone()).display().to_string()));
         [
-            ("--gene-column", self.gene_column.as_ref().map(|v| json!(v))),
             ("--emb-layer", self.emb_layer.map(|v| json!(v))),
             ("--emb-mode", self.emb_mode.as_ref().map(|v| json!(v))),
             ("--precision", self.precision.as_ref().map(|v| json!(v))),

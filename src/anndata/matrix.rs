@@ -368,6 +368,13 @@ impl Matrix {
 
     pub fn read_rows(&self, start: usize, end: usize) -> Result<CsrBlock> {
         note_rows_read(start, end);
+        self.read_rows_unnoted(start, end)
+    }
+
+    /// [`Matrix::read_rows`] without noting the rows as read: for a bounded sample of the whole
+    /// matrix that every task of a run reads alike (the gene match's share of the counts,
+    /// `tasks::genes`), which is no part of a shard's own work.
+    pub fn read_rows_unnoted(&self, start: usize, end: usize) -> Result<CsrBlock> {
         let field = &self.field;
         match &self.storage {
             Storage::Dense(ds) => {

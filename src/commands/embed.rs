@@ -48,11 +48,16 @@ pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, comman
             params.insert("obs_features".into(), json!(f));
         }
     }
-    if let Some(c) = &knobs.gene_col {
-        if m.knob("--gene-col").is_none() {
-            warn(&format!("{} does not honour --gene-col; ignored", m.name));
-        } else {
-            params.insert("gene_col".into(), json!(c));
+    // the gene ids: one pair of options for every method that reads them (tasks::genes)
+    use crate::tasks::genes::{self, COLUMN_FLAG, MIN_FLAG};
+    if genes::Kind::parse(&m.input_genes).is_some() {
+        params.insert("gene_column".into(), json!(knobs.gene_column.clone().unwrap_or_default()));
+        params.insert("min_gene_match".into(), json!(knobs.min_gene_match.unwrap_or(genes::DEFAULT_MIN_GENE_MATCH)));
+    } else {
+        for (flag, given) in [(COLUMN_FLAG, knobs.gene_column.is_some()), (MIN_FLAG, knobs.min_gene_match.is_some())] {
+            if given {
+                warn(&format!("{} does not honour {flag} (it reads no gene ids); ignored", m.name));
+            }
         }
     }
     let given = knobs.given();

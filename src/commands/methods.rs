@@ -90,6 +90,9 @@ pub fn show(reg: &Registry, m: &Method) -> String {
     writeln!(o, "  cost tier:   {} of 5", m.cost_tier).unwrap();
     writeln!(o, "  embedding:   {} dimensions", m.embedding_dim).unwrap();
     writeln!(o, "  input:       {} , genes as {}", m.input_values.replace('_', " "), m.input_genes).unwrap();
+    if crate::tasks::genes::Kind::parse(&m.input_genes).is_some() {
+        writeln!(o, "  gene ids:    found in var_names or a var column (--gene-column), symbols and Ensembl ids mapped offline; stops below --min-gene-match (default {}; docs/genes.md)", crate::tasks::genes::DEFAULT_MIN_GENE_MATCH).unwrap();
+    }
     match (&m.batch, reg.overrides.get(&m.name)) {
         (_, Some((b, path))) => writeln!(o, "  batch size:  {b} (set by {}; the method's own default is {})", path.display(), m.batch.as_ref().map(|b| b.default.to_string()).unwrap_or("none".into())).unwrap(),
         (Some(b), None) => writeln!(o, "  batch size:  {} (source: {})", b.default, b.source).unwrap(),

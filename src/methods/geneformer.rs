@@ -105,6 +105,13 @@ pub struct Dictionaries {
 }
 
 impl Dictionaries {
+    /// Whether the token dictionary has the gene `id` (upper-cased, as upstream; special
+    /// tokens are not genes).
+    pub fn knows(&self, id: &str) -> bool {
+        let k = id.trim().to_uppercase();
+        !k.starts_with('<') && self.tokens.contains_key(&k)
+    }
+
     pub fn load(token_path: &Path, median_path: &Path) -> Result<Dictionaries> {
         let bad = |path: &Path, detail: String, fields: &str| Error::Config { path: path.into(), detail, hint: Some(format!("it should be {fields}")) };
         let mut tokens = HashMap::new();

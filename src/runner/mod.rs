@@ -172,6 +172,10 @@ pub struct TaskResult {
     /// The GPU card the task held (`--gpu`), so that the run's summary names each task's card.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub card: Option<crate::gpu::cards::CardRecord>,
+    /// How the data's genes matched the model's vocabulary (`tasks::genes::GeneMatch`), for
+    /// report.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gene_match: Option<serde_json::Value>,
 }
 
 /// A run folder.

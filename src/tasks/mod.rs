@@ -12,6 +12,7 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 
 pub mod counts;
 pub mod embed;
+pub mod genes;
 pub mod inputs;
 pub mod integrate;
 pub mod method;

@@ -336,30 +336,6 @@ impl Batches {
     }
 }
 
-/// The Ensembl ids of the var entries: a var column, or the index for `index`.
-pub fn gene_ids(ad: &AnnData, column: &str) -> Result<Vec<String>> {
-    if column == "index" {
-        return Ok(ad.var_names.clone());
-    }
-    let var = ad.var()?;
-    let Some(col) = var.column(column) else {
-        let mut names = var.names().join(", ");
-        if names.is_empty() {
-            names = "none".into();
-        }
-        return Err(Error::BadField {
-            path: ad.path.clone(),
-            field: format!("var/{column}"),
-            detail: format!("no var column `{column}` with Ensembl ids (var columns: {names}; var_names start {})", ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
-            hint: Some("name the column with --gene-column, or `--gene-column index` when var_names are Ensembl ids; map symbols to Ensembl ids first otherwise (upstream: Ensembl BioMart or gene_name_id_dict.pkl)".into()),
-        });
-    };
-    match col.as_labels() {
-        Some(v) => Ok(v.into_iter().map(Option::unwrap_or_default).collect()),
-        None => Err(Error::BadField { path: ad.path.clone(), field: format!("var/{column}"), detail: format!("is {}, not strings", col.kind()), hint: Some("--gene-column must name a column of Ensembl ids".into()) }),
-    }
-}
-
 /// The total counts of cells `rows` (a task's rows; index `i - rows.start`): obs['n_counts']
 /// when present (upstream requires it), else row sums of those rows only.
 pub(crate) fn cell_totals(ad: &AnnData, x: &crate::anndata::Matrix, rows: std::ops::Range<usize>, notes: &mut Vec<String>) -> Result<Vec<f64>> {

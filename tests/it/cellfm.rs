@@ -185,9 +185,10 @@ fn cellfm_embed_command_matches_the_port() {
     let env = [("SCFOUNDRY_MANIFEST", manifest.as_path())];
     let f = fixture();
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
-    let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "-d", "cells.h5ad", "--batch-size", "3"], &env);
+    // the fixture's 160-gene table holds 48% of the data's counts: below --min-gene-match's default
+    let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "--min-gene-match", "0", "-d", "cells.h5ad", "--batch-size", "3"], &env);
     r.success();
-    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "-d", "cells.h5ad", "--batch-size", "3"], &env, "X_cellfm", 2, 0);
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "--min-gene-match", "0", "-d", "cells.h5ad", "--batch-size", "3"], &env, "X_cellfm", 2, 0);
     assert!(r.stderr.contains("140 of the data's 300 genes are in the model's 160-gene table"), "{}", r.stderr);
     let out = ctx.path("cells.cellfm.h5ad");
     let h = hdf5::File::open(&out).unwrap();
@@ -207,7 +208,7 @@ fn cellfm_embed_command_matches_the_port() {
     let text = std::fs::read_to_string(dir().join("gene_info.csv")).unwrap();
     let short: Vec<&str> = text.lines().take(141).collect(); // header + 140 of the 160 genes
     std::fs::write(&info, short.join("\n")).unwrap();
-    let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "-d", "cells.h5ad", "-o", "again.h5ad"], &env);
+    let r = ctx.run_env(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellfm", "--min-gene-match", "0", "-d", "cells.h5ad", "-o", "again.h5ad"], &env);
     r.user_error().stderr_has("do not belong together");
     assert!(!ctx.path("again.h5ad").exists());
 }

@@ -342,7 +342,7 @@ fn cellplm_bad_checkpoints_and_data() {
     let m = ckpt_copy(&ctx, "ok", |_| {});
     Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
     let r = ctx.run(&["embed", "-m", "cellplm", "-d", "t.h5ad", "--model-dir", m.to_str().unwrap()]);
-    r.user_error().stderr_has("gene_list").stderr_has("--gene-column").has_hint();
+    r.user_error().stderr_has("only 0 of 8 genes matched the model's vocabulary").stderr_has("--gene-column").has_hint();
     // the fine-tuning batch options are accepted with a warning (embed honours --batch-size)
     let reg = scfoundry::registry::Registry::builtin();
     let method = reg.get("cellplm").unwrap();

@@ -10,22 +10,21 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
-use scfoundry::tasks::runtime::gene_ids;
 use scfoundry::methods::geneformer::{Dictionaries, EmbMode, GeneTable, Geneformer};
 
 use crate::common::{TestContext, read_obsm, repo};
 
-const MAX_REL: f64 = 1e-4;
+pub(crate) const MAX_REL: f64 = 1e-4;
 
-fn fx() -> PathBuf {
+pub(crate) fn fx() -> PathBuf {
     repo().join("tests/fixtures/geneformer")
 }
 
-fn reference() -> Value {
+pub(crate) fn reference() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fx().join("reference.json")).unwrap()).unwrap()
 }
 
-fn matrix(v: &Value) -> Vec<Vec<f64>> {
+pub(crate) fn matrix(v: &Value) -> Vec<Vec<f64>> {
     v.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
 }
 
@@ -34,7 +33,7 @@ fn our_tokens(model: &Geneformer) -> Vec<Vec<u32>> {
     crate::common::no_hdf5_locking();
     let ad = AnnData::open(&fx().join("pbmc68k_50.h5ad")).unwrap();
     let x = ad.matrix(None).unwrap();
-    let ids = gene_ids(&ad, "ensembl_id").unwrap();
+    let ids: Vec<String> = ad.var().unwrap().column("ensembl_id").unwrap().as_labels().unwrap().into_iter().map(Option::unwrap_or_default).collect();
     let table = GeneTable::new(&ids, &model.dict).unwrap();
     let obs = ad.obs().unwrap();
     let Some(scfoundry::anndata::dataframe::Column::Numeric(n)) = obs.column("n_counts") else { panic!("n_counts") };
@@ -48,7 +47,7 @@ fn our_tokens(model: &Geneformer) -> Vec<Vec<u32>> {
 }
 
 /// Worst relative error (per cell: max |a - b| / max |b|) against the reference rows.
-fn max_rel(got: &[f32], want: &[Vec<f64>], dim: usize) -> f64 {
+pub(crate) fn max_rel(got: &[f32], want: &[Vec<f64>], dim: usize) -> f64 {
     let mut worst = 0f64;
     for (i, w) in want.iter().enumerate() {
         let scale = w.iter().fold(0f64, |m, v| m.max(v.abs()));
@@ -123,13 +122,16 @@ fn geneformer_embed_command_with_model_dir() {
     let err = max_rel(&got, &matrix(&reference()["v1"]["embeddings"]["emb_layer_-1_cell"]), dim);
     assert!(err < MAX_REL, "{err}");
     assert!(r.stderr.contains("were truncated"), "{}", r.stderr);
-    // --emb-layer 0 and the var index as gene column (an error: symbols are not Ensembl ids)
+    // --emb-layer 0; the var index (symbols) as gene column: mapped to Ensembl ids, the same tokens
     let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "last.h5ad", "--model-dir", dir.to_str().unwrap(), "--emb-layer", "0"]);
     r.success();
     let (got, dim) = read_obsm(&ctx.path("last.h5ad"), "X_geneformer");
     assert!(max_rel(&got, &matrix(&reference()["v1"]["embeddings"]["emb_layer_0_cell"]), dim) < MAX_REL);
     let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "-o", "x.h5ad", "--model-dir", dir.to_str().unwrap(), "--gene-column", "index"]);
-    r.user_error().stderr_has("none of the 765 ids is in the token dictionary").stderr_has("--gene-column");
+    r.success();
+    assert!(r.stderr.contains("600 of 765 genes matched the model's vocabulary") && r.stderr.contains("700 mapped to Ensembl ids"), "{}", r.stderr);
+    let (got, dim) = read_obsm(&ctx.path("x.h5ad"), "X_geneformer");
+    assert!(max_rel(&got, &matrix(&reference()["v1"]["embeddings"]["emb_layer_-1_cell"]), dim) < MAX_REL);
 }
 
 /// `--precision` on the CPU: the default (`auto`) runs f32 with no precision note, and the output
@@ -210,7 +212,7 @@ fn geneformer_missing_dictionary_names_the_file_and_fields() {
     // a missing gene column names the column and lists what var has
     std::fs::write(dir.join("token_dictionary.json"), r#"{"<pad>": 0}"#).unwrap();
     let r = ctx.run(&["embed", "-m", "geneformer", "-d", "cells.h5ad", "--model-dir", dir.to_str().unwrap(), "--gene-column", "gene_ids"]);
-    r.user_error().stderr_has("no var column `gene_ids`").stderr_has("ensembl_id");
+    r.user_error().stderr_has("var has no column `gene_ids`").stderr_has("ensembl_id");
 }
 
 #[test]

@@ -13,6 +13,7 @@ mod common;
 mod docs;
 mod finetune;
 mod geneformer;
+mod genes;
 mod gpu;
 mod gpu_cards;
 mod harmony;

@@ -168,7 +168,7 @@ fn toml_defaults_reach_the_methods() {
     let pca: scfoundry::tasks::embed::pca::Params = params("pca", &resolve("pca")).unwrap();
     assert_eq!((pca.n_comps, pca.n_top_genes), (50, 2000));
     let scgpt: scfoundry::tasks::embed::scgpt::Params = params("scgpt", &resolve("scgpt")).unwrap();
-    assert_eq!((scgpt.batch_size, scgpt.max_len, scgpt.gene_col.as_str()), (64, 1200, "index"));
+    assert_eq!((scgpt.batch_size, scgpt.max_len), (64, 1200));
     let gf: scfoundry::tasks::embed::geneformer::Params = params("geneformer", &resolve("geneformer")).unwrap();
     assert_eq!((gf.batch_size, gf.emb_layer, gf.emb_mode.as_str()), (100, -1, "cell"));
     // a parameter missing from the task is an error, never a constant in the adapter

@@ -11,7 +11,6 @@ use serde_json::Value;
 
 use scfoundry::anndata::AnnData;
 use scfoundry::tasks::embed::cls_encoder::load;
-use scfoundry::tasks::runtime::gene_ids;
 use scfoundry::nn::cls_encoder::{Arch, ClsEncoder};
 
 use crate::common::{TestContext, read_obsm, repo};
@@ -39,7 +38,7 @@ pub fn our_tokens(model: &ClsEncoder) -> Vec<Vec<u32>> {
     crate::common::no_hdf5_locking();
     let ad = AnnData::open(&cells_h5ad()).unwrap();
     let x = ad.matrix(None).unwrap();
-    let ids = gene_ids(&ad, "ensembl_id").unwrap();
+    let ids: Vec<String> = ad.var().unwrap().column("ensembl_id").unwrap().as_labels().unwrap().into_iter().map(Option::unwrap_or_default).collect();
     let table = model.gene_table(&ids).unwrap();
     let b = x.read_rows(0, ad.n_obs).unwrap();
     (0..b.n_rows())
@@ -121,16 +120,17 @@ fn sccello_embed_command_with_model_dir() {
     let r = ctx.run(&["embed", "-m", "sccello", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "8"]);
     r.success();
     crate::common::assert_shards_equal(&ctx, &["embed", "-m", "sccello", "-d", "cells.h5ad", "--model-dir", fx().to_str().unwrap(), "--batch-size", "1"], &[], "X_sccello", 2, 0);
-    // the file has var['ensembl_id'], not scCello's var['ensembl_ids']: said, and used
-    assert!(r.stderr.contains("var has no `ensembl_ids` column"), "{}", r.stderr);
+    // the file has var['ensembl_id'], not scCello's var['ensembl_ids']: found, said, and used
+    assert!(r.stderr.contains("var['ensembl_id'] (Ensembl ids)"), "{}", r.stderr);
     assert!(r.stderr.contains("were truncated"), "{}", r.stderr);
     let (got, dim) = read_obsm(&ctx.path("cells.sccello.h5ad"), "X_sccello");
     assert_eq!(dim, 32);
     let err = max_rel(&got, &matrix(&reference(&fx())["embeddings"]), dim);
     assert!(err < MAX_REL, "{err}");
-    // symbols are not Ensembl ids
+    // symbols (var_names) are mapped to Ensembl ids
     let r = ctx.run(&["embed", "-m", "sccello", "-d", "cells.h5ad", "-o", "x.h5ad", "--model-dir", fx().to_str().unwrap(), "--gene-column", "index"]);
-    r.user_error().stderr_has("none of the 765 ids is in the gene median dictionary").stderr_has("--gene-column");
+    r.success();
+    assert!(r.stderr.contains("var_names (gene symbols, 700 mapped to Ensembl ids"), "{}", r.stderr);
 }
 
 #[test]

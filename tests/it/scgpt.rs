@@ -18,13 +18,13 @@ use scfoundry::methods::scgpt::{self, bin_values, match_genes, read_checkpoint, 
 
 use crate::common::{TestContext, Tiny, python, read_obsm, repo};
 
-const MAX_REL_ERR: f64 = 1e-4;
+pub(crate) const MAX_REL_ERR: f64 = 1e-4;
 
-fn fixture_dir() -> PathBuf {
+pub(crate) fn fixture_dir() -> PathBuf {
     repo().join("tests/fixtures/scgpt")
 }
 
-fn fixture() -> Value {
+pub(crate) fn fixture() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap()).unwrap()
 }
 
@@ -54,7 +54,7 @@ fn our_cells(model: &Model, case: &Value, seed: u64) -> Vec<Cell> {
 }
 
 /// Largest per-cell relative L2 error and largest absolute element difference.
-fn compare(got: &[f32], want: &Value, dim: usize) -> (f64, f64) {
+pub(crate) fn compare(got: &[f32], want: &Value, dim: usize) -> (f64, f64) {
     let (mut rel, mut abs) = (0f64, 0f64);
     for (i, w) in want.as_array().unwrap().iter().enumerate() {
         let w = f32s(w);
@@ -211,7 +211,7 @@ fn scgpt_bad_checkpoints_say_what_is_wrong() {
 }
 
 /// A weights folder holding the fixture checkpoint where weights.toml puts scgpt.
-fn weights_with(ctx: &TestContext, src: &Path) -> PathBuf {
+pub(crate) fn weights_with(ctx: &TestContext, src: &Path) -> PathBuf {
     let w = ctx.path("weights");
     let man = scfoundry::weights::Manifest::builtin();
     let dest = scgpt::model_dir(&w, &man);
@@ -238,7 +238,7 @@ fn scgpt_embed_command_matches_upstream() {
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "--batch-size", "16"]);
     r.success();
     crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "--batch-size", "4"], &[], "X_scgpt", 3, 0);
-    assert!(r.stderr.contains("680 of 765 genes (var_names) are in scGPT's vocabulary"), "{}", r.stderr);
+    assert!(r.stderr.contains("680 of 765 genes matched the model's vocabulary (") && r.stderr.contains("; var_names (gene symbols)"), "{}", r.stderr);
     let out = ctx.path("pbmc68k_counts.scgpt.h5ad");
     let (got, dim) = read_obsm(&out, "X_scgpt");
     assert_eq!((got.len() / dim, dim), (700, 32));
@@ -275,11 +275,11 @@ fn scgpt_data_outside_the_vocabulary() {
     t.write(&ctx.path("nomatch.h5ad"));
     let r = ctx.run(&["--weights-dir", wd, "embed", "-m", "scgpt", "-d", "nomatch.h5ad"]);
     r.user_error()
-        .stderr_has("nomatch.h5ad: var_names: none of the 5 genes is in scGPT's vocabulary (686 entries), e.g. gene_0, gene_1, gene_2")
-        .stderr_has("hint: scGPT matches gene symbols");
-    // --gene-col names a column that is not there
+        .stderr_has("nomatch.h5ad: var_names: only 0 of 5 genes matched the model's vocabulary (0.0% of the counts)")
+        .stderr_has("hint: the model reads gene symbols");
+    // --gene-col (the alias of --gene-column) names a column that is not there
     let r = ctx.run(&["--weights-dir", wd, "embed", "-m", "scgpt", "-d", "nomatch.h5ad", "--gene-col", "symbol"]);
-    r.user_error().stderr_has("--gene-col: var has no column `symbol`");
+    r.user_error().stderr_has("--gene-column: ").stderr_has("nomatch.h5ad: var has no column `symbol`");
     // cells that express no vocabulary gene are embedded from <cls> alone, with a note
     let mut t = Tiny::counts(6, 4);
     t.var_names = vec!["CD3D".into(), "LYZ".into(), "NOTAGENE".into(), "MS4A1".into()];
@@ -292,7 +292,7 @@ fn scgpt_data_outside_the_vocabulary() {
     let r = ctx.run(&["--weights-dir", wd, "embed", "-m", "scgpt", "-d", "some.h5ad"]);
     r.success();
     assert!(r.stderr.contains("2 cell(s) express no gene of the vocabulary (cell_2, cell_4): embedded from <cls> alone"), "{}", r.stderr);
-    assert!(r.stderr.contains("3 of 4 genes (var_names) are in scGPT's vocabulary"), "{}", r.stderr);
+    assert!(r.stderr.contains("3 of 4 genes matched the model's vocabulary"), "{}", r.stderr);
     let (got, dim) = read_obsm(&ctx.path("some.scgpt.h5ad"), "X_scgpt");
     assert_eq!(&got[2 * dim..3 * dim], &got[4 * dim..5 * dim]);
     assert_ne!(&got[0..dim], &got[2 * dim..3 * dim]);

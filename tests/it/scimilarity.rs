@@ -116,9 +116,10 @@ fn scimilarity_embed_command_matches_upstream() {
     std::fs::create_dir_all(model.parent().unwrap()).unwrap();
     std::fs::write(w.join(&man.weights[scfoundry::methods::scimilarity::ARCHIVE_ENTRY].file), b"stands for the tar.gz").unwrap();
     std::fs::rename(model_copy(&ctx, "m", |_| {}), &model).unwrap();
-    let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "--batch-size", "16"]);
+    // the fixture model knows 240 of the data's 765 genes (29% of the counts): below --min-gene-match's default
+    let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "--min-gene-match", "0", "-d", "pbmc.h5ad", "--batch-size", "16"]);
     r.success();
-    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "--batch-size", "4"], &[], "X_scimilarity", 3, 0);
+    crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scimilarity", "--min-gene-match", "0", "-d", "pbmc.h5ad", "--batch-size", "4"], &[], "X_scimilarity", 3, 0);
     r.stderr_has("240 of the model's 300 genes are in the data; 60 are not and were zero-filled");
     r.stderr_has("upstream's align_dataset refuses data with fewer than 5000");
     let out = ctx.path("pbmc.scimilarity.h5ad");
@@ -131,7 +132,7 @@ fn scimilarity_embed_command_matches_upstream() {
     assert_eq!(read_i64(&out, "uns/scfoundry/parameters/batch_size"), 16);
     // --model-dir, and the default batch of 2048
     let d = model_copy(&ctx, "other", |_| {});
-    let r = ctx.run(&["embed", "-m", "scimilarity", "-d", "pbmc.h5ad", "-o", "b.h5ad", "--model-dir", d.to_str().unwrap()]);
+    let r = ctx.run(&["embed", "-m", "scimilarity", "--min-gene-match", "0", "-d", "pbmc.h5ad", "-o", "b.h5ad", "--model-dir", d.to_str().unwrap()]);
     r.success();
     // the same rows up to float32 rounding (the matmul blocks differ with the batch's size)
     let (got2, _) = read_obsm(&ctx.path("b.h5ad"), "X_scimilarity");

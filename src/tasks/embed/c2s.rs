@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, is_symbol, match_genes, Kind};
 use crate::tasks::runtime::{obs_strings, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -38,7 +39,8 @@ fn fit_c2s(spec: &TaskSpec) -> Result<TaskResult> {
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
-    let mut prompter = Prompter::new(&ad.var_names, p.top_genes, spec.seed)?;
+    let (gids, _) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &is_symbol, &mut Vec::new())?;
+    let mut prompter = Prompter::new(&gids.names, p.top_genes, spec.seed)?;
     let rows = TaskRows::new(spec, ad.n_obs, C2s.block_rows(&x, &spec.params))?;
     let mut states = Vec::new();
     let bar = rep.step("c2s: draw the cells' prompts", rows.len() as u64, "cells");
@@ -71,16 +73,10 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
-    if ad.var_names.first().is_some_and(|n| n.contains("ENS")) {
-        let msg = format!(
-            "var_names of {} look like Ensembl ids ({}): Cell2Sentence writes var names into its sentences and its models read gene symbols",
-            spec.data.display(),
-            ad.var_names[0]
-        );
-        crate::progress::warn(&msg);
-        notes.push(msg);
-    }
-    let collisions = c2s::upper_case_collisions(&ad.var_names);
+    // Cell2Sentence writes gene names into its sentences and its models read symbols: Ensembl
+    // ids are mapped to symbols (tasks::genes)
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &is_symbol, &mut notes)?;
+    let collisions = c2s::upper_case_collisions(&gids.names);
     if !collisions.is_empty() {
         notes.push(format!(
             "{} gene name(s) are shared by several var names once upper-cased (e.g. {}): each gene keeps its own name here; upstream's vocabulary merges them and shifts the names after them",
@@ -104,7 +100,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let dim = model.hidden();
     let batch = p.batch_size;
     let mut batches = Batches::new(dev, batch, task_dir);
-    let mut prompter = Prompter::new(&ad.var_names, top, spec.seed)?;
+    let mut prompter = Prompter::new(&gids.names, top, spec.seed)?;
 
     let key = "X_c2s";
     let task_rows = TaskRows::new(spec, ad.n_obs, C2s.block_rows(&x, &spec.params))?;
@@ -166,7 +162,10 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     w.insert("config".into(), json!(config_path.display().to_string()));
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("tokenizer".into(), json!(tokenizer_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// C2S's options, from `methods/c2s.toml`.

@@ -13,6 +13,7 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::methods::cellama::{self, Encoder};
+use crate::tasks::genes::{is_symbol, match_genes, GeneMatch, Kind, Resolved};
 use crate::tasks::runtime::{obs_strings, verified_weights, write_f32_file, Batches, TaskDevice};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 
@@ -39,6 +40,9 @@ struct CellamaJob {
     shas: serde_json::Map<String, Value>,
     notes: Vec<String>,
     batches: Batches,
+    /// The gene names written into the sentences (Ensembl ids mapped to symbols) and the match.
+    genes: Resolved,
+    gene_match: GeneMatch,
 }
 
 fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
@@ -58,12 +62,14 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
         .map(String::from)
         .collect();
     let obs = obs_strings(&ad, &features, &mut notes)?;
+    // gene names as text: Ensembl ids mapped to symbols (tasks::genes)
+    let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &is_symbol, &mut notes)?;
     let model_dir = cellama::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
     let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let batches = Batches::new(dev, cellama::BATCH_SIZE, task_dir);
-    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches })
+    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches, genes, gene_match })
 }
 
 /// Encode the cells of `rows`, batched within the blocks of its grid (so a shard's batches are
@@ -75,7 +81,7 @@ fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, row
     let mut truncated = 0usize;
     for (s, e) in rows.blocks() {
         let b = x.read_rows(s, e)?;
-        let sentences = cellama_sentences(&b, &job.ad.var_names, &job.obs, job.top);
+        let sentences = cellama_sentences(&b, &job.genes.names, &job.obs, job.top);
         for snt in &sentences {
             if enc.token_ids(snt)?.len() >= enc.max_seq_length {
                 truncated += 1;
@@ -103,8 +109,9 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let out = EmbeddingOut::create(spec, &rows, key, job.ad.n_obs, dim)?;
     cellama_encode(&mut job, rep.as_ref(), &rows, |s, r| out.write(s, r))?;
     let batch = job.batches.size();
-    let CellamaJob { x, enc, model_dir, shas, notes, .. } = job;
+    let CellamaJob { x, enc, model_dir, shas, notes, genes, gene_match, .. } = job;
     let mut params = spec.params.clone();
+    crate::tasks::genes::record(&gene_match, &genes, &mut params);
     params.insert("batch_size".into(), json!(batch));
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
@@ -112,7 +119,9 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
     let mut w = serde_json::Map::new();
     w.insert("dir".into(), json!(model_dir.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gene_match.to_json());
+    Ok(result)
 }
 
 /// Embed `spec.data` with cellama (per cell, nothing fitted); write it to `spec.out`.
@@ -187,6 +196,8 @@ struct Backbone {
     enc: Encoder,
     top: usize,
     obs_features: Vec<String>,
+    gene_column: Option<String>,
+    min_gene_match: f64,
 }
 
 fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
@@ -196,7 +207,8 @@ fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> 
     let enc = Encoder::load_hooked(&dir, load.device.clone(), Some(load.hook))?;
     let obs_features = method::param_str(load.params, "obs_features").map(|f| f.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
     let top = method::param_u64(load.params, "top_genes", cellama::DEFAULT_TOP_GENES as u64) as usize;
-    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { enc, top, obs_features }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+    let (gene_column, min_gene_match) = crate::tasks::genes::options(load.params);
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { enc, top, obs_features, gene_column, min_gene_match }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
 }
 
 /// The cells' sentences, encoded on demand.
@@ -219,10 +231,11 @@ impl method::Backbone for Backbone {
     fn features<'a>(&'a self, ad: &AnnData, _seed: u64, _device: &candle_core::Device, _train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
         let x = ad.matrix(None)?;
         let obs = obs_strings(ad, &self.obs_features, notes)?;
+        let (genes, _) = crate::tasks::genes::match_genes_with(ad, &x, self.gene_column.as_deref(), self.min_gene_match, Kind::Symbols, &is_symbol, notes)?;
         let mut sentences = Vec::with_capacity(ad.n_obs);
         for (s, e) in x.blocks(1_000_000) {
             let b = x.read_rows(s, e)?;
-            sentences.extend(cellama_sentences(&b, &ad.var_names, &obs, self.top));
+            sentences.extend(cellama_sentences(&b, &genes.names, &obs, self.top));
         }
         Ok((Box::new(Sentences { enc: &self.enc, sentences }), vec![true; ad.n_obs]))
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -26,7 +27,11 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
-    let map = GeneMap::new(&gene_info, &ad.var_names, cellfm::NONZ_LEN);
+    // the data's genes as the model reads them, found and mapped where needed (tasks::genes)
+    let mut gene_notes = Vec::new();
+    let vocab: std::collections::HashSet<&str> = gene_info.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.contains(g), &mut gene_notes)?;
+    let map = GeneMap::new(&gene_info, &gids.names, cellfm::NONZ_LEN);
     if map.kept == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -123,7 +128,12 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     w.insert("gene_info".into(), json!(info_path.display().to_string()));
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut notes = notes;
+    notes.insert(0, gmatch.message());
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// CellFM's options, from `methods/cellfm.toml`.

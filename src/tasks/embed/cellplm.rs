@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{verified_weights, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::tasks::shard::{self, EmbeddingOut, GroupOrder, TaskRows};
@@ -92,8 +93,11 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let model = CellPlm::load(&dir, &prefix, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
 
-    let gene_col = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or("index");
-    let genes = crate::tasks::runtime::gene_ids(&ad, gene_col)?;
+    // Ensembl ids as in gene_list, found and mapped from symbols where needed (tasks::genes)
+    let vocab: std::collections::HashSet<&str> = model.cfg.gene_list.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Ensembl, &|g| vocab.contains(g), &mut notes)?;
+    let gene_col = gids.column.clone();
+    let genes = gids.names.clone();
     let align = Alignment::new(&genes, &model.cfg.gene_list);
     if align.matched == 0 {
         let example = genes.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -213,7 +217,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("batch_key_found".into(), json!(labels.is_some()));
     params.insert("forward_passes".into(), json!(passes.len()));
     params.insert("largest_pass".into(), json!(passes.iter().map(Vec::len).max().unwrap_or(0)));
-    params.insert("gene_column".into(), json!(gene_col));
+    genes::record(&gmatch, &gids, &mut params);
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("model_genes".into(), json!(model.cfg.gene_list.len()));
     params.insert("genes_used".into(), json!(align.matched));
@@ -228,7 +232,9 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// CellPLM's options, from `methods/cellplm.toml`.

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
-use crate::tasks::runtime::{gene_ids, verified_weights, Batches, TaskDevice};
+use crate::tasks::genes::{self, match_genes, Kind};
+use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::nn::cls_encoder::{Arch, ClsEncoder};
 use crate::methods::geneformer::{self, length_order, Dictionaries};
 use crate::methods::{langcell, sccello};
@@ -48,30 +49,11 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     let rep = reporter(!spec.progress);
     let name = arch.name();
     let (model_dir, mut shas, given) = model_folder(spec, arch)?;
-    let default_column = match arch {
-        Arch::Sccello => sccello::DEFAULT_GENE_COLUMN,
-        Arch::Langcell => langcell::DEFAULT_GENE_COLUMN,
-    };
-    let mut column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(default_column).to_string();
     let batch = method::task_params::<Params>(spec)?.batch_size.max(1);
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
-    let ids = match gene_ids(&ad, &column) {
-        Ok(ids) => ids,
-        // scCello reads var['ensembl_ids']; the spelling the other Geneformer-family models use
-        // is taken when that column is absent
-        Err(e) if arch == Arch::Sccello && column == sccello::DEFAULT_GENE_COLUMN => match gene_ids(&ad, geneformer::DEFAULT_GENE_COLUMN) {
-            Ok(ids) => {
-                notes.push(format!("var has no `{column}` column (scCello's name); the Ensembl ids of var['{}'] were used", geneformer::DEFAULT_GENE_COLUMN));
-                column = geneformer::DEFAULT_GENE_COLUMN.into();
-                ids
-            }
-            Err(_) => return Err(e),
-        },
-        Err(e) => return Err(e),
-    };
     let dev = TaskDevice::start(spec)?;
     let mut model = load(arch, &model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     model.set_precision(crate::tasks::runtime::precision(spec, &dev.device, &mut notes))?;
@@ -85,15 +67,11 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
             shas.insert(n, json!(weights::sha256_file(&p, |_| {})?));
         }
     }
-    let table = model.gene_table(&ids)?;
-    if table.n_genes() == 0 {
-        return Err(Error::BadField {
-            path: spec.data.clone(),
-            field: format!("var/{column}"),
-            detail: format!("none of the {} ids is in the gene median dictionary {} (ids start {})", ids.len(), model.dict.median_path.display(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
-            hint: Some(format!("{name} needs Ensembl gene ids (ENSG...), matched exactly: choose the column with --gene-column")),
-        });
-    }
+    // Ensembl ids matched exactly to the gene median dictionary, found and mapped from
+    // symbols where needed (tasks::genes)
+    let dict = &model.dict;
+    let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Ensembl, &|g| !g.starts_with('<') && dict.medians.contains_key(g), &mut notes)?;
+    let table = model.gene_table(&genes.names)?;
     if table.n_repeated > 0 {
         notes.push(format!("{} var entries share an Ensembl id with another; each was ranked on its own, as upstream (nothing summed)", table.n_repeated));
     }
@@ -155,7 +133,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     }
     batches.finish(&mut notes, true);
     let mut params = spec.params.clone();
-    params.insert("gene_column".into(), json!(column));
+    genes::record(&gene_match, &genes, &mut params);
     batches.record(spec, &mut params);
     params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("model_input_size".into(), json!(model.input_size));
@@ -178,6 +156,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
     result.phases = clock.phases(setup, blocks_wall);
+    result.gene_match = Some(gene_match.to_json());
     Ok(result)
 }
 

@@ -8,13 +8,14 @@ use serde_json::{json, Value};
 
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
-use crate::tasks::runtime::{cell_totals, gene_ids, obs_totals, row_total, precision, verified_weights, Batches, TaskDevice};
+use crate::tasks::genes::{self, match_genes, Kind};
+use crate::tasks::runtime::{cell_totals, obs_totals, row_total, precision, verified_weights, Batches, TaskDevice};
 
 fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
@@ -33,15 +34,16 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let p: Params = method::task_params(spec)?;
     let emb_layer = p.emb_layer;
     let emb_mode = EmbMode::parse(&p.emb_mode)?;
-    let column = spec.params.get("gene_column").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(geneformer::DEFAULT_GENE_COLUMN).to_string();
     let batch = method::task_params::<Params>(spec)?.batch_size.max(1);
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
-    let ids = gene_ids(&ad, &column)?;
-    let dev = TaskDevice::start(spec)?;
     let dict = geneformer::Dictionaries::find(&model_dir)?;
     let mut notes = Vec::new();
+    // Ensembl ids, found and mapped from symbols where needed (tasks::genes)
+    let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Ensembl, &|g| dict.knows(g), &mut notes)?;
+    let ids = genes.names.clone();
+    let dev = TaskDevice::start(spec)?;
     let dtype = precision(spec, &dev.device, &mut notes);
     let model = Geneformer::load_dtype(&model_dir, dict, emb_layer, emb_mode, dev.device.clone(), dtype).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
@@ -53,14 +55,6 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         }
     }
     let table = GeneTable::new(&ids, &model.dict)?;
-    if table.n_genes() == 0 {
-        return Err(Error::BadField {
-            path: spec.data.clone(),
-            field: format!("var/{column}"),
-            detail: format!("none of the {} ids is in the token dictionary {} (ids start {})", ids.len(), model.dict.token_path.display(), ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ")),
-            hint: Some("Geneformer needs Ensembl gene ids (ENSG...): choose the column with --gene-column".into()),
-        });
-    }
     if table.n_duplicated > 0 {
         notes.push(format!("{} var entries share an Ensembl id with another; their counts were summed, as upstream's collapse_gene_ids", table.n_duplicated));
     }
@@ -132,7 +126,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     }
     batches.finish(&mut notes, true);
     let mut params = spec.params.clone();
-    params.insert("gene_column".into(), json!(column));
+    genes::record(&gene_match, &genes, &mut params);
     batches.record(spec, &mut params);
     params.insert("emb_layer".into(), json!(emb_layer));
     params.insert("emb_mode".into(), json!(emb_mode.name()));
@@ -150,6 +144,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("gene_median_dictionary".into(), json!(model.dict.median_path.display().to_string()));
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
     result.phases = clock.phases(setup, blocks_wall);
+    result.gene_match = Some(gene_match.to_json());
     Ok(result)
 }
 
@@ -210,7 +205,8 @@ impl Method for GeneformerMethod {
 /// Geneformer as a fine-tuning backbone, with the var column of its gene ids.
 struct Backbone {
     model: crate::methods::geneformer::Geneformer,
-    column: String,
+    column: Option<String>,
+    min_gene_match: f64,
 }
 
 fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
@@ -233,8 +229,8 @@ fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> 
             shas.insert(name, json!(weights::sha256_file(p, |_| {})?));
         }
     }
-    let column = method::param_str(load.params, "gene_column").unwrap_or_else(|| geneformer::DEFAULT_GENE_COLUMN.to_string());
-    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, column }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+    let (column, min_gene_match) = genes::options(load.params);
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, column, min_gene_match }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
 }
 
 /// The cells' tokens, run through the model on demand.
@@ -258,8 +254,9 @@ impl method::Backbone for Backbone {
     fn features<'a>(&'a self, ad: &AnnData, _seed: u64, _device: &candle_core::Device, _train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
         use crate::methods::geneformer::GeneTable;
         let x = ad.matrix(None)?;
-        let ids = gene_ids(ad, &self.column)?;
-        let table = GeneTable::new(&ids, &self.model.dict)?;
+        let dict = &self.model.dict;
+        let (genes, _) = genes::match_genes_with(ad, &x, self.column.as_deref(), self.min_gene_match, Kind::Ensembl, &|g| dict.knows(g), notes)?;
+        let table = GeneTable::new(&genes.names, dict)?;
         let totals = cell_totals(ad, &x, 0..ad.n_obs, notes)?;
         let mut cells = Vec::with_capacity(ad.n_obs);
         for (s, e) in x.blocks(1_000_000) {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::verified_weights;
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::tasks::method::{one_step, Method, Preflight};
@@ -32,7 +33,10 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     let p = rep.step("genept: read the gene table", 1, "files");
     let table = Table::load(&table_path)?;
     p.finish();
-    let lookup = Lookup::new(&ad.var_names, &table);
+    // the data's genes as the model reads them, found and mapped where needed (tasks::genes)
+    let mut gene_notes = Vec::new();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| table.index.contains_key(g), &mut gene_notes)?;
+    let lookup = Lookup::new(&gids.names, &table);
     if lookup.matched() == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -78,7 +82,12 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut notes = notes;
+    notes.insert(0, gmatch.message());
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// GenePT: the table's entry.

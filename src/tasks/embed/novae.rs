@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, GeneMatch, Kind, Resolved};
 use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::shard::{work_dir, write_atomic, EmbeddingOut, TaskRows};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
@@ -51,12 +52,16 @@ struct Genes {
     rows: Vec<u32>,
     col: Vec<usize>,
     g: usize,
+    ids: Resolved,
+    report: GeneMatch,
 }
 
 /// The genes: known to the vocabulary (case-insensitive), and highly variable above 100 genes.
-fn genes(spec: &TaskSpec, ad: &AnnData, cfg: &Config, notes: &mut Vec<String>) -> Result<Genes> {
+fn genes(spec: &TaskSpec, ad: &AnnData, x: &crate::anndata::Matrix, cfg: &Config, notes: &mut Vec<String>) -> Result<Genes> {
     let vocab = cfg.gene_index();
-    let known: Vec<Option<usize>> = ad.var_names.iter().map(|g| vocab.get(g.to_lowercase().as_str()).copied()).collect();
+    // symbols, found and mapped from Ensembl ids where needed (tasks::genes)
+    let (ids, report) = match_genes(ad, x, &spec.params, Kind::Symbols, &|g| vocab.contains_key(g.to_lowercase().as_str()), notes)?;
+    let known: Vec<Option<usize>> = ids.names.iter().map(|g| vocab.get(g.to_lowercase().as_str()).copied()).collect();
     let n_known = known.iter().flatten().count();
     if n_known < novae::MIN_GENES {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
@@ -97,7 +102,7 @@ fn genes(spec: &TaskSpec, ad: &AnnData, cfg: &Config, notes: &mut Vec<String>) -
         col[j] = k;
     }
     notes.push(format!("{} of {} genes used: {n_known} known to the model's vocabulary of {}{}", used.len(), ad.n_vars, cfg.var_names.len(), if hvg.is_some() { ", then those in var['highly_variable']" } else { " (100 genes or fewer: no highly-variable selection, as upstream)" }));
-    Ok(Genes { rows, col, g: used.len() })
+    Ok(Genes { rows, col, g: used.len(), ids, report })
 }
 
 /// What normalising the whole slide found: whether X held counts (then normalize_total to
@@ -189,7 +194,7 @@ fn fit_novae(spec: &TaskSpec) -> Result<TaskResult> {
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
-    let genes = genes(spec, &ad, &cfg, &mut notes)?;
+    let genes = genes(spec, &ad, &x, &cfg, &mut notes)?;
     let (z, scaling) = zscores(spec, &ad, &x, &genes)?;
     let work = work_dir(spec)?;
     let bytes: Vec<u8> = z.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -261,8 +266,8 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let xy = coords(&ad)?;
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
-    let genes = genes(spec, &ad, &cfg, &mut notes)?;
-    let (g, n) = (genes.g, ad.n_obs);
+    let gene_set = genes(spec, &ad, &x, &cfg, &mut notes)?;
+    let (g, n) = (gene_set.g, ad.n_obs);
     let p: Params = method::task_params(spec)?;
     let task_rows = TaskRows::new(spec, n, NovaeMethod.block_rows(&x, &spec.params))?;
     let sharded = matches!(spec.step, Step::Project { .. });
@@ -301,7 +306,7 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
         let halo = needed.len() - task_rows.len();
         (ZRows::read(&work.join(Z_FILE), n, g, &needed)?, scaling, Some(halo))
     } else {
-        let (z, scaling) = zscores(spec, &ad, &x, &genes)?;
+        let (z, scaling) = zscores(spec, &ad, &x, &gene_set)?;
         (ZRows { g, slot: None, data: z }, scaling, None)
     };
     notes.extend(scaling.notes.iter().cloned());
@@ -317,7 +322,7 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
 
     let dev = TaskDevice::start(spec)?;
     let model = Novae::load(&model_path, cfg.clone(), dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
-    let gm = model.gene_matrix(&genes.rows)?;
+    let gm = model.gene_matrix(&gene_set.rows)?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, p.batch_size, task_dir);
     let dim = model.dim();
@@ -379,7 +384,10 @@ pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("config".into(), json!(config_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    genes::record(&gene_set.report, &gene_set.ids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gene_set.report.to_json());
+    Ok(result)
 }
 
 /// Novae's options, from `methods/novae.toml`.

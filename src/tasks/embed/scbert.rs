@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -28,7 +29,11 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
 
-    let align = GeneAlign::new(&reference, &ad.var_names);
+    // the data's genes as the model reads them, found and mapped where needed (tasks::genes)
+    let mut gene_notes = Vec::new();
+    let vocab: std::collections::HashSet<&str> = reference.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.contains(g), &mut gene_notes)?;
+    let align = GeneAlign::new(&reference, &gids.names);
     if align.matched == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -117,7 +122,12 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut notes = notes;
+    notes.insert(0, gmatch.message());
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// scBERT's options, from `methods/scbert.toml`.

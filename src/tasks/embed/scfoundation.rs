@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{one_step, Method, Preflight};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
@@ -25,7 +26,11 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
-    let align = GeneAlignment::new(&genes, &ad.var_names);
+    // the data's genes as the model reads them, found and mapped where needed (tasks::genes)
+    let mut gene_notes = Vec::new();
+    let vocab: std::collections::HashSet<&str> = genes.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.contains(g), &mut gene_notes)?;
+    let align = GeneAlignment::new(&genes, &gids.names);
     if align.present() == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -106,7 +111,12 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut notes = notes;
+    notes.insert(0, gmatch.message());
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// scFoundation: the table's entry.

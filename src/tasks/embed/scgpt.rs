@@ -8,32 +8,14 @@ use serde_json::{json, Value};
 
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{precision, some_cells, verified_weights, Batches, TaskDevice};
-
-/// Each gene's symbol for scGPT's vocabulary: var_names, or the var column `gene_col`
-/// (embed_data's `gene_col`; "index" means var_names, as upstream).
-pub fn scgpt_gene_names(ad: &AnnData, gene_col: &str) -> Result<Vec<Option<String>>> {
-    if gene_col.is_empty() || gene_col == "index" {
-        return Ok(ad.var_names.iter().cloned().map(Some).collect());
-    }
-    let var = ad.var()?;
-    let col = var.column(gene_col).ok_or_else(|| Error::BadOption {
-        option: "--gene-col".into(),
-        detail: format!("var has no column `{gene_col}`; var columns: {}", if var.names().is_empty() { "(none)".to_string() } else { var.names().join(", ") }),
-        hint: Some("leave --gene-col out to match var_names".into()),
-    })?;
-    col.as_labels().ok_or_else(|| Error::BadOption {
-        option: "--gene-col".into(),
-        detail: format!("var column `{gene_col}` is {}, not gene symbols", col.kind()),
-        hint: None,
-    })
-}
 
 fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::scgpt::{self, Model};
@@ -47,29 +29,20 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
     let p: Params = method::task_params(spec)?;
-    let (max_len, batch, gene_col) = (p.max_len, p.batch_size, p.gene_col);
+    let (max_len, batch) = (p.max_len, p.batch_size);
     let model_dir = scgpt::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
     let mut model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     model.set_precision(precision(spec, &dev.device, &mut notes))?;
     dev.mark_loaded();
     let mut batches = Batches::new(dev, batch, task_dir);
-    let names = scgpt_gene_names(&ad, &gene_col)?;
+    // symbols, found and mapped from Ensembl ids where needed (tasks::genes); the genes
+    // outside the vocabulary are left out, as upstream's embed_data does
+    let vocab = &model.vocab;
+    let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.get(g).is_some(), &mut notes)?;
+    let names: Vec<Option<String>> = genes.names.iter().cloned().map(Some).collect();
     let gene_ids = scgpt::match_genes(&names, &model.vocab);
-    let matched = gene_ids.iter().filter(|g| g.is_some()).count();
-    let source = if gene_col == "index" { "var_names".to_string() } else { format!("var['{gene_col}']") };
-    if matched == 0 {
-        let example = names.iter().flatten().take(3).cloned().collect::<Vec<_>>().join(", ");
-        return Err(Error::BadField {
-            path: spec.data.clone(),
-            field: source.clone(),
-            detail: format!("none of the {} genes is in scGPT's vocabulary ({} entries), e.g. {example}", names.len(), model.vocab.n_entries()),
-            hint: Some("scGPT matches gene symbols (e.g. CD3E); pass --gene-col with the var column that holds them".into()),
-        });
-    }
-    if matched < names.len() {
-        notes.push(format!("{matched} of {} genes ({source}) are in scGPT's vocabulary; the others are left out, as upstream's embed_data does", names.len()));
-    }
+    let matched = gene_match.matched;
     let dim = model.dim();
     let key = "X_scgpt";
     let task_rows = TaskRows::new(spec, ad.n_obs, ScgptMethod.block_rows(&x, &spec.params))?;
@@ -120,7 +93,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     }
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
-    params.insert("gene_col".into(), json!(gene_col));
+    genes::record(&gene_match, &genes, &mut params);
     batches.record(spec, &mut params);
     params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("genes_matched".into(), json!(matched));
@@ -135,6 +108,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
     result.phases = clock.phases(setup, blocks_wall);
+    result.gene_match = Some(gene_match.to_json());
     Ok(result)
 }
 
@@ -143,7 +117,6 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
 pub struct Params {
     pub batch_size: usize,
     pub max_len: usize,
-    pub gene_col: String,
 }
 
 /// scGPT: the table's entry.
@@ -181,7 +154,8 @@ impl Method for ScgptMethod {
 /// scGPT as a fine-tuning backbone, with the var column of its gene symbols.
 struct Backbone {
     model: crate::methods::scgpt::Model,
-    gene_col: String,
+    column: Option<String>,
+    min_gene_match: f64,
 }
 
 fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
@@ -190,8 +164,8 @@ fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> 
     let shas = verified_weights(&load.spec.method, &wdir, scgpt::REQUIRED_ENTRIES)?;
     let dir = scgpt::model_dir(&wdir, &Manifest::load()?);
     let model = scgpt::Model::load_hooked(&dir, method::param_u64(load.params, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize, load.device.clone(), Some(load.hook))?;
-    let gene_col = method::param_str(load.params, "gene_col").unwrap_or_else(|| "index".into());
-    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, gene_col }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
+    let (column, min_gene_match) = genes::options(load.params);
+    Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, column, min_gene_match }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })
 }
 
 /// The cells' tokens, run through the model on demand.
@@ -211,13 +185,12 @@ impl method::Backbone for Backbone {
         self.model.dim()
     }
 
-    fn features<'a>(&'a self, ad: &AnnData, seed: u64, _device: &candle_core::Device, _train: bool, _notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
+    fn features<'a>(&'a self, ad: &AnnData, seed: u64, _device: &candle_core::Device, _train: bool, notes: &mut Vec<String>) -> Result<(Box<dyn crate::nn::finetune::Features + 'a>, Vec<bool>)> {
         let x = ad.matrix(None)?;
-        let names = scgpt_gene_names(ad, &self.gene_col)?;
-        let gene_ids = crate::methods::scgpt::match_genes(&names, &self.model.vocab);
-        if gene_ids.iter().all(Option::is_none) {
-            return Err(Error::BadField { path: ad.path.clone(), field: "var_names".into(), detail: "none of the genes is in scGPT's vocabulary".into(), hint: Some("pass --gene-col with the var column of gene symbols".into()) });
-        }
+        let vocab = &self.model.vocab;
+        let (genes, _) = genes::match_genes_with(ad, &x, self.column.as_deref(), self.min_gene_match, Kind::Symbols, &|g| vocab.get(g).is_some(), notes)?;
+        let names: Vec<Option<String>> = genes.names.into_iter().map(Some).collect();
+        let gene_ids = crate::methods::scgpt::match_genes(&names, vocab);
         let mut cells = Vec::with_capacity(ad.n_obs);
         for (s, e) in x.blocks(1_000_000) {
             let b = x.read_rows(s, e)?;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -36,7 +37,11 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     let dev = TaskDevice::start(spec)?;
     let (enc, gene_order) = Encoder::load(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
-    let align = Alignment::new(&ad.var_names, &gene_order);
+    // the data's genes as the model reads them, found and mapped where needed (tasks::genes)
+    let mut gene_notes = Vec::new();
+    let vocab: std::collections::HashSet<&str> = gene_order.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.contains(g), &mut gene_notes)?;
+    let align = Alignment::new(&gids.names, &gene_order);
     if align.matched == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -154,7 +159,12 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     params.insert("cell_embedding".into(), json!("encoder output, L2-normalised (Encoder.forward)"));
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(model_dir.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    let mut notes = notes;
+    notes.insert(0, gmatch.message());
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// SCimilarity's options, from `methods/scimilarity.toml`.

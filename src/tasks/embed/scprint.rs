@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::tasks::genes::{self, match_genes, GeneMatch, Kind, Resolved};
 use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -21,8 +22,12 @@ use crate::weights::{self, Manifest};
 
 /// The data's genes against the checkpoint's, the genes per cell (--max-len, at most the
 /// model's) and the notes on both.
-fn alignment(spec: &TaskSpec, ad: &AnnData, cfg: &scprint::Config) -> Result<(GeneAlignment, usize, Vec<String>)> {
-    let align = GeneAlignment::new(&cfg.genes, cfg.organisms.len(), &ad.var_names);
+fn alignment(spec: &TaskSpec, ad: &AnnData, x: &crate::anndata::Matrix, cfg: &scprint::Config) -> Result<(GeneAlignment, usize, Vec<String>, Resolved, GeneMatch)> {
+    // Ensembl ids without versions, found and mapped from symbols where needed (tasks::genes)
+    let vocab: std::collections::HashSet<&str> = cfg.genes.iter().map(String::as_str).collect();
+    let mut gene_notes = Vec::new();
+    let (gids, gmatch) = match_genes(ad, x, &spec.params, Kind::Ensembl, &|g| vocab.contains(g), &mut gene_notes)?;
+    let align = GeneAlignment::new(&cfg.genes, cfg.organisms.len(), &gids.names);
     if align.present == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         let model_example = cfg.genes.iter().take(2).cloned().collect::<Vec<_>>().join(", ");
@@ -46,7 +51,8 @@ fn alignment(spec: &TaskSpec, ad: &AnnData, cfg: &scprint::Config) -> Result<(Ge
     if max_len < asked {
         notes.push(format!("--max-len {asked} is more than the model's {} genes: every cell gets all of them (upstream's Collator would fail)", align.block.len()));
     }
-    Ok((align, max_len, notes))
+    notes.splice(0..0, gene_notes);
+    Ok((align, max_len, notes, gids, gmatch))
 }
 
 /// One cell's tokens (the draws it makes from `rng`), or why the cell cannot be embedded.
@@ -80,7 +86,7 @@ fn fit_scprint(spec: &TaskSpec) -> Result<TaskResult> {
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
-    let (align, max_len, notes) = alignment(spec, &ad, &cfg)?;
+    let (align, max_len, notes, _, _) = alignment(spec, &ad, &x, &cfg)?;
     let rows = TaskRows::new(spec, ad.n_obs, ScPrintMethod.block_rows(&x, &spec.params))?;
     let mut rng = RandomState::new(spec.seed as u32);
     let mut states = Vec::new();
@@ -111,7 +117,7 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let dev = TaskDevice::start(spec)?;
     let model = ScPrint::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
-    let (align, max_len, mut notes) = alignment(spec, &ad, &model.config)?;
+    let (align, max_len, mut notes, gids, gmatch) = alignment(spec, &ad, &x, &model.config)?;
     let p: Params = method::task_params(spec)?;
     let dim = model.dim();
     let batch = p.batch_size;
@@ -170,7 +176,10 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("genes_present".into(), json!(align.present));
     let mut w = serde_json::Map::new();
     w.insert("checkpoint".into(), json!(ckpt.display().to_string()));
-    out.commit(spec, &x.field, params, w, Value::Object(shas), notes)
+    genes::record(&gmatch, &gids, &mut params);
+    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
+    Ok(result)
 }
 
 /// scPRINT's options, from `methods/scprint.toml`.

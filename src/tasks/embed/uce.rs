@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
+use crate::tasks::genes::{self, match_genes, Kind};
 use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -77,7 +78,11 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
         Step::Project { .. } => load_expressing(spec, ad.n_obs, ad.n_vars)?,
         _ => uce::cells_expressing(&x, ad.n_vars)?,
     };
-    let map = GeneMap::new(&ad.var_names, &expressing, cfg.min_cells, &pe_genes, offset, &chroms);
+    // symbols, found and mapped from Ensembl ids where needed (tasks::genes); the protein
+    // embeddings are matched upper-cased, as upstream
+    let vocab: std::collections::HashSet<&str> = pe_genes.iter().map(String::as_str).collect();
+    let (gids, gmatch) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &|g| vocab.contains(g.to_uppercase().as_str()), &mut notes)?;
+    let map = GeneMap::new(&gids.names, &expressing, cfg.min_cells, &pe_genes, offset, &chroms);
     if map.n_kept() == 0 {
         let example = ad.var_names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
         return Err(Error::BadField {
@@ -211,7 +216,9 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("protein_embeddings".into(), json!(pe_path.display().to_string()));
+    genes::record(&gmatch, &gids, &mut params);
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.gene_match = Some(gmatch.to_json());
     result.phases = clock.phases(setup, blocks_wall);
     Ok(result)
 }
