@@ -121,7 +121,9 @@ pub struct WeightsArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum WeightsCommand {
-    /// Each manifest entry, its size, and whether it is present and verified in the weights folder.
+    /// Every manifest entry, present or missing: its size, licence, who pins its sha256
+    /// (weights.toml, this folder's local pins, or nobody), whether `weights pull` can fetch it
+    /// or it comes by hand from a share page (then `weights import`), and its state here.
     List {
         /// Only entries of this method.
         #[arg(long)]
@@ -129,6 +131,9 @@ pub enum WeightsCommand {
         /// Hash present files that have no current verification stamp (can be slow for large files).
         #[arg(long)]
         hash: bool,
+        /// Print the manifest as the Markdown table of docs/weights.md (no folder state).
+        #[arg(long)]
+        markdown: bool,
     },
     /// Check sha256 of present files against the manifest (offline). Exit 1 if any is wrong.
     Verify {
@@ -156,6 +161,31 @@ pub enum WeightsCommand {
         /// replacing the local pin recorded at their first download.
         #[arg(long)]
         repin: bool,
+    },
+    /// Bring in weights you downloaded yourself (from a share page `weights pull` cannot
+    /// fetch, a Hugging Face snapshot or cache entry, an upstream release folder): each file is
+    /// checked against the manifest's sha256 (or, where none is pinned, its sha256 is pinned
+    /// locally, as a first download does) and placed in the weights folder, where later runs
+    /// and other workspaces find it.
+    #[command(after_help = "Examples:\n  scfoundry weights import scgpt ~/Downloads/scGPT_human            # the Drive folder: best_model.pt, vocab.json, args.json\n  scfoundry weights import cellama ~/.cache/huggingface/hub/models--sentence-transformers--all-MiniLM-L6-v2\n  scfoundry weights import scfoundation-models-ckpt ~/Downloads/models.ckpt")]
+    Import {
+        /// A method (its entries are looked for in a folder, or matched by file name) or an
+        /// entry id (`scfoundry weights list` shows them).
+        name: String,
+        /// The downloaded file or folder; a Hugging Face cache entry (`models--ORG--NAME`)
+        /// resolves through refs/main to its snapshot.
+        path: PathBuf,
+        /// Replace a different file already in the weights folder.
+        #[arg(long)]
+        force: bool,
+        /// Accept a file that differs from this weights folder's local pin, replacing the pin
+        /// (and the file).
+        #[arg(long)]
+        repin: bool,
+        /// Place a symbolic link to the file instead of a copy (a hard link where possible):
+        /// the file must then stay where it is.
+        #[arg(long)]
+        link: bool,
     },
     /// Print where each entry's file lives in the weights folder (present or not).
     Path {
@@ -485,12 +515,12 @@ pub struct KnobArgs {
     // The methods that honour it are those whose toml lists it: see `precision_help`.
     #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "bf16"], help = precision_help())]
     pub precision: Option<String>,
-    /// geneformer: a Hugging Face model folder (config.json + model.safetensors or
-    /// pytorch_model.bin, dictionaries beside it or one folder up) instead of the pinned weights.
-    /// scvi: the folder scvi-tools' `model.save(dir)` wrote (model.pt); required.
-    /// scimilarity: an upstream model folder (encoder.ckpt, gene_order.tsv, layer_sizes.json).
-    /// genept: a folder holding GenePT_gene_embedding_ada_text.pickle.
-    /// cellplm: a folder with one `<prefix>.best.ckpt` and its `<prefix>.config.json`.
+    /// Every method that loads weights: the model's folder as upstream releases it, instead of
+    /// the weights folder: a Hugging Face snapshot (`models--ORG--NAME/snapshots/<rev>/`) or cache
+    /// entry (`models--ORG--NAME`, read at its refs/main), scGPT's folder (best_model.pt,
+    /// vocab.json, args.json), a sentence-transformers folder for cellama, UCE's model_files/, ...
+    /// (`scfoundry methods show NAME` says what it must hold). scvi: required (the folder
+    /// scvi-tools' `model.save(dir)` wrote).
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// scvi: obs column of the query's batches, for a model whose encoder reads the batch

@@ -105,6 +105,18 @@ pub enum Error {
     #[error("{path}: cannot be loaded: {detail}")]
     BadWeights { path: PathBuf, detail: String },
 
+    /// A `--model-dir` (or a folder given to `weights import`) that lacks a file the method
+    /// reads, or that is not a model folder at all.
+    #[error("{dir}: {detail}")]
+    ModelDir { dir: PathBuf, detail: String, hint: String },
+
+    #[error("{id}: {detail}")]
+    Import { id: String, detail: String, hint: String },
+
+    /// A file brought in with `weights import` whose sha256 is not the pinned one.
+    #[error("{id}: {path} has sha256 {found}, but {pinned_by} pins {expected}")]
+    ImportChecksum { id: String, path: PathBuf, expected: String, found: String, pinned_by: String, hint: String },
+
     #[error("model error while {context}: {detail}")]
     Model { context: String, detail: String },
 
@@ -175,6 +187,9 @@ impl Error {
             Error::Network { hint, .. } => Some(hint.clone()),
             Error::Checksum { hint, .. } => Some(hint.clone()),
             Error::Download { hint, .. } => hint.clone(),
+            Error::ModelDir { hint, .. } => Some(hint.clone()),
+            Error::ImportChecksum { hint, .. } => Some(hint.clone()),
+            Error::Import { hint, .. } => Some(hint.clone()),
             Error::BadWeights { .. } => Some("`scfoundry weights verify` checks the files against their pins; pull again with `scfoundry weights pull --force`".into()),
             Error::Model { .. } => None,
             Error::GeneOverlap { example, .. } => Some(format!(

@@ -76,7 +76,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
             Some(MethodsCommand::Show { name }) => commands::methods::run(&s.registry, Some(name)),
         },
         Commands::Weights(a) => match &a.command {
-            WeightsCommand::List { method, hash } => commands::weights::list(&s, method.as_deref(), *hash),
+            WeightsCommand::List { method, hash, markdown } => commands::weights::list(&s, method.as_deref(), *hash, *markdown),
             WeightsCommand::Verify { names } => commands::weights::verify(&s, names),
             WeightsCommand::Pull { names, force, timeout, require_pinned, repin } => commands::weights::pull(
                 &s,
@@ -89,6 +89,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
                 },
             ),
             WeightsCommand::Path { names } => commands::weights::path(&s, names),
+            WeightsCommand::Import { name, path, force, repin, link } => {
+                commands::weights_import::run(&s, name, path, &commands::weights_import::ImportOptions { force: *force, repin: *repin, link: *link })
+            }
         },
         Commands::Embed(a) => commands::embed::run(&s, a),
         Commands::Transfer(a) => commands::transfer::run(&s, a),

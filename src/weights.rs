@@ -80,6 +80,45 @@ impl Manifest {
         self.weights.iter().filter(|(id, e)| *id != archive_id && e.archive.is_none() && e.url == a.url).map(|(id, _)| id.as_str()).collect()
     }
 
+    /// Where each of `ids`' files is in a folder laid out as upstream releases it: the longest
+    /// tail of the entry's path (`a/b/c.json`, `b/c.json`, `c.json`) that the folder holds. Two
+    /// entries on one file keep the longer tail (so `1_Pooling/config.json` never stands in for
+    /// `config.json`). Returns (id, path inside the folder) for those found, and the absent.
+    pub fn find_in_folder<S: AsRef<str>>(&self, ids: &[S], dir: &Path) -> (Vec<(String, String)>, Vec<String>) {
+        let mut found: Vec<(String, String, usize)> = Vec::new();
+        let mut absent = Vec::new();
+        for id in ids.iter().map(AsRef::as_ref) {
+            let Some(e) = self.weights.get(id) else {
+                absent.push(id.to_string());
+                continue;
+            };
+            let parts: Vec<&str> = e.file.split('/').collect();
+            match (0..parts.len()).map(|k| (parts[k..].join("/"), parts.len() - k)).find(|(tail, _)| dir.join(tail).is_file()) {
+                Some((tail, n)) => found.push((id.to_string(), tail, n)),
+                None => absent.push(id.to_string()),
+            }
+        }
+        let mut keep = Vec::new();
+        for (id, tail, n) in &found {
+            if found.iter().any(|(_, t, m)| t == tail && m > n) {
+                absent.push(id.clone());
+            } else {
+                keep.push((id.clone(), tail.clone()));
+            }
+        }
+        (keep, absent)
+    }
+
+    /// What upstream calls an entry's file, for errors: its description, else the first
+    /// sentence of its note.
+    pub fn what_is(&self, id: &str) -> String {
+        let Some(e) = self.weights.get(id) else { return id.to_string() };
+        let text = e.description.clone().or_else(|| e.note.clone()).unwrap_or_default();
+        let first = text.split(". ").next().unwrap_or_default().trim_end_matches('.');
+        let short: String = first.chars().take(160).collect();
+        if short.is_empty() { format!("entry {id}") } else { format!("entry {id}: {short}{}", if first.chars().count() > 160 { "..." } else { "" }) }
+    }
+
     /// Entry ids for a name: a method (all its entries) or an entry id.
     pub fn resolve(&self, name: &str) -> Vec<&str> {
         self.weights.iter().filter(|(id, e)| *id == name || e.method == name).map(|(id, _)| id.as_str()).collect()
@@ -298,6 +337,160 @@ pub fn check(dir: &Path, id: &str, e: &Entry, hash: bool, progress: impl FnMut(u
     }
     write_stamp(dir, id, &path, &found);
     Ok(Status::Verified)
+}
+
+
+/// How an entry's url is fetched: `weights pull` downloads a direct link; a share page
+/// (Google Drive, Dropbox, SharePoint, WeChat Drive) or a repository page (a Hugging Face
+/// `tree/` view, a GitHub repository) is opened in a browser, and the file brought in with
+/// `scfoundry weights import`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetch {
+    Direct,
+    SharePage,
+    RepositoryPage,
+}
+
+impl Fetch {
+    pub fn of(url: &str) -> Fetch {
+        let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let host = host.to_ascii_lowercase();
+        let share = ["drive.google.com", "docs.google.com", "drive.weixin.qq.com", "www.dropbox.com", "dropbox.com"];
+        if share.contains(&host.as_str()) || host.ends_with(".sharepoint.com") {
+            return Fetch::SharePage;
+        }
+        if (host == "huggingface.co" && path.contains("/tree/")) || host == "github.com" {
+            return Fetch::RepositoryPage;
+        }
+        Fetch::Direct
+    }
+
+    /// Whether `weights pull` can download it.
+    pub fn pullable(self) -> bool {
+        self == Fetch::Direct
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Fetch::Direct => "pull",
+            Fetch::SharePage => "by hand (share page)",
+            Fetch::RepositoryPage => "by hand (repository page)",
+        }
+    }
+}
+
+/// Who pins an entry's sha256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pin {
+    /// weights.toml carries its sha256.
+    Manifest,
+    /// The weights folder's `local-pins.toml` does (first download or import).
+    Local,
+    /// Nobody: whatever file is there is used as it is.
+    Unpinned,
+}
+
+impl Pin {
+    pub fn of(pins: &LocalPins, id: &str, e: &Entry) -> Pin {
+        if e.sha256.is_some() {
+            Pin::Manifest
+        } else if pins.get(id).is_some() {
+            Pin::Local
+        } else {
+            Pin::Unpinned
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Pin::Manifest => "pinned (weights.toml)",
+            Pin::Local => "pinned locally",
+            Pin::Unpinned => "unpinned",
+        }
+    }
+}
+
+/// A model folder as users download it: a Hugging Face cache entry (`models--ORG--NAME`,
+/// resolved through `refs/main` to `snapshots/<rev>/`), or any other folder as it is (a
+/// snapshot folder, an upstream release folder). `flag` names where the folder came from in
+/// errors (`--model-dir`, `weights import`).
+pub fn resolve_model_folder(dir: &Path, flag: &str) -> Result<PathBuf> {
+    if !dir.is_dir() {
+        return Err(Error::ModelDir {
+            dir: dir.to_path_buf(),
+            detail: format!("{flag}: not a folder"),
+            hint: "pass the model's folder as downloaded: a Hugging Face snapshot (`models--ORG--NAME/snapshots/<rev>/`) or cache entry (`models--ORG--NAME`), or the upstream release folder".into(),
+        });
+    }
+    let snapshots = dir.join("snapshots");
+    if !snapshots.is_dir() {
+        return Ok(dir.to_path_buf());
+    }
+    let revs: Vec<String> = std::fs::read_dir(&snapshots)
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).collect())
+        .unwrap_or_default();
+    let refs = dir.join("refs").join("main");
+    let rev = match std::fs::read_to_string(&refs) {
+        Ok(t) => t.trim().to_string(),
+        Err(_) => {
+            return Err(Error::ModelDir {
+                dir: dir.to_path_buf(),
+                detail: format!("{flag}: a Hugging Face cache entry without refs/main, so which of its snapshots is meant is unknown (snapshots: {})", if revs.is_empty() { "none".to_string() } else { revs.join(", ") }),
+                hint: format!("pass the snapshot folder itself, e.g. {}", snapshots.join(revs.first().map(String::as_str).unwrap_or("<rev>")).display()),
+            })
+        }
+    };
+    let snap = snapshots.join(&rev);
+    if rev.is_empty() || rev.contains('/') || !snap.is_dir() {
+        return Err(Error::ModelDir {
+            dir: dir.to_path_buf(),
+            detail: format!("{flag}: refs/main names revision `{rev}`, but snapshots/{rev}/ is not there (snapshots: {})", if revs.is_empty() { "none".to_string() } else { revs.join(", ") }),
+            hint: "download the model again (e.g. `huggingface-cli download ORG/NAME`), or pass one of the snapshot folders itself".into(),
+        });
+    }
+    Ok(snap)
+}
+
+/// A file a method reads from a model folder: its path inside the folder and what upstream
+/// calls it.
+pub struct Needed<'a> {
+    pub file: &'a str,
+    pub upstream: &'a str,
+}
+
+/// Check that a model folder holds every file in `needed` (the first of each group of
+/// alternatives, `a|b`, that is there); the error names the folder, the missing file and what
+/// upstream calls it.
+pub fn require_files(method: &str, flag: &str, dir: &Path, needed: &[Needed]) -> Result<()> {
+    for n in needed {
+        if n.file.split('|').any(|f| dir.join(f).is_file()) {
+            continue;
+        }
+        let names = n.file.split('|').collect::<Vec<_>>().join(" or ");
+        let cache_hint = std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with("models--")).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let hint = if cache_hint.is_empty() {
+            format!("{flag} must name the folder that holds {names} as upstream lays it out (`scfoundry methods show {method}` lists the files); a Hugging Face snapshot (`models--ORG--NAME/snapshots/<rev>/`) or cache entry (`models--ORG--NAME`) works as it is")
+        } else {
+            format!("this looks like a Hugging Face cache: pass one of its model folders, e.g. {}", dir.join(&cache_hint[0]).display())
+        };
+        return Err(Error::ModelDir { dir: dir.to_path_buf(), detail: format!("{flag} for {method} has no {names} ({})", n.upstream), hint });
+    }
+    Ok(())
+}
+
+/// The sha256 of each of `files` (paths inside `dir`, `a|b` for alternatives) that is there,
+/// keyed by its path: the provenance of a run from a `--model-dir`.
+pub fn folder_shas(dir: &Path, files: &[&str]) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut out = serde_json::Map::new();
+    for f in files {
+        if let Some(name) = f.split('|').find(|n| dir.join(n).is_file()) {
+            out.insert(name.to_string(), serde_json::Value::String(sha256_file(&dir.join(name), |_| {})?));
+        }
+    }
+    Ok(out)
 }
 
 pub use crate::settings::{cache_base, default_dir};

@@ -21,12 +21,14 @@ pub fn default_output(data: &Path, method: &str) -> PathBuf {
 }
 
 /// Warn about options the method does not honour; return the method parameters in effect.
-pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> Map<String, Value> {
+pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> crate::error::Result<Map<String, Value>> {
     resolve_method_params(&s.registry, m, "embed", &args.batch, &args.knobs)
 }
 
-/// As `resolve_params`, for any command (`embed`, `transfer`) and its batch and knob options.
-pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> Map<String, Value> {
+/// As `resolve_params`, for any command (`embed`, `transfer`, `finetune`) and its batch and
+/// knob options. A `--model-dir` that is a Hugging Face cache entry (`models--ORG--NAME`)
+/// becomes the snapshot its `refs/main` names, for every method.
+pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> crate::error::Result<Map<String, Value>> {
     let mut params = Map::new();
     let honoured = m.honoured(command);
     let verb = match command { "embed" => "embedding", "transfer" => "transferring labels", other => other };
@@ -64,7 +66,10 @@ pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, comman
     let values = knobs.given_values();
     let all = given.iter().map(|(f, v)| (*f, json!(v))).chain(values);
     for (flag, v) in all {
-        if m.knob(flag).is_none() {
+        if flag == "--model-dir" && m.knob(flag).is_none() && m.weights.is_empty() {
+            // every method that loads weights takes one: the others load none
+            warn(&format!("{} loads no weights, so --model-dir has nothing to replace; ignored", m.name));
+        } else if m.knob(flag).is_none() {
             warn(&format!("{} does not honour {flag}; ignored", m.name));
         } else {
             params.insert(flag.trim_start_matches("--").replace('-', "_"), v);
@@ -76,7 +81,11 @@ pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, comman
             params.insert(key, serde_json::to_value(&k.default).unwrap_or(Value::Null));
         }
     }
-    params
+    if let Some(d) = params.get("model_dir").and_then(Value::as_str).filter(|d| !d.is_empty()) {
+        let resolved = crate::weights::resolve_model_folder(Path::new(d), "--model-dir")?;
+        params.insert("model_dir".into(), json!(resolved.display().to_string()));
+    }
+    Ok(params)
 }
 
 /// The device and allocator for the task: checked now (CUDA build, driver, device) when the
@@ -133,7 +142,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let files = crate::tasks::inputs::expand(&args.data)?;
     let several = files.len() > 1;
     let m = s.registry.get(method)?.clone();
-    let params = resolve_params(s, &m, args);
+    let params = resolve_params(s, &m, args)?;
     if !m.implemented {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
@@ -170,7 +179,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     }
     let mut inputs = Vec::new();
     for (data, tag) in files.iter().zip(&tags) {
-        let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: args.knobs.model_dir.as_deref(), data };
+        let pf = crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir: params.get("model_dir").and_then(Value::as_str).filter(|d| !d.is_empty()).map(Path::new), data };
         if inputs.is_empty() {
             entry.check(&pf)?;
         }

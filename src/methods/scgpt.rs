@@ -49,6 +49,12 @@ use crate::nn::post_norm::{Act, PostNormLayer, PostNormStack};
 
 /// The weights entries embedding reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-human-vocab", "scgpt-whole-human-args"];
+/// What an scGPT checkpoint folder (`--model-dir`) holds, as upstream releases it.
+pub const FOLDER: &[crate::weights::Needed<'static>] = &[
+    crate::weights::Needed { file: "best_model.pt", upstream: "the checkpoint's state_dict, torch.save'd" },
+    crate::weights::Needed { file: "vocab.json", upstream: "the gene vocabulary, GeneVocab" },
+    crate::weights::Needed { file: "args.json", upstream: "the model's hyperparameters (embsize, nlayers, nheads, d_hid, ...)" },
+];
 /// The entry whose folder is the checkpoint folder.
 pub const MODEL_ENTRY: &str = "scgpt-whole-human-model";
 /// embed_data's `max_length`: genes per cell including `<cls>`.

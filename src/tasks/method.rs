@@ -85,8 +85,8 @@ pub trait Method: Sync {
         false
     }
 
-    /// Checks of `transfer` before any run folder exists.
-    fn check_transfer(&self, _method: &str, _weights_dir: &Path) -> Result<()> {
+    /// Checks of `transfer` before any run folder exists (`data`: the reference).
+    fn check_transfer(&self, _p: &Preflight) -> Result<()> {
         Ok(())
     }
 
@@ -180,6 +180,12 @@ pub struct LoadedBackbone {
 /// An integer parameter, or `default`.
 pub fn param_u64(p: &Map<String, Value>, key: &str, default: u64) -> u64 {
     p.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// `--model-dir` as the commands resolved it (a Hugging Face cache entry is already its
+/// snapshot), when given.
+pub fn model_dir(p: &Map<String, Value>) -> Option<PathBuf> {
+    crate::tasks::runtime::given_model_dir(p)
 }
 
 /// A non-empty string parameter.

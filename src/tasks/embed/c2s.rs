@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, is_symbol, match_genes, Kind};
-use crate::tasks::runtime::{obs_strings, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, obs_strings, weights_or_folder, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::tasks::shard::{load_block_state, save_block_states, BlockStates, EmbeddingOut, TaskRows};
@@ -19,8 +19,7 @@ use crate::runner::{Step, TaskResult, TaskSpec};
 use crate::weights::{self, Manifest};
 
 /// The files of the default model under a weights folder: (config.json, weights, tokenizer.json).
-pub fn files(dir: &Path) -> Result<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
-    let m = Manifest::load()?;
+pub fn files(dir: &Path, m: &Manifest) -> Result<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
     let f = |id: &str| {
         m.weights.get(id).map(|e| dir.join(&e.file)).ok_or_else(|| Error::Config { path: "weights.toml".into(), detail: format!("has no entry {id}"), hint: None })
     };
@@ -62,8 +61,8 @@ fn fit_c2s(spec: &TaskSpec) -> Result<TaskResult> {
 pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("c2s", &dir, c2s::REQUIRED_ENTRIES)?;
-    let (config_path, model_path, tokenizer_path) = files(&dir)?;
+    let (dir, manifest, shas) = weights_or_folder("c2s", &spec.params, &dir, c2s::REQUIRED_ENTRIES)?;
+    let (config_path, model_path, tokenizer_path) = files(&dir, &manifest)?;
     let p: Params = method::task_params(spec)?;
     let top = p.top_genes;
     if top == 0 {
@@ -185,7 +184,7 @@ impl Method for C2s {
     }
 
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, c2s::REQUIRED_ENTRIES).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, c2s::REQUIRED_ENTRIES)
     }
 
     fn fits_before_shards(&self) -> bool {

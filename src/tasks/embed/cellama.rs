@@ -14,7 +14,7 @@ use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::methods::cellama::{self, Encoder};
 use crate::tasks::genes::{is_symbol, match_genes, GeneMatch, Kind, Resolved};
-use crate::tasks::runtime::{obs_strings, verified_weights, write_f32_file, Batches, TaskDevice};
+use crate::tasks::runtime::{check_model_folder, model_folder, obs_strings, write_f32_file, Batches, TaskDevice};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 
 /// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
@@ -47,7 +47,7 @@ struct CellamaJob {
 
 fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights(&spec.method, &dir, cellama::REQUIRED_ENTRIES)?;
+    let (model_dir, shas, _) = model_folder(&spec.method, &spec.params, &dir, cellama::REQUIRED_ENTRIES, cellama::FOLDER, cellama::model_dir)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -64,7 +64,6 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     let obs = obs_strings(&ad, &features, &mut notes)?;
     // gene names as text: Ensembl ids mapped to symbols (tasks::genes)
     let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &is_symbol, &mut notes)?;
-    let model_dir = cellama::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
     let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
@@ -152,15 +151,15 @@ pub struct Cellama;
 
 impl Method for Cellama {
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, cellama::REQUIRED_ENTRIES).map(drop)
+        check_model_folder(pf.method, pf.weights_dir, pf.model_dir, cellama::REQUIRED_ENTRIES, cellama::FOLDER)
     }
 
     fn transfers(&self) -> bool {
         true
     }
 
-    fn check_transfer(&self, method: &str, weights_dir: &Path) -> Result<()> {
-        verified_weights(method, weights_dir, cellama::REQUIRED_ENTRIES).map(drop)
+    fn check_transfer(&self, pf: &Preflight) -> Result<()> {
+        check_model_folder(pf.method, pf.weights_dir, pf.model_dir, cellama::REQUIRED_ENTRIES, cellama::FOLDER)
     }
 
     fn finetunes(&self) -> bool {
@@ -175,8 +174,12 @@ impl Method for Cellama {
         Some(load_backbone(load))
     }
 
-    fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
-        let path = cellama::model_dir(weights_dir, &Manifest::load()?).join("config.json");
+    fn layer_count(&self, weights_dir: &Path, params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let dir = match method::model_dir(params) {
+            Some(d) => d,
+            None => cellama::model_dir(weights_dir, &Manifest::load()?),
+        };
+        let path = dir.join("config.json");
         Ok(Some(crate::tasks::method::LayerCount { path, key: "num_hidden_layers", left_out: 0 }))
     }
 
@@ -202,8 +205,7 @@ struct Backbone {
 
 fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
     let wdir = load.spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights(&load.spec.method, &wdir, cellama::REQUIRED_ENTRIES)?;
-    let dir = cellama::model_dir(&wdir, &Manifest::load()?);
+    let (dir, shas, _) = model_folder(&load.spec.method, load.params, &wdir, cellama::REQUIRED_ENTRIES, cellama::FOLDER, cellama::model_dir)?;
     let enc = Encoder::load_hooked(&dir, load.device.clone(), Some(load.hook))?;
     let obs_features = method::param_str(load.params, "obs_features").map(|f| f.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()).unwrap_or_default();
     let top = method::param_u64(load.params, "top_genes", cellama::DEFAULT_TOP_GENES as u64) as usize;

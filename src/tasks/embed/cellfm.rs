@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, weights_or_folder, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
@@ -16,13 +16,13 @@ use crate::error::{Error, Result};
 use crate::methods::cellfm::{self, CellFm, CellInput, CellProblem, GeneMap};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("cellfm", &dir, cellfm::REQUIRED_ENTRIES)?;
-    let (ckpt, info_path) = cellfm::files(&dir, &Manifest::load()?);
+    let (dir, manifest, shas) = weights_or_folder("cellfm", &spec.params, &dir, cellfm::REQUIRED_ENTRIES)?;
+    let (ckpt, info_path) = cellfm::files(&dir, &manifest);
     let gene_info = cellfm::read_gene_info(&info_path)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -152,7 +152,7 @@ impl Method for CellFmMethod {
     }
 
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, cellfm::REQUIRED_ENTRIES).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, cellfm::REQUIRED_ENTRIES)
     }
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, GeneMatch, Kind, Resolved};
-use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, weights_or_folder, Batches, TaskDevice};
 use crate::tasks::shard::{work_dir, write_atomic, EmbeddingOut, TaskRows};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::methods::novae::{self, Config, GraphBatch, Novae, SpatialGraph};
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 /// `obsm['spatial']` as (x, y) per cell in f64: a clear error when it is missing, not n_obs x 2,
 /// or holds a non-finite value.
@@ -188,7 +188,8 @@ const SCALING_FILE: &str = "novae_scaling.json";
 /// obsm['spatial'] (cheap, deterministic).
 fn fit_novae(spec: &TaskSpec) -> Result<TaskResult> {
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let (_, config_path) = novae::files(&dir, &Manifest::load()?)?;
+    let (dir, manifest, _) = weights_or_folder("novae", &spec.params, &dir, &novae::ENTRIES)?;
+    let (_, config_path) = novae::files(&dir, &manifest)?;
     let cfg = Config::load(&config_path)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -258,8 +259,8 @@ impl ZRows {
 pub(super) fn embed_novae(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("novae", &dir, &novae::ENTRIES)?;
-    let (model_path, config_path) = novae::files(&dir, &Manifest::load()?)?;
+    let (dir, manifest, shas) = weights_or_folder("novae", &spec.params, &dir, &novae::ENTRIES)?;
+    let (model_path, config_path) = novae::files(&dir, &manifest)?;
     let cfg = Config::load(&config_path)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -402,7 +403,7 @@ pub struct NovaeMethod;
 
 impl Method for NovaeMethod {
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, &novae::ENTRIES)?;
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, &novae::ENTRIES)?;
         coords(&AnnData::open(pf.data)?).map(drop)
     }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, some_cells, weights_or_folder, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
@@ -16,13 +16,13 @@ use crate::error::{Error, Result};
 use crate::methods::scbert::{self, GeneAlign, ScBert};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("scbert", &dir, scbert::REQUIRED_ENTRIES)?;
-    let (model_path, ref_path) = scbert::files(&dir, &Manifest::load()?);
+    let (dir, manifest, shas) = weights_or_folder("scbert", &spec.params, &dir, scbert::REQUIRED_ENTRIES)?;
+    let (model_path, ref_path) = scbert::files(&dir, &manifest);
     let reference = AnnData::open(&ref_path)?.var_names;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -146,7 +146,7 @@ impl Method for ScBertMethod {
     }
 
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, scbert::REQUIRED_ENTRIES).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, scbert::REQUIRED_ENTRIES)
     }
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {

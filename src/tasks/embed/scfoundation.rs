@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{verified_weights, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, weights_or_folder, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{one_step, Method, Preflight};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
@@ -15,13 +15,13 @@ use crate::error::{Error, Result};
 use crate::methods::scfoundation::{self, CellInput, CellProblem, GeneAlignment, ScFoundation};
 use crate::progress::reporter;
 use crate::runner::{TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("scfoundation", &dir, scfoundation::REQUIRED_ENTRIES)?;
-    let (ckpt, index) = scfoundation::files(&dir, &Manifest::load()?);
+    let (dir, manifest, shas) = weights_or_folder("scfoundation", &spec.params, &dir, scfoundation::REQUIRED_ENTRIES)?;
+    let (ckpt, index) = scfoundation::files(&dir, &manifest);
     let genes = scfoundation::read_gene_index(&index)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -124,7 +124,7 @@ pub struct ScFoundationMethod;
 
 impl Method for ScFoundationMethod {
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, scfoundation::REQUIRED_ENTRIES).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, scfoundation::REQUIRED_ENTRIES)
     }
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &crate::runner::Step) -> Option<Result<TaskResult>> {

@@ -15,7 +15,7 @@ use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{precision, some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_model_folder, model_folder, precision, some_cells, Batches, TaskDevice};
 
 fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::scgpt::{self, Model};
@@ -23,14 +23,13 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights(&spec.method, &dir, scgpt::REQUIRED_ENTRIES)?;
+    let (model_dir, shas, _) = model_folder(&spec.method, &spec.params, &dir, scgpt::REQUIRED_ENTRIES, scgpt::FOLDER, scgpt::model_dir)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
     let mut notes = Vec::new();
     let p: Params = method::task_params(spec)?;
     let (max_len, batch) = (p.max_len, p.batch_size);
-    let model_dir = scgpt::model_dir(&dir, &Manifest::load()?);
     let dev = TaskDevice::start(spec)?;
     let mut model = Model::load_on(&model_dir, max_len, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     model.set_precision(precision(spec, &dev.device, &mut notes))?;
@@ -135,13 +134,17 @@ impl Method for ScgptMethod {
         Some(load_backbone(load))
     }
 
-    fn layer_count(&self, weights_dir: &Path, _params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
-        let path = crate::methods::scgpt::model_dir(weights_dir, &Manifest::load()?).join("args.json");
+    fn layer_count(&self, weights_dir: &Path, params: &serde_json::Map<String, Value>) -> Result<Option<crate::tasks::method::LayerCount>> {
+        let dir = match method::model_dir(params) {
+            Some(d) => d,
+            None => crate::methods::scgpt::model_dir(weights_dir, &Manifest::load()?),
+        };
+        let path = dir.join("args.json");
         Ok(Some(crate::tasks::method::LayerCount { path, key: "nlayers", left_out: 0 }))
     }
 
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, crate::methods::scgpt::REQUIRED_ENTRIES).map(drop)
+        check_model_folder(pf.method, pf.weights_dir, pf.model_dir, crate::methods::scgpt::REQUIRED_ENTRIES, crate::methods::scgpt::FOLDER)
     }
 
     fn embed(&self, spec: &TaskSpec, task_dir: &Path, step: &Step) -> Option<Result<TaskResult>> {
@@ -161,8 +164,7 @@ struct Backbone {
 fn load_backbone(load: &method::BackboneLoad) -> Result<method::LoadedBackbone> {
     use crate::methods::scgpt;
     let wdir = load.spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights(&load.spec.method, &wdir, scgpt::REQUIRED_ENTRIES)?;
-    let dir = scgpt::model_dir(&wdir, &Manifest::load()?);
+    let (dir, shas, _) = model_folder(&load.spec.method, load.params, &wdir, scgpt::REQUIRED_ENTRIES, scgpt::FOLDER, scgpt::model_dir)?;
     let model = scgpt::Model::load_hooked(&dir, method::param_u64(load.params, "max_len", scgpt::DEFAULT_MAX_LEN as u64) as usize, load.device.clone(), Some(load.hook))?;
     let (column, min_gene_match) = genes::options(load.params);
     Ok(method::LoadedBackbone { backbone: Box::new(Backbone { model, column, min_gene_match }), base_dir: Some(dir), shas, files: Vec::new(), notes: Vec::new() })

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, GeneMatch, Kind, Resolved};
-use crate::tasks::runtime::{verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, weights_or_folder, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::formats::numpy_rng::RngState;
@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::methods::scprint::{self, CellProblem, CellTokens, GeneAlignment, Normalization, RandomState, ScPrint};
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 /// The data's genes against the checkpoint's, the genes per cell (--max-len, at most the
 /// model's) and the notes on both.
@@ -81,7 +81,8 @@ const RNG_FILE: &str = "scprint_rng.json";
 fn fit_scprint(spec: &TaskSpec) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
+    let (dir, manifest, _) = weights_or_folder("scprint", &spec.params, &dir, scprint::REQUIRED_ENTRIES)?;
+    let ckpt = scprint::checkpoint_file(&dir, &manifest);
     let cfg = scprint::read_config(&ckpt)?;
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -108,8 +109,8 @@ fn fit_scprint(spec: &TaskSpec) -> Result<TaskResult> {
 pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
-    let shas = verified_weights("scprint", &dir, scprint::REQUIRED_ENTRIES)?;
-    let ckpt = scprint::checkpoint_file(&dir, &Manifest::load()?);
+    let (dir, manifest, shas) = weights_or_folder("scprint", &spec.params, &dir, scprint::REQUIRED_ENTRIES)?;
+    let ckpt = scprint::checkpoint_file(&dir, &manifest);
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
     let x = ad.matrix(spec.layer.as_deref())?;
@@ -194,7 +195,7 @@ pub struct ScPrintMethod;
 
 impl Method for ScPrintMethod {
     fn check(&self, pf: &Preflight) -> Result<()> {
-        verified_weights(pf.method, pf.weights_dir, scprint::REQUIRED_ENTRIES).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, scprint::REQUIRED_ENTRIES)
     }
 
     fn fits_before_shards(&self) -> bool {

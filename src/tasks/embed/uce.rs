@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{some_cells, verified_weights, Batches, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, some_cells, weights_or_folder, Batches, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use serde::Deserialize;
 use crate::tasks::shard::{work_dir, write_atomic, EmbeddingOut, TaskRows};
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::methods::uce::{self, ChromTable, Config, GeneMap, Uce};
 use crate::progress::reporter;
 use crate::runner::{Step, TaskResult, TaskSpec};
-use crate::weights::{self, Manifest};
+use crate::weights;
 
 /// The fit's file in the run's work folder: cells expressing each gene over the whole data.
 const EXPRESSING_FILE: &str = "uce_expressing.json";
@@ -61,8 +61,8 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let p: Params = method::task_params(spec)?;
     let nlayers = p.nlayers;
-    let shas = verified_weights("uce", &dir, &uce::required_entries(nlayers)?)?;
-    let (model_path, pe_path, chrom_path, offsets_path) = uce::files(&dir, &Manifest::load()?, nlayers)?;
+    let (dir, manifest, shas) = weights_or_folder("uce", &spec.params, &dir, &uce::required_entries(nlayers)?)?;
+    let (model_path, pe_path, chrom_path, offsets_path) = uce::files(&dir, &manifest, nlayers)?;
     let mut cfg = Config::default();
     let ad = AnnData::open(&spec.data)?;
     ad.check_usable()?;
@@ -236,7 +236,7 @@ pub struct UceMethod;
 impl Method for UceMethod {
     fn check(&self, pf: &Preflight) -> Result<()> {
         let p: Params = method::params(pf.method, pf.params)?;
-        verified_weights(pf.method, pf.weights_dir, &uce::required_entries(p.nlayers)?).map(drop)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, &uce::required_entries(p.nlayers)?)
     }
 
     fn fits_before_shards(&self) -> bool {
