@@ -46,6 +46,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         k_weight: args.k_weight,
         scvi: args.scvi.clone(),
         batch_size: args.batch.batch_size,
+        scgpt: args.scgpt.clone(),
     };
     // the input is checked before any run folder exists; the task reads it again
     if m.needs_raw_counts() && !args.skip_counts_check {
