@@ -8,7 +8,7 @@
 #
 # Needs: target/release/scfoundry (or $SCFOUNDRY), python3 with h5py and numpy for
 # scripts/make_synthetic.py, and $TORCH_PYTHON (torch) for the checkpoint.
-# CELLS (3000), GENES (400), TYPES (5) set the data.
+# CELLS (3000), GENES (400), TYPES (5), DEPTH (1500, median counts a cell) set the data.
 set -euo pipefail
 OUT=${1:?OUT_DIR}
 SEEDS=${2:-"0 1 2"}
@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-$HOME/.cache/scfoundry/torch-venv-scgpt/bin/python}
 mkdir -p "$OUT"
 DATA=$OUT/synthetic.h5ad
-[ -f "$DATA" ] || "$PY" "$ROOT/scripts/make_synthetic.py" --cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth 1500 --seed 0 --out "$DATA"
+[ -f "$DATA" ] || "$PY" "$ROOT/scripts/make_synthetic.py" --cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth "${DEPTH:-1500}" --seed 0 --out "$DATA"
 RESULTS=$OUT/results.tsv
 echo -e "seed\tepochs\tbatch_zero_shot\tbatch_integrated\tbio_zero_shot\tbio_integrated\ttotal_zero_shot\ttotal_integrated\tintegrate_seconds" > "$RESULTS"
 for SEED in $SEEDS; do
