@@ -708,9 +708,35 @@ pub struct IntegrateArgs {
     #[command(flatten)]
     pub scvi: ScviArgs,
     #[command(flatten)]
+    pub scgpt: ScgptIntegrationArgs,
+    #[command(flatten)]
     pub batch: BatchArgs,
     #[command(flatten)]
     pub exec: ExecutorArgs,
+}
+
+/// scgpt_integrated's options (defaults: methods/scgpt_integrated.toml, upstream's
+/// finetune_integration.py; see docs/scgpt_integrated.md).
+#[derive(Debug, Args, Default, Clone, serde::Serialize, serde::Deserialize)]
+#[command(next_help_heading = "Fine-tuning scGPT for integration (--method scgpt_integrated)")]
+pub struct ScgptIntegrationArgs {
+    /// scgpt_integrated: cells per training minibatch (default 64, upstream's); halved on CUDA
+    /// out-of-memory.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub integration_batch_size: Option<u64>,
+    /// scgpt_integrated: fine-tuning epochs (default 30, upstream's).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: Option<u64>,
+    /// scgpt_integrated: where it trains, cpu (default) or cuda.
+    #[arg(long, value_enum, value_name = "DEVICE")]
+    pub device: Option<crate::gpu::DeviceKind>,
+    /// scgpt_integrated: f32 (default; bf16 training is not implemented).
+    #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "bf16"])]
+    pub precision: Option<String>,
+    /// scgpt_integrated: start from this checkpoint folder (best_model.pt, vocab.json,
+    /// args.json in upstream's format) instead of the weights folder's whole-human model.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<PathBuf>,
 }
 
 /// scvi_denovo's options (scvi-tools' SCVI defaults; see docs/scvi_denovo.md).

@@ -146,6 +146,14 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     if !m.implemented {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());
     }
+    if m.kind == crate::registry::Kind::Integration {
+        return Err(Error::BadOption {
+            option: "--method".into(),
+            detail: format!("{} is an integration method: it needs a batch column", m.name),
+            hint: Some(format!("run `scfoundry integrate --method {} --data {} --batch-key COLUMN`", m.name, data.display())),
+        }
+        .into());
+    }
     let exec = &args.exec;
     // The executor's tools before any work.
     let pipeline = executor::preflight(&exec.base)?;

@@ -46,6 +46,7 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
         k_weight: args.k_weight,
         scvi: args.scvi.clone(),
         batch_size: args.batch.batch_size,
+        scgpt: args.scgpt.clone(),
     };
     // the input is checked before any run folder exists; the task reads it again
     if m.needs_raw_counts() && !args.skip_counts_check {
@@ -68,7 +69,8 @@ pub fn run(s: &Settings, args: &IntegrateArgs) -> anyhow::Result<ExitStatus> {
     let run = executor::create_run(s, &args.exec, &out_path, &m.name)?;
     let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let name = format!("INTEGRATE_{} ({tag})", m.name.to_uppercase());
-    let spec = TaskSpec::new(&run, name, "integrate", &m.name, &args.data, &out_path, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    let mut spec = TaskSpec::new(&run, name, "integrate", &m.name, &args.data, &out_path, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    spec.weights_dir = Some(std::path::absolute(&s.weights_dir)?);
     let published = nextflow::outdir(&run).join("integrate").join(default_output(&spec.data, &m.name).file_name().unwrap_or_default());
     let params = nextflow_params(&spec, &opts, &run);
     executor::run_single(s, &args.exec, pipeline, &run, spec, params, &published)

@@ -9,6 +9,7 @@ pub mod langcell;
 pub mod pca;
 pub mod sccello;
 pub mod scgpt;
+pub mod scgpt_integrated;
 pub mod scvi;
 pub mod scvi_pretrained;
 pub mod seurat;

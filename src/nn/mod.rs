@@ -8,6 +8,7 @@ pub mod finetune;
 pub mod knn_transfer;
 pub mod packed_bert;
 pub mod post_norm;
+pub mod optim;
 pub mod random_init;
 pub mod sparse_rows;
 

@@ -4,7 +4,7 @@
 //! docs page, its tests and one line here.
 
 use crate::tasks::embed::*;
-use crate::tasks::integrate::{harmony::Harmony, scvi_denovo::ScviDenovo, seurat::Seurat};
+use crate::tasks::integrate::{harmony::Harmony, scgpt_integrated::ScgptIntegrated, scvi_denovo::ScviDenovo, seurat::Seurat};
 use crate::tasks::method::Method;
 
 /// Every implemented method, by name.
@@ -23,6 +23,7 @@ pub static METHODS: &[(&str, &dyn Method)] = &[
     ("sccello", &cls_encoder::ClsEncoderMethod(crate::nn::cls_encoder::Arch::Sccello)),
     ("scfoundation", &scfoundation::ScFoundationMethod),
     ("scgpt", &scgpt::ScgptMethod),
+    ("scgpt_integrated", &ScgptIntegrated),
     ("scimilarity", &scimilarity::Scimilarity),
     ("scprint", &scprint::ScPrintMethod),
     ("scvi", &scvi::ScviMethod),

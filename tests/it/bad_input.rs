@@ -140,12 +140,13 @@ fn unknown_method() {
 }
 
 #[test]
-fn planned_method_fails_plainly() {
+fn integration_method_under_embed_fails_plainly() {
     let ctx = TestContext::new();
     Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
     let r = ctx.run(&["embed", "--method", "scgpt_integrated", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("method `scgpt_integrated` is registered but not implemented").has_hint();
+    r.user_error().stderr_has("scgpt_integrated is an integration method").stderr_has("scfoundry integrate --method scgpt_integrated").has_hint();
     assert!(!ctx.path("t.scgpt_integrated.h5ad").exists());
+    assert!(!ctx.path("runs").exists(), "no run folder for a refused command");
 }
 
 #[test]

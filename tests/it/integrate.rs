@@ -60,7 +60,7 @@ fn integrate_bad_input_is_clear() {
     ctx.run(&["integrate", "-m", "harmony", "-d", "pca.h5ad", "--batch-key", "donor"]).user_error().stderr_has("pca.h5ad: obs/donor: is missing").stderr_has("obs columns in this file:");
     ctx.run(&["integrate", "-m", "harmony", "-d", "pca.h5ad", "--batch-key", "batch", "--embedding", "X_scvi"]).user_error().stderr_has("obsm/X_scvi").stderr_has("X_pca");
     ctx.run(&["integrate", "-m", "pca", "-d", "pca.h5ad", "--batch-key", "batch"]).user_error().stderr_has("is an embedding method");
-    ctx.run(&["integrate", "-m", "scgpt_integrated", "-d", "pca.h5ad", "--batch-key", "batch"]).user_error().stderr_has("not implemented");
+    ctx.run(&["integrate", "-m", "scgpt_integrated", "-d", "pca.h5ad", "--batch-key", "batch"]).user_error().stderr_has("weights for scgpt_integrated are not in").has_hint();
     // one batch: nothing to integrate
     Tiny::counts(30, 12).write(&ctx.path("t.h5ad"));
     ctx.run(&["embed", "-m", "pca", "-d", "t.h5ad", "-o", "tp.h5ad", "--n-comps", "5"]).success();

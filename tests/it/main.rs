@@ -29,6 +29,7 @@ mod sccello;
 mod langcell;
 mod lifecycle;
 mod scgpt;
+mod scgpt_integrated;
 mod scvi_denovo;
 mod scvi_pretrained;
 mod seurat;

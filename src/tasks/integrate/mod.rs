@@ -9,6 +9,7 @@ use crate::anndata::AnnData;
 use crate::error::Error;
 
 pub mod harmony;
+pub mod scgpt_integrated;
 pub mod scvi_denovo;
 pub mod seurat;
 
@@ -31,6 +32,9 @@ pub struct IntegrateOptions {
     pub scvi: crate::cli::ScviArgs,
     #[serde(default)]
     pub batch_size: Option<u64>,
+    /// scgpt_integrated's options.
+    #[serde(default)]
+    pub scgpt: crate::cli::ScgptIntegrationArgs,
 }
 
 /// The batch codes of each key (levels sorted), checked: present, categorical, no missing
