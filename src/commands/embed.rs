@@ -150,7 +150,7 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
         return Err(Error::BadOption {
             option: "--method".into(),
             detail: format!("{} is an integration method: it needs a batch column", m.name),
-            hint: Some(format!("run `scfoundry integrate --method {} --data {} --batch-key COLUMN`", m.name, data.display())),
+            hint: Some(format!("run `scfoundry integrate --method {} --data {} --batch-key COLUMN`", m.name, files[0].display())),
         }
         .into());
     }
