@@ -53,7 +53,7 @@ pub fn list(s: &Settings, method: Option<&str>, hash: bool, markdown: bool) -> a
     }
     let by_hand = rows.iter().skip(1).filter(|r| r[5] == "by hand").count();
     if by_hand > 0 {
-        println!("\n{by_hand} entr{} point at a share or repository page that `weights pull` cannot fetch: download it in a browser, then `scfoundry weights import NAME PATH` (docs/weights.md)", if by_hand == 1 { "y" } else { "ies" });
+        println!("\n{by_hand} entr{} at a share or repository page that `weights pull` cannot fetch: download {} in a browser, then `scfoundry weights import NAME PATH` (docs/weights.md)", if by_hand == 1 { "y points" } else { "ies point" }, if by_hand == 1 { "it" } else { "each" });
     }
     Ok(ExitStatus::Success)
 }
