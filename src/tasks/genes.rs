@@ -471,6 +471,27 @@ pub fn record(m: &GeneMatch, r: &Resolved, params: &mut serde_json::Map<String, 
     params.insert("gene_match".into(), m.to_json());
 }
 
+/// Commit an embedding with its gene match: the match's message first among the notes, the
+/// column and figures in the parameters and in the task's result.
+#[allow(clippy::too_many_arguments)]
+pub fn commit_matched(
+    out: crate::tasks::shard::EmbeddingOut,
+    spec: &crate::runner::TaskSpec,
+    matrix: &str,
+    mut params: serde_json::Map<String, serde_json::Value>,
+    weights: serde_json::Map<String, serde_json::Value>,
+    sha256: serde_json::Value,
+    mut notes: Vec<String>,
+    m: &GeneMatch,
+    r: &Resolved,
+) -> crate::error::Result<crate::runner::TaskResult> {
+    notes.insert(0, m.message());
+    record(m, r, &mut params);
+    let mut result = out.commit(spec, matrix, params, weights, sha256, notes)?;
+    result.gene_match = Some(m.to_json());
+    Ok(result)
+}
+
 /// `--gene-column` and `--min-gene-match` from a task's parameters.
 pub fn options(params: &serde_json::Map<String, serde_json::Value>) -> (Option<String>, f64) {
     use serde_json::Value;
@@ -573,8 +594,9 @@ mod tests {
         let sym = ["TP53", "BRCA1"];
         let cands = || vec![("index".to_string(), s(&["TP53", "BRCA1"])), ("gene_ids".to_string(), s(&["ENSG00000141510.17", "ENSG00000012048.23"])), ("other".to_string(), s(&["x", "y"]))];
         // symbols in var_names, versioned Ensembl ids in a column: an Ensembl model reads either
+        // equally well, and the tie goes to the column already in its form (no mapping)
         let r = pick(cands(), Kind::Ensembl, t, &|g| ens.contains(&g));
-        assert_eq!((r.column.as_str(), r.found, r.n_matched(), r.mapped), ("index", Kind::Symbols, 2, 2));
+        assert_eq!((r.column.as_str(), r.found, r.n_matched(), r.mapped), ("gene_ids", Kind::Ensembl, 2, 0));
         // a symbols model takes var_names as they are
         let r = pick(cands(), Kind::Symbols, t, &|g| sym.contains(&g));
         assert_eq!((r.column.as_str(), r.mapped, r.label().as_str()), ("index", 0, "var_names"));

@@ -128,12 +128,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     w.insert("gene_info".into(), json!(info_path.display().to_string()));
     let cfg = cellfm::config_path(&ckpt);
     w.insert("config".into(), json!(if cfg.is_file() { cfg.display().to_string() } else { format!("none (released: {} heads)", cellfm::RELEASED_HEADS) }));
-    let mut notes = notes;
-    notes.insert(0, gmatch.message());
-    genes::record(&gmatch, &gids, &mut params);
-    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
-    result.gene_match = Some(gmatch.to_json());
-    Ok(result)
+    genes::commit_matched(out, spec, &x.field, params, w, Value::Object(shas), notes, &gmatch, &gids)
 }
 
 /// CellFM's options, from `methods/cellfm.toml`.

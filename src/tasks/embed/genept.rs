@@ -82,12 +82,7 @@ pub(super) fn embed_genept(spec: &TaskSpec, _task_dir: &Path) -> Result<TaskResu
     params.insert("cell_embedding".into(), json!("sum over genes of expression x gene text embedding, divided by the number of genes in the data (upstream's GenePT-w); not L2-normalised"));
     let mut w = serde_json::Map::new();
     w.insert("table".into(), json!(table_path.display().to_string()));
-    let mut notes = notes;
-    notes.insert(0, gmatch.message());
-    genes::record(&gmatch, &gids, &mut params);
-    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
-    result.gene_match = Some(gmatch.to_json());
-    Ok(result)
+    genes::commit_matched(out, spec, &x.field, params, w, Value::Object(shas), notes, &gmatch, &gids)
 }
 
 /// GenePT: the table's entry.

@@ -122,12 +122,7 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(model_path.display().to_string()));
     w.insert("reference_genes".into(), json!(ref_path.display().to_string()));
-    let mut notes = notes;
-    notes.insert(0, gmatch.message());
-    genes::record(&gmatch, &gids, &mut params);
-    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
-    result.gene_match = Some(gmatch.to_json());
-    Ok(result)
+    genes::commit_matched(out, spec, &x.field, params, w, Value::Object(shas), notes, &gmatch, &gids)
 }
 
 /// scBERT's options, from `methods/scbert.toml`.

@@ -111,12 +111,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut w = serde_json::Map::new();
     w.insert("model".into(), json!(ckpt.display().to_string()));
     w.insert("gene_index".into(), json!(index.display().to_string()));
-    let mut notes = notes;
-    notes.insert(0, gmatch.message());
-    genes::record(&gmatch, &gids, &mut params);
-    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
-    result.gene_match = Some(gmatch.to_json());
-    Ok(result)
+    genes::commit_matched(out, spec, &x.field, params, w, Value::Object(shas), notes, &gmatch, &gids)
 }
 
 /// scFoundation: the table's entry.

@@ -159,12 +159,7 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
     params.insert("cell_embedding".into(), json!("encoder output, L2-normalised (Encoder.forward)"));
     let mut w = serde_json::Map::new();
     w.insert("model_dir".into(), json!(model_dir.display().to_string()));
-    let mut notes = notes;
-    notes.insert(0, gmatch.message());
-    genes::record(&gmatch, &gids, &mut params);
-    let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
-    result.gene_match = Some(gmatch.to_json());
-    Ok(result)
+    genes::commit_matched(out, spec, &x.field, params, w, Value::Object(shas), notes, &gmatch, &gids)
 }
 
 /// SCimilarity's options, from `methods/scimilarity.toml`.
