@@ -4,11 +4,11 @@
 # (bench/bert_cell_torch.py; file order as upstream runs cells, and sorted), bf16, random
 # weights, the released shapes, token lengths of real cells (+1 for <cls>, cut at 2,048).
 #
-#   bash bench/bert_cell_throughput.sh OUT_DIR [scfoundry binary]
+#   bash bench/bert_cell_throughput.sh OUT_DIR [scfoundry-bench binary]
 # Prints one JSON line per run and writes them to OUT_DIR/bert_cell_throughput.jsonl.
 set -uo pipefail
 out="${1:?usage: bert_cell_throughput.sh OUT_DIR [binary]}"
-bin="${2:-dist/cuda/scfoundry}"
+bin="${2:-dist/cuda/scfoundry-bench}"
 py="${PYTHON:-python3}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"

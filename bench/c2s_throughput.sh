@@ -7,11 +7,11 @@
 # top 100 genes through a 400-token BPE trained on them; the real Pythia tokenizer was not
 # available offline to measure with).
 #
-#   bash bench/c2s_throughput.sh OUT_DIR [scfoundry binary]
+#   bash bench/c2s_throughput.sh OUT_DIR [scfoundry-bench binary]
 # Prints one JSON line per run and writes them to OUT_DIR/c2s_throughput.jsonl.
 set -uo pipefail
 out="${1:?usage: c2s_throughput.sh OUT_DIR [binary]}"
-bin="${2:-dist/cuda/scfoundry}"
+bin="${2:-dist/cuda/scfoundry-bench}"
 py="${PYTHON:-python3}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"

@@ -37,34 +37,6 @@ def with_genes_scgpt(out, genes):
     print(json.dumps({"model": "scgpt", "genes_added_to_vocab": added, "vocab": len(vocab)}))
 
 
-def with_genes_uce(out, genes):
-    d = out / "uce"
-    pe_path = d / "protein_embeddings" / "Homo_sapiens.GRCh38.gene_symbol_to_embedding_ESM2.pt"
-    pe = torch.load(pe_path, map_location="cpu", weights_only=True)
-    new = [g for g in genes if g not in pe]
-    for g in new:
-        pe[g] = 0.1 * torch.randn(5120)
-    torch.save(pe, pe_path)
-    csv = d / "species_chrom.csv"
-    lines = csv.read_text().splitlines()
-    header = lines[0].split(",")
-    col = {h: i for i, h in enumerate(header)}
-    rows = [l.split(",") for l in lines[1:] if l.strip()]
-    known = {r[col["gene_symbol"]] for r in rows if r[col["species"]] == "human"}
-    chroms = sorted({r[col["chromosome"]] for r in rows if r[col["species"]] == "human"})
-    extra = []
-    for k, g in enumerate(g for g in genes if g not in known):
-        r = [""] * len(header)
-        r[col["species"]], r[col["gene_symbol"]] = "human", g
-        r[col["chromosome"]] = chroms[k % len(chroms)]
-        r[col["start"]] = str(10_000_000 + 1000 * k)
-        if "end" in col:
-            r[col["end"]] = str(10_000_000 + 1000 * k + 500)
-        extra.append(",".join(r))
-    csv.write_text("\n".join(lines + extra) + "\n")
-    print(json.dumps({"model": "uce", "protein_embeddings_added": len(new), "chromosome_rows_added": len(extra)}))
-
-
 def main():
     genes = [l.strip() for l in open(sys.argv[1]) if l.strip()]
     out = Path(sys.argv[2])
@@ -75,7 +47,7 @@ def main():
         with_genes_scgpt(out, genes)
     if "uce" in which:
         full.uce(out)
-        with_genes_uce(out, genes)
+        full.uce_over_genes(out, genes)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,14 @@
 # (batches padded to their longest cell with a key-padding mask; file order and sorted), bf16,
 # random weights, full-size shapes, token lengths of real cells (bench/token_lengths_*.txt).
 #
-#   bash bench/encoder_throughput.sh OUT_DIR [scfoundry binary]
+#   bash bench/encoder_throughput.sh OUT_DIR [scfoundry-bench binary]
 #   ONLY=geneformer_v1 bash bench/encoder_throughput.sh ...      # some shapes only (the ceilings still)
 # Prints one JSON line per run and writes them to OUT_DIR/encoder_throughput.jsonl (the table in
 # BENCHMARKS.md is written from that file by hand). Each command is stopped after STEP_TIMEOUT
 # seconds (default 240).
 set -uo pipefail
 out="${1:?usage: encoder_throughput.sh OUT_DIR [binary]}"
-bin="${2:-dist/cuda/scfoundry}"
+bin="${2:-dist/cuda/scfoundry-bench}"
 py="${PYTHON:-python3}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"

@@ -39,7 +39,8 @@ over DATA's var[COLUMN] ids, so that its cells are tokenised at their real lengt
 tokens keep their ids, then the genes expressed in the most cells, as many as the vocabulary
 holds (sccello and langcell keep the last row for <cls> = len(token dictionary)); each gene's
 median is the median of its nonzero counts per 10,000 (Geneformer's normalisation). --symbols-from
-gives scGPT's placeholder vocabulary rows to DATA's var_names not in the vocabulary already.
+gives scGPT's placeholder vocabulary rows to DATA's var_names not in the vocabulary already, and
+UCE a protein embedding and a chromosome row for each of DATA's expressed var_names.
 The weights are random either way: the dictionaries only decide which genes become tokens.
 """
 import argparse
@@ -256,13 +257,48 @@ def genes_over_data(out, spec):
         print(json.dumps({"dictionaries": name, "genes": len(medians_out), "from": spec}), flush=True)
 
 
+def uce_over_genes(out, genes):
+    """Give every gene of GENES (symbols) an ESM2 protein embedding (random, 5,120-d) and a row of
+    species_chrom.csv on one of the human chromosomes already there, so that UCE reads each cell
+    at its real length and its chromosome tokens do not change."""
+    d = out / "uce"
+    pe_path = d / "protein_embeddings" / "Homo_sapiens.GRCh38.gene_symbol_to_embedding_ESM2.pt"
+    pe = torch.load(pe_path, map_location="cpu", weights_only=True)
+    new = [g for g in genes if g not in pe]
+    for g in new:
+        pe[g] = 0.1 * torch.randn(5120)
+    torch.save(pe, pe_path)
+    csv = d / "species_chrom.csv"
+    lines = csv.read_text().splitlines()
+    header = lines[0].split(",")
+    col = {h: i for i, h in enumerate(header)}
+    rows = [l.split(",") for l in lines[1:] if l.strip()]
+    known = {r[col["gene_symbol"]] for r in rows if r[col["species"]] == "human"}
+    chroms = sorted({r[col["chromosome"]] for r in rows if r[col["species"]] == "human"})
+    extra = []
+    for k, g in enumerate(g for g in genes if g not in known):
+        r = [""] * len(header)
+        r[col["species"]], r[col["gene_symbol"]] = "human", g
+        r[col["chromosome"]] = chroms[k % len(chroms)]
+        r[col["start"]] = str(10_000_000 + 1000 * k)
+        if "end" in col:
+            r[col["end"]] = str(10_000_000 + 1000 * k + 500)
+        extra.append(",".join(r))
+    csv.write_text("\n".join(lines + extra) + "\n")
+    print(json.dumps({"model": "uce", "protein_embeddings_added": len(new), "chromosome_rows_added": len(extra)}))
+
+
+
 def symbols_over_data(out, data):
-    """Give scGPT's placeholder vocabulary rows to DATA's var_names (see --symbols-from)."""
+    """Give scGPT's placeholder vocabulary rows to DATA's var_names, and UCE a protein embedding
+    for each of them (see --symbols-from)."""
+    ids, cells, _ = read_var(data, "_index")
+    if (out / "uce" / "species_chrom.csv").is_file():
+        uce_over_genes(out, [g for j, g in enumerate(ids) if cells[j]])
     path = out / "scgpt" / "whole_human" / "vocab.json"
     if not path.is_file():
         return
     vocab = json.load(open(path))
-    ids, cells, _ = read_var(data, "_index")
     new = [g for j, g in sorted(enumerate(ids), key=lambda t: -cells[t[0]]) if cells[j] and g not in vocab]
     placeholders = sorted((v, k) for k, v in vocab.items() if k.startswith("SCFOUNDRY_PLACEHOLDER_"))
     for (i, k), g in zip(placeholders, dict.fromkeys(new)):

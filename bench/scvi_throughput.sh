@@ -4,11 +4,11 @@
 # encoder in plain PyTorch (bench/scvi_torch.py), float32, random weights, 100,000 synthetic
 # cells of raw counts.
 #
-#   bash bench/scvi_throughput.sh OUT_DIR [scfoundry binary]
+#   bash bench/scvi_throughput.sh OUT_DIR [scfoundry-bench binary]
 # Prints one JSON line per run and writes them to OUT_DIR/scvi_throughput.jsonl.
 set -uo pipefail
 out="${1:?usage: scvi_throughput.sh OUT_DIR [binary]}"
-bin="${2:-dist/cuda/scfoundry}"
+bin="${2:-dist/cuda/scfoundry-bench}"
 py="${PYTHON:-python3}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
