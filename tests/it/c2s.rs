@@ -150,7 +150,7 @@ fn c2s_bad_weights_are_named() {
 }
 
 /// A weights folder holding the fixture files where weights.toml puts the C2S model's.
-fn weights_with(ctx: &TestContext) -> PathBuf {
+pub(crate) fn weights_with(ctx: &TestContext) -> PathBuf {
     let w = ctx.path("weights");
     let man = scfoundry::weights::Manifest::builtin();
     for (id, file) in [("c2s-pythia-410m-ctp-config", "config.json"), ("c2s-pythia-410m-ctp-model", "model.safetensors"), ("c2s-pythia-410m-ctp-tokenizer", "tokenizer.json")] {

@@ -1,5 +1,5 @@
 //! Gene ids that just work (src/tasks/genes.rs, docs/genes.md): one `--gene-column` for every
-//! method, symbols and Ensembl ids mapped through the offline GENCODE 44 table, the match
+//! method, symbols and Ensembl ids mapped through the offline human and mouse tables, the match
 //! reported ("N of M genes matched the model's vocabulary (K% of the counts)") in the output's
 //! provenance and report.json, and a run that stops below `--min-gene-match`.
 //!
@@ -103,4 +103,45 @@ fn a_file_below_the_threshold_stops_with_the_figures_and_the_override() {
     let r = ctx.run(&["embed", "-m", "pca", "-d", "cells.h5ad", "-o", "p.h5ad", "--n-comps", "5", "--gene-column", "index"]);
     r.success();
     assert!(r.stderr.contains("does not honour --gene-column (it reads no gene ids); ignored"), "{}", r.stderr);
+}
+
+/// Mouse Ensembl ids reach a model that reads symbols through the offline mouse table: C2S on a
+/// file of mouse Ensembl ids (one with a version suffix) embeds exactly as on the same file with
+/// the mouse symbols. Without the mouse table no id would match and the run would stop.
+#[test]
+fn mouse_ensembl_ids_embed_as_their_symbols() {
+    let ctx = TestContext::new();
+    let w = crate::c2s::weights_with(&ctx);
+    let w = w.to_str().unwrap();
+    let pairs = [
+        ("ENSMUSG00000032093.9", "Cd3e"),
+        ("ENSMUSG00000023274", "Cd4"),
+        ("ENSMUSG00000053977", "Cd8a"),
+        ("ENSMUSG00000026395", "Ptprc"),
+        ("ENSMUSG00000024673", "Ms4a1"),
+        ("ENSMUSG00000069516", "Lyz2"),
+        ("ENSMUSG00000029580", "Actb"),
+        ("ENSMUSG00000059552", "Trp53"),
+        // C3 is also a human symbol: the mouse id maps to it all the same
+        ("ENSMUSG00000024164", "C3"),
+        ("ENSMUSG00000057666", "Gapdh"),
+    ];
+    let mut t = Tiny::counts(12, pairs.len());
+    t.var_names = pairs.iter().map(|(_, s)| s.to_string()).collect();
+    t.write(&ctx.path("symbols.h5ad"));
+    t.var_names = pairs.iter().map(|(id, _)| id.to_string()).collect();
+    t.write(&ctx.path("ids.h5ad"));
+    // the symbols run goes to the default runs folder, this one to its own
+    let runs = ctx.path("runs-ids");
+    let runs_s = runs.to_str().unwrap();
+    ctx.run(&["--weights-dir", w, "embed", "-m", "c2s", "-d", "symbols.h5ad", "--seed", "42", "--batch-size", "4"]).success();
+    let r = ctx.run(&["--weights-dir", w, "embed", "-m", "c2s", "-d", "ids.h5ad", "--seed", "42", "--batch-size", "4", "--runs-dir", runs_s]);
+    r.success();
+    assert!(r.stderr.contains("note: 10 of 10 genes matched the model's vocabulary (100.0% of the counts); var_names (Ensembl ids, 10 mapped to gene symbols through the offline Ensembl mouse table, 1 version suffixes stripped)"), "{}", r.stderr);
+    let (a, dim) = read_obsm(&ctx.path("symbols.c2s.h5ad"), "X_c2s");
+    let (b, _) = read_obsm(&ctx.path("ids.c2s.h5ad"), "X_c2s");
+    assert_eq!((a.len() / dim, a == b), (12, true));
+    let m = &report(&runs)["tasks"][0]["result"]["gene_match"];
+    assert_eq!(m["map_species"], serde_json::json!(["mouse"]), "{m}");
+    assert!(m["map_source"].as_str().unwrap().starts_with("mouse: Ensembl BioMart export of the mouse genes"), "{m}");
 }

@@ -57,7 +57,7 @@ fn release_archive_holds_scfoundry_alone() {
         assert_eq!(text, std::fs::read_to_string(repo().join(file)).unwrap(), "{file} differs from the repository's");
     }
     let notices = std::fs::read_to_string(root.join("THIRD-PARTY-NOTICES")).unwrap();
-    for want in ["The HDF Group", "Jean-loup Gailly", "K.Kosako", "Marc Alexander Lehmann", "Daisuke Okanohara", "candle-core 0.11.1: MIT OR Apache-2.0", "hdf5-metno 0.15.1", "GENCODE release 44", "Copyright (c) 2020 Teichmann Lab"] {
+    for want in ["The HDF Group", "Jean-loup Gailly", "K.Kosako", "Marc Alexander Lehmann", "Daisuke Okanohara", "candle-core 0.11.1: MIT OR Apache-2.0", "hdf5-metno 0.15.1", "GENCODE release 44", "Copyright (c) 2020 Teichmann Lab", "mouse_to_human.csv", "Copyright (c) 2022 Stefan Peidli"] {
         assert!(notices.contains(want), "THIRD-PARTY-NOTICES lacks {want:?}");
     }
     assert!(!notices.contains("CUDA Runtime") && !notices.contains("cudarc "), "the CPU archive names no CUDA parts");
