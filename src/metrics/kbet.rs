@@ -20,6 +20,11 @@
 //! (A label of exactly 10 cells with k0 = 10 asks pynndescent for 11 neighbours
 //! of 10 points; it pads with index -1, which numpy reads as the last cell. We
 //! reproduce that.)
+//!
+//! The UMAP connectivities take rho as the first distance > 0 of a row, self
+//! included, so a kNN list whose self distance is round-off (1e-7) rather than 0
+//! gives another kBET; we follow that rule as scib-metrics does (see
+//! src/metrics/README.md, "kBET and the self distance").
 
 use rayon::prelude::*;
 
@@ -459,5 +464,121 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Labels of 900 and 600 cells (every subgraph on the Lanczos path, k0 = 70
+    /// and 50), fixture `kbet_lanczos.json` from scripts/scib_reference.py. Scored
+    /// on exact 50-NN lists (self at distance 0) and on the same lists with a
+    /// round-off self distance on two rows in three: umap's rho is the first
+    /// distance > 0, so the second set gives other connectivities and another kBET;
+    /// we must follow scib-metrics on both (docs: src/metrics/README.md, kBET).
+    #[test]
+    fn kbet_per_label_large_k0_lanczos_matches_scib() {
+        let path = format!(
+            "{}/tests/fixtures/scib/kbet_lanczos.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let raw: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let n = raw["n"].as_u64().unwrap() as usize;
+        let d = raw["d"].as_u64().unwrap() as usize;
+        let k = raw["knn_k"].as_u64().unwrap() as usize;
+        let nums = |key: &str| -> Vec<f64> {
+            raw[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        };
+        let emb: Vec<f32> = nums("embedding").iter().map(|&v| v as f32).collect();
+        let labels: Vec<u32> = nums("labels").iter().map(|&v| v as u32).collect();
+        let batches: Vec<u32> = nums("batches").iter().map(|&v| v as u32).collect();
+        let idx: Vec<u32> = nums("knn_indices").iter().map(|&v| v as u32).collect();
+        let metric_list = |key: &str| -> Vec<f64> {
+            raw["metrics"][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap_or(f64::NAN))
+                .collect()
+        };
+        // the fixture's lists are what our exact search finds
+        let ours_knn = exact_knn(&emb, n, d, k);
+        for i in 0..n {
+            let mut a = ours_knn.row(i).to_vec();
+            let mut b = idx[i * k..(i + 1) * k].to_vec();
+            assert_eq!(a[0], i as u32, "row {i}: self not first");
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "row {i}: neighbour set differs from the fixture's");
+        }
+        // distances recomputed from the embedding (self: 0)
+        let dist: Vec<f32> = (0..n * k)
+            .map(|e| {
+                let (i, j) = (e / k, idx[e] as usize);
+                let s: f64 = (0..d)
+                    .map(|c| (emb[i * d + c] as f64 - emb[j * d + c] as f64).powi(2))
+                    .sum();
+                s.sqrt() as f32
+            })
+            .collect();
+        let roundoff = raw["self_roundoff"].as_f64().unwrap() as f32;
+        let mut dist_round = dist.clone();
+        for i in (0..n).filter(|i| i % 3 != 2) {
+            dist_round[i * k] = roundoff;
+        }
+        // the sizes this test is for: every label on the Lanczos path, k0 >= 50
+        let k0 = metric_list("k0");
+        let uniq = {
+            let mut u = labels.clone();
+            u.sort_unstable();
+            u.dedup();
+            u
+        };
+        for (lab, k0) in uniq.iter().zip(&k0) {
+            let m = labels.iter().filter(|&&l| l == *lab).count();
+            assert!(
+                m > DENSE_EIGEN_MAX && *k0 >= 50.0,
+                "label {lab}: {m} cells, k0 {k0}"
+            );
+        }
+        let mut means = Vec::new();
+        for (tag, dist) in [("", dist), ("_self_roundoff", dist_round)] {
+            let nn = NeighborsResults::new(idx.clone(), dist, n, k);
+            let theirs = metric_list(&format!("kbet_per_label_scores{tag}"));
+            let lanczos = kbet_per_label_scores(&nn, &batches, &labels, 0.05, 100);
+            let dense = kbet_per_label_scores_with(&nn, &batches, &labels, 0.05, 100, usize::MAX);
+            for (((lab, s), (_, sd)), t) in lanczos.iter().zip(&dense).zip(&theirs) {
+                eprintln!(
+                    "kbet_lanczos{tag} label {lab}: lanczos {s:.6} dense {sd:.6} scib {t:.6}"
+                );
+                assert!(
+                    (s - t).abs() <= 1e-3,
+                    "{tag} label {lab}: lanczos {s} vs scib {t}"
+                );
+                assert!(
+                    (sd - t).abs() <= 1e-3,
+                    "{tag} label {lab}: dense {sd} vs scib {t}"
+                );
+            }
+            let mean = kbet_per_label(&nn, &batches, &labels, 0.05, 100);
+            assert_close(
+                "kbet_lanczos",
+                &format!("kbet_per_label{tag}"),
+                mean,
+                raw["metrics"][format!("kbet_per_label{tag}")]
+                    .as_f64()
+                    .unwrap(),
+                1e-3,
+            );
+            means.push(mean);
+        }
+        // the round-off self distances do move kBET (else the second half tests nothing)
+        assert!(
+            (means[0] - means[1]).abs() > 0.02,
+            "self round-off changed kBET by only {}",
+            (means[0] - means[1]).abs()
+        );
     }
 }
