@@ -14,11 +14,7 @@ use crate::registry::Method;
 use crate::runner::{self, Run, TaskSpec};
 use crate::settings::Settings;
 
-/// Default output: `<input stem>.<method>.h5ad` beside the input.
-pub fn default_output(data: &Path, method: &str) -> PathBuf {
-    let stem = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "data".into());
-    data.with_file_name(format!("{stem}.{method}.h5ad"))
-}
+pub use crate::paths::default_output;
 
 /// Warn about options the method does not honour; return the method parameters in effect.
 pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> crate::error::Result<Map<String, Value>> {
