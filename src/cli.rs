@@ -248,7 +248,24 @@ pub struct EmbedArgs {
     #[command(flatten)]
     pub knobs: KnobArgs,
     #[command(flatten)]
+    pub integration: EmbedIntegrationArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
+}
+
+/// What `embed` passes on to an integration method that embeds by fine-tuning on the batches
+/// (`embeds_by_integrating` in its table entry): the run is `integrate`'s task, with --batch-key,
+/// --model-dir, --device, --precision and --seed taken from embed's options of those names.
+#[derive(Debug, Args, Default, Clone)]
+#[command(next_help_heading = "Fine-tuning for integration (--method scgpt_integrated; also `scfoundry integrate`)")]
+pub struct EmbedIntegrationArgs {
+    /// scgpt_integrated: cells per training minibatch (default 64, upstream's); halved on CUDA
+    /// out-of-memory.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub integration_batch_size: Option<u64>,
+    /// scgpt_integrated: fine-tuning epochs (default 30, upstream's).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: Option<u64>,
 }
 
 /// Where the tasks run.
@@ -526,6 +543,8 @@ pub struct KnobArgs {
     /// scvi: obs column of the query's batches, for a model whose encoder reads the batch
     /// (default: the model's own batch_key).
     /// cellplm: obs column grouping the cells embedded together (default `batch`).
+    /// scgpt_integrated: obs column of the batches it fine-tunes on (required; as `integrate
+    /// --batch-key`).
     #[arg(long, value_name = "COL")]
     pub batch_key: Option<String>,
 }

@@ -91,3 +91,9 @@ mod tests {
         assert!(same_file(&f, &d.path().join("sym.h5ad")));
     }
 }
+
+/// Default output of `embed` and `integrate`: `<input stem>.<method>.h5ad` beside the input.
+pub fn default_output(data: &Path, method: &str) -> PathBuf {
+    let stem = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "data".into());
+    data.with_file_name(format!("{stem}.{method}.h5ad"))
+}

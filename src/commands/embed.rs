@@ -14,11 +14,7 @@ use crate::registry::Method;
 use crate::runner::{self, Run, TaskSpec};
 use crate::settings::Settings;
 
-/// Default output: `<input stem>.<method>.h5ad` beside the input.
-pub fn default_output(data: &Path, method: &str) -> PathBuf {
-    let stem = data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "data".into());
-    data.with_file_name(format!("{stem}.{method}.h5ad"))
-}
+pub use crate::paths::default_output;
 
 /// Warn about options the method does not honour; return the method parameters in effect.
 pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> crate::error::Result<Map<String, Value>> {
@@ -123,6 +119,82 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
     Ok(spec)
 }
 
+/// `integrate`'s options for an `embed` of an integration method that embeds by fine-tuning:
+/// --batch-key (required), --epochs, --integration-batch-size, --model-dir, --device,
+/// --precision, --seed, --layer and the executor carry over; the rest is ignored with a warning.
+fn integrate_args(args: &EmbedArgs, m: &Method, files: &[PathBuf]) -> anyhow::Result<crate::cli::IntegrateArgs> {
+    if files.len() != 1 {
+        return Err(Error::BadOption {
+            option: "--data".into(),
+            detail: format!("names {} files; {} fine-tunes on the batches of one file", files.len(), m.name),
+            hint: Some("concatenate them into one file first (`anndata.concat([...], label=\"batch\")`)".into()),
+        }
+        .into());
+    }
+    let data = files[0].clone();
+    let Some(key) = args.knobs.batch_key.as_deref().filter(|k| !k.is_empty()) else {
+        return Err(Error::BadOption {
+            option: "--batch-key".into(),
+            detail: format!("none given, and it is required: {} fine-tunes the model on the batches of an obs column and embeds each batch with its own statistics, as `integrate` does", m.name),
+            hint: Some(format!("pass the obs column that holds the batches: `scfoundry embed --method {} --data {} --batch-key COLUMN`", m.name, data.display())),
+        }
+        .into());
+    };
+    if args.embedding_only {
+        return Err(Error::BadOption {
+            option: "--embedding-only".into(),
+            detail: format!("{} writes a copy of the input with the embedding, as `integrate` does", m.name),
+            hint: Some("leave --embedding-only out".into()),
+        }
+        .into());
+    }
+    let k = &args.knobs;
+    let mut ignored: Vec<&str> = k.given().into_iter().map(|(f, _)| f).collect();
+    for (flag, given) in [
+        ("--emb-layer", k.emb_layer.is_some()),
+        ("--emb-mode", k.emb_mode.is_some()),
+        ("--obs-features", k.obs_features.is_some()),
+        ("--gene-column", k.gene_column.is_some()),
+        ("--min-gene-match", k.min_gene_match.is_some()),
+        ("--shards", args.exec.shards.is_some()),
+        ("--gpu", args.exec.gpu.is_some()),
+        ("--max-forks", args.exec.max_forks.is_some()),
+        ("--allocator", args.device.allocator.is_some()),
+        ("--gpu-memory-limit", args.device.gpu_memory_limit.is_some()),
+    ] {
+        if given {
+            ignored.push(flag);
+        }
+    }
+    if !ignored.is_empty() {
+        warn(&format!("{} embeds by fine-tuning (integrate's task), which does not honour {}; ignored", m.name, ignored.join(", ")));
+    }
+    Ok(crate::cli::IntegrateArgs {
+        method: m.name.clone(),
+        data,
+        embedding: "X_pca".into(),
+        batch_key: key.split(',').map(String::from).collect(),
+        out: args.out.clone(),
+        in_place: args.in_place,
+        seed: args.seed,
+        theta: None,
+        layer: args.layer.clone(),
+        skip_counts_check: args.skip_counts_check,
+        dims: None,
+        k_weight: None,
+        scvi: Default::default(),
+        scgpt: crate::cli::ScgptIntegrationArgs {
+            integration_batch_size: args.integration.integration_batch_size,
+            epochs: args.integration.epochs,
+            device: args.device.device,
+            precision: k.precision.clone(),
+            model_dir: k.model_dir.clone(),
+        },
+        batch: BatchArgs { batch_size: args.batch.batch_size },
+        exec: args.exec.base.clone(),
+    })
+}
+
 /// One input file of an embedding, checked: its cells, the block grid, the groups a sharded
 /// method is cut by, and where its output goes.
 struct Input {
@@ -142,6 +214,10 @@ pub fn run(s: &Settings, args: &EmbedArgs) -> anyhow::Result<ExitStatus> {
     let files = crate::tasks::inputs::expand(&args.data)?;
     let several = files.len() > 1;
     let m = s.registry.get(method)?.clone();
+    if m.implemented && m.kind == crate::registry::Kind::Integration && crate::tasks::table::get(&m.name).is_some_and(|e| e.embeds_by_integrating()) {
+        // the embedding is integrate's task: one code path, one output
+        return crate::commands::integrate::run(s, &integrate_args(args, &m, &files)?);
+    }
     let params = resolve_params(s, &m, args)?;
     if !m.implemented {
         return Err(Error::NotImplemented { name: m.name.clone(), version: env!("CARGO_PKG_VERSION") }.into());

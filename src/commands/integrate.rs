@@ -7,10 +7,10 @@
 //! `--executor` says; the input is checked here first.
 
 use crate::cli::IntegrateArgs;
-use crate::commands::embed::default_output;
 use crate::commands::ExitStatus;
 use crate::error::Error;
 use crate::executor::{self, nextflow};
+use crate::paths::default_output;
 use crate::progress::warn;
 use crate::registry::Kind;
 use crate::runner::{options_params, TaskSpec};

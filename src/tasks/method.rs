@@ -116,6 +116,12 @@ pub trait Method: Sync {
         false
     }
 
+    /// Whether `embed` runs this integration method: its embedding is integrate's task (a
+    /// model fine-tuned on the batches of `--batch-key`), the same output as `integrate`.
+    fn embeds_by_integrating(&self) -> bool {
+        false
+    }
+
     /// Checks of `integrate`'s options for this method (warnings for those it ignores).
     fn check_integrate_options(&self, _args: &IntegrateArgs) -> anyhow::Result<()> {
         Ok(())

@@ -143,9 +143,11 @@ fn unknown_method() {
 fn integration_method_under_embed_fails_plainly() {
     let ctx = TestContext::new();
     Tiny::counts(10, 8).write(&ctx.path("t.h5ad"));
-    let r = ctx.run(&["embed", "--method", "scgpt_integrated", "--data", "t.h5ad"]);
-    r.user_error().stderr_has("scgpt_integrated is an integration method").stderr_has("scfoundry integrate --method scgpt_integrated").has_hint();
-    assert!(!ctx.path("t.scgpt_integrated.h5ad").exists());
+    // harmony corrects an embedding: embed refuses it (scgpt_integrated, which fine-tunes, runs
+    // under embed as integrate's task: tests/it/scgpt_integrated.rs)
+    let r = ctx.run(&["embed", "--method", "harmony", "--data", "t.h5ad"]);
+    r.user_error().stderr_has("harmony is an integration method").stderr_has("scfoundry integrate --method harmony").has_hint();
+    assert!(!ctx.path("t.harmony.h5ad").exists());
     assert!(!ctx.path("runs").exists(), "no run folder for a refused command");
 }
 

@@ -241,3 +241,40 @@ fn scgpt_integrated_command_writes_embedding_and_weights() {
     r.success();
     assert_eq!(crate::common::read_obsm(&ctx.path("again.h5ad"), "X_scgpt_integrated").0, emb);
 }
+
+/// `embed --method scgpt_integrated` runs integrate's task: the same options give the same
+/// embedding as `integrate`, and without --batch-key it stops naming the option.
+#[test]
+fn scgpt_integrated_embed_matches_integrate() {
+    let ctx = crate::common::TestContext::new();
+    let vocab: serde_json::Map<String, Value> = serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/scgpt/tiny/vocab.json")).unwrap()).unwrap();
+    let mut genes: Vec<String> = vocab.keys().filter(|k| !k.starts_with('<') && !k.starts_with("NOTINDATA")).cloned().collect();
+    genes.sort();
+    let (n, g) = (45, 24);
+    let mut t = crate::common::Tiny::counts(n, g);
+    t.var_names = genes[..g].to_vec();
+    let t = t.with_obs("batch", (0..n).map(|i| format!("b{}", i % 3)).collect());
+    t.write(&ctx.path("t.h5ad"));
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/scgpt/tiny");
+    let common = ["-d", "t.h5ad", "--epochs", "2", "--integration-batch-size", "8", "--model-dir", model.to_str().unwrap(), "--seed", "5"];
+    let r = ctx.run(&[&["embed", "-m", "scgpt_integrated"][..], &common].concat());
+    r.failed().stderr_has("--batch-key").stderr_has("is required").has_hint();
+    assert!(!ctx.path("t.scgpt_integrated.h5ad").exists());
+    let r = ctx.run(&[&["embed", "-m", "scgpt_integrated", "--batch-key", "batch", "-o", "e.h5ad"][..], &common].concat());
+    r.success();
+    let r = ctx.run(&[&["integrate", "-m", "scgpt_integrated", "--batch-key", "batch", "-o", "i.h5ad"][..], &common].concat());
+    r.success();
+    let (e, dim) = crate::common::read_obsm(&ctx.path("e.h5ad"), "X_scgpt_integrated");
+    let (i, _) = crate::common::read_obsm(&ctx.path("i.h5ad"), "X_scgpt_integrated");
+    assert_eq!((e.len(), dim), (n * 32, 32));
+    assert_eq!(e, i, "embed and integrate differ");
+    // the options reached the task: the provenance of embed's output says so
+    let h = safetensors_header(&ctx.path("e").join("scgpt_integrated.safetensors"));
+    let prov: Value = serde_json::from_str(h["__metadata__"]["provenance"].as_str().unwrap()).unwrap();
+    assert_eq!((prov["seed"].as_u64(), prov["epochs"].as_u64(), prov["batch_size"].as_u64()), (Some(5), Some(2), Some(8)));
+    assert_eq!(prov["batch_key"], "batch");
+    // another seed gives another embedding (the comparison above could not pass by accident)
+    let r = ctx.run(&[&["embed", "-m", "scgpt_integrated", "--batch-key", "batch", "-o", "e6.h5ad"][..], &common[..common.len() - 1], &["6"]].concat());
+    r.success();
+    assert_ne!(crate::common::read_obsm(&ctx.path("e6.h5ad"), "X_scgpt_integrated").0, e);
+}
