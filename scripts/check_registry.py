@@ -81,6 +81,7 @@ WEIGHT_KEYS = {
     "archive": (False, (str,)),
     "member": (False, (str,)),
     "note": (False, (str,)),
+    "upstream_path": (False, (str,)),
 }
 ARCHIVES = {"tar.gz", "zip"}
 REVISION_RE = re.compile(
@@ -277,6 +278,9 @@ def check_weight(wid: str, w: dict, methods: set[str], problems: list[str]) -> N
     f = w.get("file", "")
     if isinstance(f, str) and (f.startswith("/") or ".." in Path(f).parts):
         problems.append(f"{where}: file must be a relative path inside the weights folder")
+    up = w.get("upstream_path", "")
+    if isinstance(up, str) and (up.startswith("/") or ".." in Path(up).parts):
+        problems.append(f"{where}: upstream_path must be a relative path inside upstream's folder")
 
 
 def main() -> int:

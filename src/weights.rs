@@ -40,6 +40,10 @@ pub struct Entry {
     pub note: Option<String>,
     #[serde(default)]
     pub description: Option<String>,
+    /// Where upstream's repository keeps the file when that is not a tail of `file` (CellFM's
+    /// `csv/gene_info.csv`): a folder laid out as upstream's is searched for it there too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -81,9 +85,10 @@ impl Manifest {
     }
 
     /// Where each of `ids`' files is in a folder laid out as upstream releases it: the longest
-    /// tail of the entry's path (`a/b/c.json`, `b/c.json`, `c.json`) that the folder holds. Two
-    /// entries on one file keep the longer tail (so `1_Pooling/config.json` never stands in for
-    /// `config.json`). Returns (id, path inside the folder) for those found, and the absent.
+    /// tail of the entry's path (`a/b/c.json`, `b/c.json`, `c.json`) that the folder holds, else
+    /// its `upstream_path`. Two entries on one file keep the longer tail (so
+    /// `1_Pooling/config.json` never stands in for `config.json`). Returns (id, path inside the
+    /// folder) for those found, and the absent.
     pub fn find_in_folder<S: AsRef<str>>(&self, ids: &[S], dir: &Path) -> (Vec<(String, String)>, Vec<String>) {
         let mut found: Vec<(String, String, usize)> = Vec::new();
         let mut absent = Vec::new();
@@ -93,7 +98,8 @@ impl Manifest {
                 continue;
             };
             let parts: Vec<&str> = e.file.split('/').collect();
-            match (0..parts.len()).map(|k| (parts[k..].join("/"), parts.len() - k)).find(|(tail, _)| dir.join(tail).is_file()) {
+            let upstream = e.upstream_path.iter().map(|p| (p.clone(), p.split('/').count()));
+            match (0..parts.len()).map(|k| (parts[k..].join("/"), parts.len() - k)).chain(upstream).find(|(tail, _)| dir.join(tail).is_file()) {
                 Some((tail, n)) => found.push((id.to_string(), tail, n)),
                 None => absent.push(id.to_string()),
             }
@@ -512,6 +518,7 @@ mod tests {
             member: None,
             note: None,
             description: None,
+            upstream_path: None,
         }
     }
 

@@ -198,3 +198,35 @@ fn c2s_embed_command_matches_upstream() {
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "c2s", "-d", "cells.h5ad", "--top-genes", "0", "-o", "x.h5ad"]);
     r.failed().stderr_has("--top-genes");
 }
+
+/// `--model-dir` with the model as a Hugging Face cache entry
+/// (`models--vandijklab--C2S-Pythia-410m-cell-type-prediction`: refs/main naming its snapshot,
+/// the files linked from blobs/) and no weights folder: the weights folder's embedding bit for
+/// bit, with the snapshot and the files' sha256 in the provenance; a snapshot without
+/// tokenizer.json is refused naming the folder and the file.
+#[test]
+fn c2s_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "c2s", "-d", "cells.h5ad", "--seed", "42", "--batch-size", "3"];
+    ctx.run(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat()).success();
+    let rev = "5a1ac2d04f2e5ae8b7a3de8bfa9b5bcd7d0c7e41";
+    let files = ["config.json", "model.safetensors", "tokenizer.json"].map(|n| (dir().join(n), n));
+    let entry = crate::common::hf_cache_entry(&ctx.path("hub"), "models--vandijklab--C2S-Pythia-410m-cell-type-prediction", rev, &files);
+    let snapshot = entry.join("snapshots").join(rev);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", entry.to_str().unwrap()]].concat());
+    r.success();
+    assert!(!r.stderr.contains("does not honour"), "{}", r.stderr);
+    let ids = ["c2s-pythia-410m-ctp-config", "c2s-pythia-410m-ctp-model", "c2s-pythia-410m-ctp-tokenizer"];
+    let shas: Vec<(&str, PathBuf)> = ids.iter().zip(&files).map(|(id, (file, _))| (*id, file.clone())).collect();
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_c2s", &snapshot, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_c2s");
+    let n = f["n_cells"].as_u64().unwrap() as usize;
+    let err = max_rel_err(&got[..n * dim], &f["models"]["parallel"]["embeddings"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    // the snapshot without its tokenizer
+    std::fs::remove_file(snapshot.join("tokenizer.json")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", entry.to_str().unwrap()]].concat(), "c2s", &snapshot, "tokenizer.json", "x.h5ad");
+}

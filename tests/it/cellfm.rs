@@ -212,3 +212,30 @@ fn cellfm_embed_command_matches_the_port() {
     r.user_error().stderr_has("do not belong together");
     assert!(!ctx.path("again.h5ad").exists());
 }
+
+/// `--model-dir` with the port's state_dict (and its config) beside CellFM's gene table where
+/// the CellFM repository keeps it (csv/gene_info.csv), and no weights folder: the weights
+/// folder's embedding bit for bit, with the folder and the files' sha256 in the provenance (a
+/// folder's files are not held to weights.toml's pins, so the small table needs no manifest); a
+/// folder without the gene table is refused before the run, naming the folder and the file.
+#[test]
+fn cellfm_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let (w, manifest) = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "cellfm", "--min-gene-match", "0", "-d", "cells.h5ad", "--batch-size", "3"];
+    ctx.run_env(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat(), &[("SCFOUNDRY_MANIFEST", manifest.as_path())]).success();
+    let files = [(dir().join("cellfm_torch.pt"), "cellfm_torch.pt"), (dir().join("cellfm_torch.json"), "cellfm_torch.json"), (dir().join("gene_info.csv"), "csv/gene_info.csv")];
+    let m = crate::common::model_folder(&ctx.path("CellFM"), &files);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", m.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("140 of the data's 300 genes are in the model's 160-gene table"), "{}", r.stderr);
+    let shas = [("cellfm-torch-state-dict", files[0].0.clone()), ("cellfm-gene-info", files[2].0.clone())];
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_cellfm", &m, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_cellfm");
+    let err = max_rel_err(&got, &f["embeddings"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    std::fs::remove_dir_all(m.join("csv")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", m.to_str().unwrap()]].concat(), "cellfm", &m, "gene_info.csv", "x.h5ad");
+}

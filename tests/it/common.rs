@@ -409,3 +409,66 @@ pub fn assert_shards_equal(ctx: &TestContext, args: &[&str], env: &[(&str, &Path
     assert_eq!(seen, shards, "{key}: expected {shards} shards in {}", run.display());
     run
 }
+
+/// Copy each (source file, path inside the folder) into `dir`: a model folder as upstream lays
+/// it out, for `--model-dir`. Returns `dir`.
+pub fn model_folder(dir: &Path, files: &[(PathBuf, &str)]) -> PathBuf {
+    for (from, to) in files {
+        let to = dir.join(to);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, &to).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+/// A Hugging Face cache entry `hub/<name>` (`models--ORG--NAME`) at revision `rev`, as
+/// huggingface_hub writes one: each (source file, path in the snapshot) a blob named by its
+/// sha256 under `blobs/`, linked from `snapshots/<rev>/`, and `refs/main` naming `rev`.
+/// Returns the entry.
+pub fn hf_cache_entry(hub: &Path, name: &str, rev: &str, files: &[(PathBuf, &str)]) -> PathBuf {
+    let entry = hub.join(name);
+    std::fs::create_dir_all(entry.join("blobs")).unwrap();
+    std::fs::create_dir_all(entry.join("refs")).unwrap();
+    std::fs::write(entry.join("refs/main"), rev).unwrap();
+    for (from, to) in files {
+        let sha = sha256(from);
+        std::fs::copy(from, entry.join("blobs").join(&sha)).unwrap();
+        let link = entry.join("snapshots").join(rev).join(to);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        let up = "../".repeat(Path::new(to).components().count() + 1);
+        std::os::unix::fs::symlink(format!("{up}blobs/{sha}"), &link).unwrap();
+    }
+    entry
+}
+
+/// An `embed --model-dir` output against the weights folder's output of the same model and
+/// options: `obsm[key]` equal bit for bit, `parameters/model_dir` the folder as the command
+/// resolved it (a cache entry's snapshot), and `weights/sha256/<entry id>` the sha256 of each
+/// of `files` (entry id, its file) read from the folder.
+#[track_caller]
+pub fn assert_model_dir_run(from_dir: &Path, from_weights: &Path, key: &str, folder: &Path, files: &[(&str, PathBuf)]) {
+    let (a, dim) = read_obsm(from_dir, key);
+    let (b, dim_w) = read_obsm(from_weights, key);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!((a.len(), dim), (b.len(), dim_w));
+    assert!(bits(&a) == bits(&b), "{key}: the --model-dir run differs from the weights folder's");
+    let h = hdf5::File::open(from_dir).unwrap();
+    let text = |name: &str| -> String { h.dataset(name).unwrap_or_else(|e| panic!("{name}: {e}")).read_scalar::<VarLenUnicode>().unwrap().to_string() };
+    assert_eq!(text("uns/scfoundry/parameters/model_dir"), folder.display().to_string());
+    for (id, file) in files {
+        assert_eq!(text(&format!("uns/scfoundry/weights/sha256/{id}")), sha256(file), "sha256 of {id}");
+    }
+}
+
+/// `embed` with `args` (naming `--model-dir folder` and `-o out`) from a folder that lacks
+/// `file`: a user error naming the folder and the file, with a hint, before a run starts (no
+/// run folder, no output).
+#[track_caller]
+pub fn assert_model_dir_lacks(ctx: &TestContext, args: &[&str], method: &str, folder: &Path, file: &str, out: &str) {
+    let runs = || std::fs::read_dir(ctx.path("runs")).map(|d| d.count()).unwrap_or(0);
+    let before = runs();
+    let r = ctx.run(args);
+    r.user_error().stderr_has(&format!("{}: --model-dir for {method} has no {file}", folder.display())).has_hint();
+    assert_eq!(runs(), before, "no run folder for a run that cannot start");
+    assert!(!ctx.path(out).exists());
+}

@@ -275,3 +275,31 @@ fn novae_bad_checkpoint_is_a_clear_error() {
     std::fs::write(&config, r#"{"var_names": ["a"], "mode_kwargs": {"multimodal": true}}"#).unwrap();
     assert!(Config::load(&config).err().unwrap().to_string().contains("multimodal"));
 }
+
+/// `--model-dir` with the model as a Hugging Face cache entry (`models--prism-oncology--novae-human-0`:
+/// refs/main naming its snapshot, model.safetensors and config.json linked from blobs/) and no
+/// weights folder: the weights folder's latents bit for bit, with the snapshot and the files'
+/// sha256 in the provenance; a snapshot without config.json is refused before the run, naming
+/// the folder and the file.
+#[test]
+fn novae_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(dir().join("cells.h5ad"), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "novae", "-d", "cells.h5ad", "--radius", "50", "--batch-size", "7"];
+    ctx.run(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat()).success();
+    let rev = "9e4b1f0c7a2d5e8b3c6f1a4d7e0b2c5f8a1d4e7b";
+    let files = ["model.safetensors", "config.json"].map(|n| (dir().join("model").join(n), n));
+    let entry = crate::common::hf_cache_entry(&ctx.path("hub"), "models--prism-oncology--novae-human-0", rev, &files);
+    let snapshot = entry.join("snapshots").join(rev);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", entry.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("70 of 80 genes used"), "{}", r.stderr);
+    let shas = [("novae-human-0-model", files[0].0.clone()), ("novae-human-0-config", files[1].0.clone())];
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_novae", &snapshot, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_novae");
+    assert_eq!((got.len() / dim, dim), (f["latent"].as_array().unwrap().len(), 12));
+    std::fs::remove_file(snapshot.join("config.json")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", entry.to_str().unwrap()]].concat(), "novae", &snapshot, "config.json", "x.h5ad");
+}

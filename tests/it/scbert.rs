@@ -171,3 +171,29 @@ fn scbert_embed_refuses_a_mismatched_gene_list() {
     r.failed().stderr_has("panglao_10000.h5ad").stderr_has("301");
     assert!(!ctx.path("t.scbert.h5ad").exists());
 }
+
+/// `--model-dir` with a folder as the README's Checkpoint and Data links leave it
+/// (panglao_pretrained.pth, panglao_10000.h5ad) and no weights folder: the weights folder's
+/// embedding bit for bit, with the folder and the files' sha256 in the provenance; a folder
+/// without the reference is refused before the run, naming the folder and the file.
+#[test]
+fn scbert_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "scbert", "--min-gene-match", "0", "-d", "cells.h5ad", "--batch-size", "4"];
+    ctx.run(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat()).success();
+    let files = ["panglao_pretrained.pth", "panglao_10000.h5ad"].map(|n| (dir().join("scbert").join(n), n));
+    let m = crate::common::model_folder(&ctx.path("scbert-release"), &files);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", m.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("260 of the 300 reference genes"), "{}", r.stderr);
+    let shas = [("scbert-panglao-pretrained", files[0].0.clone()), ("scbert-panglao-reference", files[1].0.clone())];
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_scbert", &m, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_scbert");
+    let err = max_rel_err(&got, &f["cell_embedding_mean"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    std::fs::remove_file(m.join("panglao_10000.h5ad")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", m.to_str().unwrap()]].concat(), "scbert", &m, "panglao_10000.h5ad", "x.h5ad");
+}

@@ -203,3 +203,31 @@ fn scfoundation_embed_command_matches_upstream() {
     r.user_error().stderr_has("do not belong together");
     assert!(!ctx.path("again.h5ad").exists());
 }
+
+/// `--model-dir` with a folder as the repository lays it out (models/models.ckpt,
+/// OS_scRNA_gene_index.19264.tsv) and no weights folder: the weights folder's embedding bit for
+/// bit, with the folder and the files' sha256 in the provenance (a folder's files are not held to
+/// weights.toml's pins, so the small gene index needs no manifest); a folder with models.ckpt as
+/// the SharePoint share names it but no gene index is refused before the run, naming the folder
+/// and the file.
+#[test]
+fn scfoundation_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let (w, manifest) = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "scfoundation", "--min-gene-match", "0", "-d", "cells.h5ad"];
+    ctx.run_env(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat(), &[("SCFOUNDRY_MANIFEST", manifest.as_path())]).success();
+    let files = [(dir().join("models.ckpt"), "models/models.ckpt"), (dir().join("gene_index.tsv"), "OS_scRNA_gene_index.19264.tsv")];
+    let m = crate::common::model_folder(&ctx.path("scFoundation"), &files);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", m.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("90 of the model's 98 genes are in the data; 8 are zero-filled"), "{}", r.stderr);
+    let shas = [("scfoundation-models-ckpt", files[0].0.clone()), ("scfoundation-gene-index", files[1].0.clone())];
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_scfoundation", &m, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_scfoundation");
+    let err = max_rel_err(&got, &f["embeddings"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    let share = crate::common::model_folder(&ctx.path("share"), &[(dir().join("models.ckpt"), "models.ckpt")]);
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", share.to_str().unwrap()]].concat(), "scfoundation", &share, "OS_scRNA_gene_index.19264.tsv", "x.h5ad");
+}

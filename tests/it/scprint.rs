@@ -175,3 +175,35 @@ fn scprint_embed_command_matches_upstream() {
     r.user_error().stderr_has("var_names").stderr_has("Ensembl").has_hint();
     assert!(!ctx.path("t.scprint.h5ad").exists());
 }
+
+/// `--model-dir` with the checkpoint as a Hugging Face cache entry of jkobject/scPRINT
+/// (`models--jkobject--scPRINT`: refs/main naming its snapshot, medium-v1.5.ckpt linked from
+/// blobs/) and no weights folder: the weights folder's embedding bit for bit, with the snapshot
+/// and the checkpoint's sha256 in the provenance; a snapshot without the checkpoint is refused
+/// before the run, naming the folder and the file.
+#[test]
+fn scprint_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let w = ctx.path("weights");
+    let ckpt = scprint::checkpoint_file(&w, &scfoundry::weights::Manifest::builtin());
+    std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
+    std::fs::copy(dir().join("tiny.ckpt"), &ckpt).unwrap();
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let run = &f["runs"][1];
+    let (max_len, seed) = (run["max_len"].to_string(), run["seed"].to_string());
+    let args = ["embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", max_len.as_str(), "--seed", seed.as_str(), "--batch-size", "7"];
+    ctx.run(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat()).success();
+    let rev = "0c1d6e8a2b9f4e37a5d0c8b61f2e9a7d3b4c5e6f";
+    let entry = crate::common::hf_cache_entry(&ctx.path("hub"), "models--jkobject--scPRINT", rev, &[(dir().join("tiny.ckpt"), "medium-v1.5.ckpt")]);
+    let snapshot = entry.join("snapshots").join(rev);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", entry.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("100 of the model's 120 genes are in the data"), "{}", r.stderr);
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_scprint", &snapshot, &[("scprint-medium-v1.5", dir().join("tiny.ckpt"))]);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_scprint");
+    let err = max_rel_err(&got, &run["embeddings"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    std::fs::remove_file(snapshot.join("medium-v1.5.ckpt")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &[&args[..], &["-o", "x.h5ad", "--model-dir", entry.to_str().unwrap()]].concat(), "scprint", &snapshot, "medium-v1.5.ckpt", "x.h5ad");
+}

@@ -270,3 +270,39 @@ fn uce_shards_keep_a_gene_expressed_across_shards() {
         assert_eq!(kept as usize, before.n_kept() + 1, "{out}: the gene in 10 cells is kept");
     }
 }
+
+/// `--model-dir` with UCE's model_files folder as eval_single_anndata.py leaves it (the model,
+/// species_chrom.csv, species_offsets.pkl, protein_embeddings/ extracted from its archive) and no
+/// weights folder: the weights folder's embedding bit for bit, with the folder and the files'
+/// sha256 in the provenance. A folder without the extracted protein embeddings, or without the
+/// model --nlayers names, is refused before the run, naming the folder and the file.
+#[test]
+fn uce_embed_command_with_model_dir() {
+    let ctx = TestContext::new();
+    let w = weights_with(&ctx);
+    let f = fixture();
+    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let args = ["embed", "-m", "uce", "-d", "cells.h5ad", "--batch-size", "8"];
+    ctx.run(&[&["--weights-dir", w.to_str().unwrap()][..], &args[..], &["-o", "w.h5ad"]].concat()).success();
+    let files = [
+        (dir().join("tiny.torch"), "33l_8ep_1024t_1280.torch"),
+        (dir().join("species_chrom.csv"), "species_chrom.csv"),
+        (dir().join("species_offsets.pkl"), "species_offsets.pkl"),
+        (dir().join(uce::HUMAN_PE_FILE), uce::HUMAN_PE_FILE),
+    ];
+    let m = crate::common::model_folder(&ctx.path("model_files"), &files);
+    let r = ctx.run(&[&args[..], &["-o", "m.h5ad", "--model-dir", m.to_str().unwrap()]].concat());
+    r.success();
+    assert!(r.stderr.contains("424 of 765 genes are embedded"), "{}", r.stderr);
+    let shas = [("uce-33l-model", dir().join("tiny.torch")), ("uce-species-chrom", dir().join("species_chrom.csv")), ("uce-species-offsets", dir().join("species_offsets.pkl"))];
+    crate::common::assert_model_dir_run(&ctx.path("m.h5ad"), &ctx.path("w.h5ad"), "X_uce", &m, &shas);
+    let (got, dim) = crate::common::read_obsm(&ctx.path("m.h5ad"), "X_uce");
+    let err = max_rel_err(&got, &f["embeddings"], dim);
+    assert!(err < MAX_REL_ERR, "largest relative error {err:.3e}");
+    // the 4-layer model is not in the folder
+    let a = [&args[..], &["-o", "x.h5ad", "--model-dir", m.to_str().unwrap()]].concat();
+    crate::common::assert_model_dir_lacks(&ctx, &[&a[..], &["--nlayers", "4"]].concat(), "uce", &m, "4layer_model.torch", "x.h5ad");
+    // the archive was not extracted
+    std::fs::remove_dir_all(m.join("protein_embeddings")).unwrap();
+    crate::common::assert_model_dir_lacks(&ctx, &a, "uce", &m, uce::HUMAN_PE_FILE, "x.h5ad");
+}

@@ -236,7 +236,17 @@ pub struct UceMethod;
 impl Method for UceMethod {
     fn check(&self, pf: &Preflight) -> Result<()> {
         let p: Params = method::params(pf.method, pf.params)?;
-        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, &uce::required_entries(p.nlayers)?)
+        check_weights_or_folder(pf.method, pf.weights_dir, pf.model_dir, &uce::required_entries(p.nlayers)?)?;
+        // a folder stands in for the archive with what it extracts beside it: the human table
+        // must be there before a run starts (model_files/protein_embeddings/ as upstream's)
+        if let Some(d) = pf.model_dir {
+            let (found, _) = weights::Manifest::load()?.find_in_folder(&[uce::COMMON_ENTRIES[0]], d);
+            let beside = found.first().and_then(|(_, tail)| Path::new(tail).parent().map(Path::to_path_buf)).unwrap_or_default();
+            let pe = beside.join(uce::HUMAN_PE_FILE).to_string_lossy().to_string();
+            let upstream = "the ESM2 embeddings of human genes, extracted from protein_embeddings.tar.gz";
+            weights::require_files(pf.method, "--model-dir", d, &[weights::Needed { file: &pe, upstream }])?;
+        }
+        Ok(())
     }
 
     fn fits_before_shards(&self) -> bool {
