@@ -37,6 +37,14 @@ pub struct IntegrateOptions {
     pub scgpt: crate::cli::ScgptIntegrationArgs,
 }
 
+/// The warning of a trained integration method given the options of the
+/// classic ones, which it ignores.
+pub fn warn_classic_options(args: &crate::cli::IntegrateArgs, method: &str) {
+    if args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
+        crate::progress::warn(&format!("--dims, --k-weight and --theta are seurat and harmony options; {method} ignores them"));
+    }
+}
+
 /// The batch codes of each key (levels sorted), checked: present, categorical, no missing
 /// value, more than one batch.
 pub fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {

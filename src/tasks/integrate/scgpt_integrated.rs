@@ -368,9 +368,7 @@ impl crate::tasks::method::Method for ScgptIntegrated {
     }
 
     fn check_integrate_options(&self, args: &crate::cli::IntegrateArgs) -> anyhow::Result<()> {
-        if args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
-            crate::progress::warn("--dims, --k-weight and --theta are seurat and harmony options; scgpt_integrated ignores them");
-        }
+        super::warn_classic_options(args, "scgpt_integrated");
         Ok(())
     }
 

@@ -323,9 +323,7 @@ impl crate::tasks::method::Method for ScviDenovo {
     }
 
     fn check_integrate_options(&self, args: &crate::cli::IntegrateArgs) -> anyhow::Result<()> {
-        if args.dims.is_some() || args.k_weight.is_some() || args.theta.is_some() {
-            crate::progress::warn("--dims, --k-weight and --theta are seurat and harmony options; scvi_denovo ignores them");
-        }
+        super::warn_classic_options(args, "scvi_denovo");
         if args.skip_counts_check {
             crate::progress::warn("--skip-counts-check skips the sampled counts check only: scvi_denovo trains on raw counts and still checks every value as it reads them");
         }
