@@ -169,7 +169,9 @@ fn sharded_embedding_on_two_cards_runs_two_shards_at_once() {
     std::fs::create_dir_all(&locks).unwrap();
     let held = std::fs::File::create(locks.join("GPU-bbbb.0.lock")).unwrap();
     assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
-    let r = ctx.run_env(&["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--n-comps", "5", "--shards", "4", "--gpu", "0,1"], &[("SCFOUNDRY_FAKE_GPUS", Path::new(FAKE))]);
+    // blocks of one row keep each shard busy long enough (175 reads) that the runner's second
+    // shard starts while the first holds card 0, whatever the machine's load
+    let r = ctx.run_env(&["embed", "-m", "pca", "-d", "pbmc68k_counts.h5ad", "--n-comps", "5", "--shards", "4", "--gpu", "0,1"], &[("SCFOUNDRY_FAKE_GPUS", Path::new(FAKE)), ("SCFOUNDRY_BLOCK_ROWS", Path::new("1"))]);
     r.success().stderr_has("waiting for a free GPU among 0,1");
     let run = std::fs::read_dir(ctx.path("runs")).unwrap().next().unwrap().unwrap().path();
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
