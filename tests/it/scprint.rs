@@ -140,15 +140,22 @@ fn scprint_embed_needs_its_weights() {
     assert_embed_needs_weights("scprint", "scprint-medium-v1.5");
 }
 
-#[test]
-fn scprint_embed_command_matches_upstream() {
-    let ctx = TestContext::new();
+/// A weights folder with the tiny checkpoint where weights.toml puts scPRINT's, and the
+/// fixture's cells as `cells.h5ad`; the fixture alongside.
+fn weights_and_cells(ctx: &TestContext) -> (PathBuf, Value) {
     let w = ctx.path("weights");
     let ckpt = scprint::checkpoint_file(&w, &scfoundry::weights::Manifest::builtin());
     std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
     std::fs::copy(dir().join("tiny.ckpt"), &ckpt).unwrap();
     let f = fixture();
     std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    (w, f)
+}
+
+#[test]
+fn scprint_embed_command_matches_upstream() {
+    let ctx = TestContext::new();
+    let (w, f) = weights_and_cells(&ctx);
     let run = &f["runs"][1];
     let (max_len, seed) = (run["max_len"].to_string(), run["seed"].to_string());
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", &max_len, "--seed", &seed, "--batch-size", "7"]);
@@ -184,12 +191,7 @@ fn scprint_embed_command_matches_upstream() {
 #[test]
 fn scprint_embed_command_with_model_dir() {
     let ctx = TestContext::new();
-    let w = ctx.path("weights");
-    let ckpt = scprint::checkpoint_file(&w, &scfoundry::weights::Manifest::builtin());
-    std::fs::create_dir_all(ckpt.parent().unwrap()).unwrap();
-    std::fs::copy(dir().join("tiny.ckpt"), &ckpt).unwrap();
-    let f = fixture();
-    std::fs::copy(repo().join(f["data"].as_str().unwrap()), ctx.path("cells.h5ad")).unwrap();
+    let (w, f) = weights_and_cells(&ctx);
     let run = &f["runs"][1];
     let (max_len, seed) = (run["max_len"].to_string(), run["seed"].to_string());
     let args = ["embed", "-m", "scprint", "-d", "cells.h5ad", "--max-len", max_len.as_str(), "--seed", seed.as_str(), "--batch-size", "7"];

@@ -45,6 +45,29 @@ pub fn warn_classic_options(args: &crate::cli::IntegrateArgs, method: &str) {
     }
 }
 
+/// An error on a field of an integration input, with an optional hint.
+pub fn bad_field(path: &std::path::Path, field: &str, detail: String, hint: Option<String>) -> anyhow::Error {
+    Error::BadField { path: path.to_path_buf(), field: field.into(), detail, hint }.into()
+}
+
+/// Open the input of a method that trains on one batch column: at least one cell and exactly one
+/// `--batch-key`.
+pub fn open_with_one_batch_key(path: &std::path::Path, o: &IntegrateOptions, method: &str) -> anyhow::Result<AnnData> {
+    let ad = AnnData::open(path)?;
+    if ad.n_obs == 0 {
+        return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
+    }
+    if o.batch_key.len() != 1 {
+        return Err(Error::BadOption {
+            option: "--batch-key".into(),
+            detail: format!("{method} takes one batch column, got {}", o.batch_key.len()),
+            hint: Some("combine the columns into one (e.g. donor_protocol) and pass that".into()),
+        }
+        .into());
+    }
+    Ok(ad)
+}
+
 /// The batch codes of each key (levels sorted), checked: present, categorical, no missing
 /// value, more than one batch.
 pub fn batch_codes(ad: &AnnData, batch_key: &[String]) -> anyhow::Result<(Vec<Vec<u32>>, Vec<usize>)> {

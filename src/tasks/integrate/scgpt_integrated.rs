@@ -17,13 +17,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::anndata::write::{write_rows, PendingOutput};
-use crate::anndata::AnnData;
 use crate::error::{Error, Hdf5Context};
 use crate::methods::pca::hvg_seurat;
 use crate::methods::scgpt::{self, Args, Vocab};
 use crate::methods::scgpt_integrated::{train, Config, EpochLog, TrainData, TrainModel, TrainOptions, OBJECTIVES};
 use crate::runner::{TaskResult, TaskSpec};
-use crate::tasks::integrate::{batch_levels, IntegrateOptions};
+use crate::tasks::integrate::{bad_field, batch_levels, open_with_one_batch_key, IntegrateOptions};
 use crate::weights::Manifest;
 
 const TARGET_SUM: f64 = 1e4;
@@ -76,29 +75,14 @@ struct Prepared {
     levels: Vec<String>,
 }
 
-fn bad(path: &Path, field: &str, detail: String, hint: Option<String>) -> anyhow::Error {
-    Error::BadField { path: path.to_path_buf(), field: field.into(), detail, hint }.into()
-}
-
 fn prepare(path: &Path, o: &IntegrateOptions, vocab: &Vocab, n_bins: usize, d: &Defaults, seed: u64) -> anyhow::Result<Prepared> {
-    let ad = AnnData::open(path)?;
-    if ad.n_obs == 0 {
-        return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
-    }
-    if o.batch_key.len() != 1 {
-        return Err(Error::BadOption {
-            option: "--batch-key".into(),
-            detail: format!("scgpt_integrated takes one batch column, got {}", o.batch_key.len()),
-            hint: Some("combine the columns into one (e.g. donor_protocol) and pass that".into()),
-        }
-        .into());
-    }
+    let ad = open_with_one_batch_key(path, o, "scgpt_integrated")?;
     let (codes, _, levels) = batch_levels(&ad, &o.batch_key)?;
     let names: Vec<Option<String>> = ad.var_names.iter().map(|s| Some(s.clone())).collect();
     let ids = scgpt::match_genes(&names, vocab);
     let n_matched = ids.iter().filter(|i| i.is_some()).count();
     if n_matched == 0 {
-        return Err(bad(&ad.path, "var_names", format!("none of the {} genes is in the scGPT vocabulary", ad.n_vars), Some("scGPT matches genes by symbol (e.g. CD3E): give var_names as gene symbols".into())));
+        return Err(bad_field(&ad.path, "var_names", format!("none of the {} genes is in the scGPT vocabulary", ad.n_vars), Some("scGPT matches genes by symbol (e.g. CD3E): give var_names as gene symbols".into())));
     }
     let x = ad.matrix(o.layer.as_deref())?;
     let (n, g) = (x.n_rows, x.n_cols);
@@ -114,7 +98,7 @@ fn prepare(path: &Path, o: &IntegrateOptions, vocab: &Vocab, n_bins: usize, d: &
             let mut keep = (Vec::new(), Vec::new());
             for (&j, &v) in idx.iter().zip(vals) {
                 if !v.is_finite() || v < 0.0 || v.fract() != 0.0 {
-                    return Err(bad(&ad.path, &field, format!("holds {v} at cell {} gene {j}: scgpt_integrated bins raw counts", s + i), Some("pass the layer with raw integer counts with --layer".into())));
+                    return Err(bad_field(&ad.path, &field, format!("holds {v} at cell {} gene {j}: scgpt_integrated bins raw counts", s + i), Some("pass the layer with raw integer counts with --layer".into())));
                 }
                 if v != 0.0 && ids[j as usize].is_some() {
                     let nv = v as f64 / size;
@@ -131,7 +115,7 @@ fn prepare(path: &Path, o: &IntegrateOptions, vocab: &Vocab, n_bins: usize, d: &
     // filter_gene_by_counts, then highly variable genes among the vocabulary's
     let cand: Vec<usize> = (0..g).filter(|&j| ids[j].is_some() && counts[j] >= d.min_gene_counts).collect();
     if cand.is_empty() {
-        return Err(bad(&ad.path, &field, format!("no gene of the vocabulary has {} or more counts", d.min_gene_counts), None));
+        return Err(bad_field(&ad.path, &field, format!("no gene of the vocabulary has {} or more counts", d.min_gene_counts), None));
     }
     let selected: Vec<usize> = if cand.len() <= d.n_hvg || n < 2 {
         cand

@@ -11,9 +11,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::tasks::integrate::{batch_codes, IntegrateOptions};
+use crate::tasks::integrate::{bad_field, batch_levels, open_with_one_batch_key, IntegrateOptions};
 use crate::anndata::write::{write_rows, PendingOutput};
-use crate::anndata::AnnData;
 use crate::error::{Error, Hdf5Context};
 use crate::methods::pca::hvg_seurat;
 use crate::methods::scvi::{default_max_epochs, train, CountData, ScviError, ScviOptions, ScviResult};
@@ -31,32 +30,10 @@ struct Prepared {
     batches: Vec<String>,
 }
 
-fn bad(path: &Path, field: &str, detail: String, hint: Option<String>) -> anyhow::Error {
-    Error::BadField { path: path.to_path_buf(), field: field.into(), detail, hint }.into()
-}
-
 fn prepare(path: &Path, o: &IntegrateOptions) -> anyhow::Result<Prepared> {
-    let ad = AnnData::open(path)?;
-    if ad.n_obs == 0 {
-        return Err(Error::ZeroCells { path: ad.path.clone(), n_vars: ad.n_vars }.into());
-    }
-    if o.batch_key.len() != 1 {
-        return Err(Error::BadOption {
-            option: "--batch-key".into(),
-            detail: format!("scvi_denovo takes one batch column, got {}", o.batch_key.len()),
-            hint: Some("combine the columns into one (e.g. donor_protocol) and pass that".into()),
-        }
-        .into());
-    }
-    let (codes, n_batches) = batch_codes(&ad, &o.batch_key)?;
-    let batches = {
-        let obs = ad.obs()?;
-        let labels = obs.column(&o.batch_key[0]).and_then(|c| c.as_labels()).unwrap_or_default();
-        let mut l: Vec<String> = labels.into_iter().flatten().collect();
-        l.sort();
-        l.dedup();
-        l
-    };
+    let ad = open_with_one_batch_key(path, o, "scvi_denovo")?;
+    let (codes, n_batches, mut levels) = batch_levels(&ad, &o.batch_key)?;
+    let batches = levels.swap_remove(0);
     let x = ad.matrix(o.layer.as_deref())?;
     let (n, g) = (x.n_rows, x.n_cols);
     let field = x.field.clone();
@@ -117,7 +94,7 @@ fn prepare(path: &Path, o: &IntegrateOptions) -> anyhow::Result<Prepared> {
         }
     };
     if genes_sel.is_empty() {
-        return Err(bad(&ad.path, &field, "has no gene with varying counts".into(), Some("scVI needs genes that vary between cells".into())));
+        return Err(bad_field(&ad.path, &field, "has no gene with varying counts".into(), Some("scVI needs genes that vary between cells".into())));
     }
     // restrict to the selected genes
     let mut remap = vec![u32::MAX; g];
@@ -136,7 +113,7 @@ fn prepare(path: &Path, o: &IntegrateOptions) -> anyhow::Result<Prepared> {
             }
         }
         if total == 0.0 {
-            return Err(bad(
+            return Err(bad_field(
                 &ad.path,
                 &field,
                 format!("cell {c} ({}) has no counts on the {} training genes; its library size log(0) is undefined", ad.obs_names.get(c).cloned().unwrap_or_default(), genes_sel.len()),
