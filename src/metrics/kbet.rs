@@ -221,9 +221,12 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
             m,
             n_comps,
             |x: &[f64], y: &mut [f64]| {
-                y.par_iter_mut().enumerate().for_each(|(i, yi)| {
-                    let (idx, val) = &rows[i];
-                    *yi = idx.iter().zip(val).map(|(&j, &w)| w * x[j as usize]).sum();
+                const R: usize = 512;
+                y.par_chunks_mut(R).enumerate().for_each(|(c, ys)| {
+                    for (r, yi) in ys.iter_mut().enumerate() {
+                        let (idx, val) = &rows[c * R + r];
+                        *yi = idx.iter().zip(val).map(|(&j, &w)| w * x[j as usize]).sum();
+                    }
                 });
             },
             0x5eed,
