@@ -137,8 +137,8 @@ pub(crate) fn tile_kernel(
         }
     }
     match op {
-        TileOp::SqDist => tile_generic::<true>(x, d, r0, nr, cb, out),
-        TileOp::Dot => tile_generic::<false>(x, d, r0, nr, cb, out),
+        TileOp::SqDist => tile_generic::<true, false>(x, d, r0, nr, cb, out),
+        TileOp::Dot => tile_generic::<false, false>(x, d, r0, nr, cb, out),
     }
 }
 
@@ -152,14 +152,15 @@ unsafe fn tile_avx2<const SQ: bool>(
     cb: &ColBlock,
     out: &mut [f32],
 ) {
-    tile_generic::<SQ>(x, d, r0, nr, cb, out)
+    tile_generic::<SQ, true>(x, d, r0, nr, cb, out)
 }
 
 /// One register block: rows `r0 + i .. r0 + i + R` against the `W` columns
 /// `c .. c + W` of `cb`; each pair's sum runs over `t` in order, so the value
-/// does not depend on the blocking.
+/// does not depend on the blocking. `FMA`: fused multiply-adds (one rounding per term; only
+/// where the processor has them, else `mul_add` is a slow library call).
 #[inline(always)]
-fn tile_block<const SQ: bool, const R: usize, const W: usize>(
+fn tile_block<const SQ: bool, const FMA: bool, const R: usize, const W: usize>(
     x: &[f32],
     d: usize,
     rows: usize,
@@ -176,11 +177,17 @@ fn tile_block<const SQ: bool, const R: usize, const W: usize>(
         for q in 0..R {
             let aq = a[q][t];
             for l in 0..W {
-                if SQ {
-                    let e = aq - col[l];
-                    acc[q][l] += e * e;
-                } else {
-                    acc[q][l] += aq * col[l];
+                match (SQ, FMA) {
+                    (true, true) => {
+                        let e = aq - col[l];
+                        acc[q][l] = e.mul_add(e, acc[q][l]);
+                    }
+                    (true, false) => {
+                        let e = aq - col[l];
+                        acc[q][l] += e * e;
+                    }
+                    (false, true) => acc[q][l] = aq.mul_add(col[l], acc[q][l]),
+                    (false, false) => acc[q][l] += aq * col[l],
                 }
             }
         }
@@ -192,7 +199,7 @@ fn tile_block<const SQ: bool, const R: usize, const W: usize>(
 }
 
 #[inline(always)]
-fn tile_generic<const SQ: bool>(
+fn tile_generic<const SQ: bool, const FMA: bool>(
     x: &[f32],
     d: usize,
     r0: usize,
@@ -207,22 +214,22 @@ fn tile_generic<const SQ: bool>(
     while i + 4 <= nr {
         let mut c = 0;
         while c + 16 <= ncp {
-            tile_block::<SQ, 4, 16>(x, d, r0 + i, c, cb, out, i);
+            tile_block::<SQ, FMA, 4, 16>(x, d, r0 + i, c, cb, out, i);
             c += 16;
         }
         if c < ncp {
-            tile_block::<SQ, 4, 8>(x, d, r0 + i, c, cb, out, i);
+            tile_block::<SQ, FMA, 4, 8>(x, d, r0 + i, c, cb, out, i);
         }
         i += 4;
     }
     while i < nr {
         let mut c = 0;
         while c + 16 <= ncp {
-            tile_block::<SQ, 1, 16>(x, d, r0 + i, c, cb, out, i);
+            tile_block::<SQ, FMA, 1, 16>(x, d, r0 + i, c, cb, out, i);
             c += 16;
         }
         if c < ncp {
-            tile_block::<SQ, 1, 8>(x, d, r0 + i, c, cb, out, i);
+            tile_block::<SQ, FMA, 1, 8>(x, d, r0 + i, c, cb, out, i);
         }
         i += 1;
     }
