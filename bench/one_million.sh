@@ -6,7 +6,7 @@
 #
 #   bench/one_million.sh SCFOUNDRY_BINARY [WORKDIR] [CELLS] [EXTRA BENCHMARK ARGS...]
 #
-# Neighbours: --neighbors auto (NN-descent, seed 0, above 250,000 cells). KMeans: the one-run
+# Neighbours: --neighbors auto (NN-descent, seed 0, above 150,000 cells). KMeans: the one-run
 # value plus the default 5-seed spread; add `--kmeans-seeds 1` as an extra argument to time the
 # run without the spread.
 set -euo pipefail

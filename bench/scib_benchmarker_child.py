@@ -3,8 +3,8 @@
 
     python bench/scib_benchmarker_child.py IN.h5ad OBSM_KEY[,KEY...] LABEL_KEY BATCH_KEY
 
-Default metric set (scib-metrics 0.6.1), the exact 90-NN (sklearn brute force, as
-`scfoundry benchmark --neighbors exact`; SCIB_NEIGHBORS=pynndescent for the Benchmarker's own
+Default metric set (scib-metrics 0.6.1), the exact 90-NN (sklearn brute force with each cell's
+self distance set to exactly 0, as pynndescent gives it; as `scfoundry benchmark --neighbors exact`; SCIB_NEIGHBORS=pynndescent for the Benchmarker's own
 search), X_pre = sc.tl.pca of X in prepare (as `scfoundry benchmark` does). Then scib-metrics'
 own KMeans NMI/ARI over seeds 0..4 (SCIB_KMEANS_SEEDS) on each embedding: the spread that its
 one-run (seed 0) value comes from. The embeddings are copied to `emb:<key>` first,
@@ -42,6 +42,11 @@ def exact_knn(x, k):
     from sklearn.neighbors import NearestNeighbors
 
     dist, idx = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(x).kneighbors(x)
+    # scikit-learn's brute force computes |a|^2 + |b|^2 - 2ab and gives a cell a self distance of
+    # ~1e-7 on many rows; pynndescent (the Benchmarker's own search) and scfoundry give exactly 0,
+    # and kBET's UMAP connectivities depend on it (src/metrics/README.md, "kBET and the self
+    # distance"): set it to 0 so both tools score the same lists
+    dist[idx == np.arange(len(x))[:, None]] = 0.0
     return NeighborsResults(indices=idx, distances=dist)
 
 

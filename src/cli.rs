@@ -803,7 +803,7 @@ pub struct BenchmarkArgs {
     /// results); the bio-conservation metrics always use every cell.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_max_cells: Option<u64>,
-    /// The 90-NN search: `auto` (exact up to 250,000 cells, approx beyond: the faster one for
+    /// The 90-NN search: `auto` (exact up to 150,000 cells, approx beyond: the faster one for
     /// the size, recorded in results.json), `exact` (blocked brute force, O(n²)) or `approx`
     /// (NN-descent from a random-projection forest, as pynndescent; seeded by --seed).
     #[arg(long, value_enum, value_name = "SEARCH", default_value_t = NeighborsSearch::Auto)]
@@ -850,15 +850,15 @@ pub enum NeighborsSearch {
     Exact,
     /// NN-descent (approximate; seeded; recall@90 >= 0.95 in the tests).
     Approx,
-    /// Exact up to 250,000 cells, NN-descent beyond.
+    /// Exact up to 150,000 cells, NN-descent beyond.
     Auto,
 }
 
 impl NeighborsSearch {
-    /// Cells up to which `auto` searches exactly. Measured on 16 cores: at 100,000 cells the
-    /// whole default run took 12.4 s with the exact search and 22.4 s with NN-descent; the
-    /// exact search grows as n², NN-descent about as n, so they cross near 250,000 cells.
-    pub const AUTO_EXACT_MAX_CELLS: usize = 250_000;
+    /// Cells up to which `auto` searches exactly. Measured (the 90-NN alone, 50 dims, 2 cores):
+    /// 9.8 s exact / 10.4 s NN-descent at 100,000 cells, 20.0 / 18.8 s at 150,000, 33.3 /
+    /// 29.9 s at 200,000; the exact search grows as n², NN-descent about as n.
+    pub const AUTO_EXACT_MAX_CELLS: usize = 150_000;
 
     /// The search `auto` stands for at `n` cells (others are themselves).
     pub fn resolve(self, n: usize) -> NeighborsSearch {

@@ -412,12 +412,6 @@ pub fn task(spec: &TaskSpec, task_dir: &Path) -> anyhow::Result<TaskResult> {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("{}.tmp", path.extension().and_then(|e| e.to_str()).unwrap_or("")));
-    std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.into(), source: e })
-}
-
 fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let ctx = |e: candle_core::Error| Error::Model { context: format!("writing {}", path.display()), detail: e.to_string() };
     let mut map = HashMap::new();
@@ -510,7 +504,7 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
     for h in &trained.history {
         tsv.push_str(&format!("{}\t{:.6}\t{:.6}\t{}\t{}\t{:.3}\n", h.epoch, h.train_loss, h.train_accuracy, fmt_opt(h.val_loss), fmt_opt(h.val_accuracy), h.seconds));
     }
-    write_atomic(&out.join("curves.tsv"), tsv.as_bytes())?;
+    crate::tasks::shard::write_atomic(&out.join("curves.tsv"), tsv.as_bytes())?;
     let fig = crate::plots::curves::CurvesFigure {
         title: format!("scfoundry finetune: {} on obs['{}'] ({} classes, seed {})", spec.method, o.label_key, labels.classes.len(), spec.seed),
         epochs: trained.history.iter().map(|h| h.epoch).collect(),
@@ -572,7 +566,7 @@ fn train_task(spec: &TaskSpec, o: &FinetuneOptions, task_dir: &Path) -> anyhow::
         "history": trained.history,
         "notes": notes,
     });
-    write_atomic(&out.join(PROVENANCE_FILE), serde_json::to_string_pretty(&doc)?.as_bytes())?;
+    crate::tasks::shard::write_atomic(&out.join(PROVENANCE_FILE), serde_json::to_string_pretty(&doc)?.as_bytes())?;
     let mut summary = vec![format!(
         "trained {} head on obs['{}'] ({} classes, {} training / {} validation cells) in {:.1}s: best epoch {} of {}{}, {}; wrote {}",
         spec.method,

@@ -165,13 +165,6 @@ pub fn history_tsv(r: &ScviResult) -> String {
     s
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| Error::Io { path: tmp.clone(), source: e })?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
-    Ok(())
-}
-
 pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult> {
     let clock = Instant::now();
     let p = prepare(&spec.data, o)?;
@@ -250,7 +243,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     // the report: elbo.tsv and the curve
     let report_dir: PathBuf = o.scvi.report_dir.clone().unwrap_or_else(|| spec.out.with_extension(""));
     std::fs::create_dir_all(&report_dir).map_err(|e| Error::Io { path: report_dir.clone(), source: e })?;
-    write_atomic(&report_dir.join("elbo.tsv"), history_tsv(&res).as_bytes())?;
+    crate::tasks::shard::write_atomic(&report_dir.join("elbo.tsv"), history_tsv(&res).as_bytes())?;
     let curve = crate::plots::ElboCurve {
         title: format!("scvi_denovo: ELBO per epoch ({n} cells, {} genes, {} batches, seed {})", p.genes.len(), p.batches.len(), spec.seed),
         train: res.history.iter().map(|h| h.elbo_train).collect(),
