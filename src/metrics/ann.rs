@@ -525,8 +525,9 @@ pub fn approx_knn_with(
         let i = i as usize;
         row.copy_from_slice(&x[i * d..(i + 1) * d]);
     });
-    let (nn, report) = nn_descent(&xp, n, d, k, p, on_round);
+    let (lists, report) = nn_descent(&xp, n, d, k, p, on_round);
     drop(xp);
+    // every list sorted once, in the input's cell numbers, Euclidean distances
     let mut indices = vec![0u32; n * k];
     let mut distances = vec![0f32; n * k];
     let mut at = vec![0u32; n];
@@ -535,7 +536,8 @@ pub fn approx_knn_with(
     }
     indices.par_chunks_mut(k).zip(distances.par_chunks_mut(k)).enumerate().for_each(|(i, (io, dout))| {
         let t = at[i] as usize;
-        let mut v: Vec<(f32, u32)> = nn.row(t).iter().zip(nn.row_dist(t)).map(|(&j, &dd)| (dd, order[j as usize])).collect();
+        let row = t * k..t * k + lists.len[t] as usize;
+        let mut v: Vec<(f32, u32)> = lists.dist[row.clone()].iter().zip(&lists.idx[row]).map(|(&dd, &j)| (dd.sqrt(), order[j as usize])).collect();
         // nearest first; among equal distances the cell itself, then the smaller number
         let me = i as u32;
         v.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then((a.1 != me).cmp(&(b.1 != me))).then(a.1.cmp(&b.1)));
@@ -547,7 +549,8 @@ pub fn approx_knn_with(
     (NeighborsResults::new(indices, distances, n, k), report)
 }
 
-/// NN-descent on `x` as given (see the module's documentation).
+/// NN-descent on `x` as given (see the module's documentation): the unsorted lists, squared
+/// distances, in `x`'s row numbers.
 fn nn_descent(
     x: &[f32],
     n: usize,
@@ -555,7 +558,7 @@ fn nn_descent(
     k: usize,
     p: &AnnParams,
     on_round: &mut dyn FnMut(usize, u64),
-) -> (NeighborsResults, AnnReport) {
+) -> (Lists, AnnReport) {
     let m = p.max_candidates.max(1);
     let mut lists = Lists { idx: vec![EMPTY; n * k], dist: vec![f32::INFINITY; n * k], new: vec![false; n * k], len: vec![0; n], k };
 
@@ -661,19 +664,7 @@ fn nn_descent(
         }
     }
 
-    // 3. sort every list, nearest first, Euclidean distances
-    let mut indices = vec![0u32; n * k];
-    let mut distances = vec![0f32; n * k];
-    indices.par_chunks_mut(k).zip(distances.par_chunks_mut(k)).enumerate().for_each(|(i, (io, dout))| {
-        let l = lists.len[i] as usize;
-        let mut v: Vec<(f32, u32)> = (0..l).map(|s| (lists.dist[i * k + s], lists.idx[i * k + s])).collect();
-        v.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        for (t, (dd, j)) in v.into_iter().enumerate() {
-            io[t] = j;
-            dout[t] = dd.sqrt();
-        }
-    });
-    (NeighborsResults::new(indices, distances, n, k), report)
+    (lists, report)
 }
 
 /// Mean over cells of |approx row ∩ exact row| / k.

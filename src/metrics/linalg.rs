@@ -4,6 +4,9 @@
 
 use rayon::prelude::*;
 
+// AVX2 and FMA where the processor has them
+use crate::linalg::dot as dotf;
+
 /// Eigen-decomposition of a symmetric `n x n` row-major matrix `a`.
 /// Returns (eigenvalues ascending, eigenvectors as `v[row * n + col]`, column
 /// `col` belongs to eigenvalue `col`).
@@ -353,12 +356,6 @@ where
         j0 = keep;
     }
     result.expect("Lanczos did not converge in 500 restarts")
-}
-
-/// Dot product (AVX2 and FMA where the processor has them).
-fn dotf(a: &[f64], b: &[f64]) -> f64 {
-    debug_assert_eq!(a.len(), b.len());
-    crate::linalg::dot(a, b)
 }
 
 /// `w -= sum_i c[i] * basis[i][o..o + w.len()]`, basis vector by basis vector (the block of
