@@ -217,15 +217,24 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
                 )
             })
             .collect();
-        super::linalg::lanczos_largest_magnitude(
+        // a block of BLOCK vectors at a time (block_lanczos.rs says why)
+        use super::block_lanczos::{block_lanczos_largest_magnitude, BLOCK};
+        block_lanczos_largest_magnitude(
             m,
             n_comps,
             |x: &[f64], y: &mut [f64]| {
                 const R: usize = 512;
-                y.par_chunks_mut(R).enumerate().for_each(|(c, ys)| {
-                    for (r, yi) in ys.iter_mut().enumerate() {
+                y.par_chunks_mut(R * BLOCK).enumerate().for_each(|(c, ys)| {
+                    for (r, yr) in ys.chunks_exact_mut(BLOCK).enumerate() {
                         let (idx, val) = &rows[c * R + r];
-                        *yi = idx.iter().zip(val).map(|(&j, &w)| w * x[j as usize]).sum();
+                        let mut acc = [0f64; BLOCK];
+                        for (&j, &w) in idx.iter().zip(val) {
+                            let xj = &x[j as usize * BLOCK..(j as usize + 1) * BLOCK];
+                            for t in 0..BLOCK {
+                                acc[t] += w * xj[t];
+                            }
+                        }
+                        yr.copy_from_slice(&acc);
                     }
                 });
             },
@@ -319,49 +328,86 @@ fn kbet_per_label_scores_with(
     let mut uniq: Vec<u32> = labels.to_vec();
     uniq.sort_unstable();
     uniq.dedup();
-    // labels in parallel (each one's Lanczos and kNN are parallel inside too)
-    uniq.into_par_iter()
-        .map(|lab| {
-            let nodes: Vec<usize> = (0..nn.n).filter(|&i| labels[i] == lab).collect();
-            let bsub: Vec<u32> = nodes.iter().map(|&i| batches[i]).collect();
-            let (bcodes, nb) = compact_codes(&bsub);
-            let n_obs = nodes.len();
-            if n_obs < 10 || nb == 1 {
-                return (lab, f64::NAN);
-            }
-            let mut counts = vec![0usize; nb];
-            for &b in &bcodes {
-                counts[b as usize] += 1;
-            }
-            let quarter_mean = ((n_obs as f64 / nb as f64) / 4.0).floor() as usize;
-            let mut k0 = quarter_mean.clamp(10, 70);
-            let size_max = (i32::MAX) as usize;
-            if k0 * n_obs >= size_max {
-                k0 = size_max / n_obs;
-            }
-            let sub = conn.subgraph(&nodes);
-            let (n_comp, comp) = sub.connected_components();
-            let score = if n_comp == 1 {
-                kbet_on_subgraph(&sub, &bsub, k0, alpha, diffusion_n_comps, dense_max)
-            } else {
-                let mut sizes = vec![0usize; n_comp];
-                for &c in &comp {
-                    sizes[c as usize] += 1;
-                }
-                let keep: Vec<usize> = (0..n_obs)
-                    .filter(|&i| sizes[comp[i] as usize] >= 3 * k0)
-                    .collect();
-                if keep.len() as f64 / n_obs as f64 >= 0.75 {
-                    let subsub = sub.subgraph(&keep);
-                    let bkeep: Vec<u32> = keep.iter().map(|&i| bsub[i]).collect();
-                    kbet_on_subgraph(&subsub, &bkeep, k0, alpha, diffusion_n_comps, dense_max)
-                } else {
-                    0.0
-                }
-            };
-            (lab, score)
-        })
-        .collect()
+    // labels in parallel (each one's Lanczos and kNN are parallel inside too), in groups of
+    // at most LABEL_CELLS_IN_FLIGHT cells (largest first) so that memory does not grow with the
+    // number of threads: a label's diffusion map holds ~4 KB a cell while it runs
+    let mut sizes = vec![0usize; uniq.last().map_or(0, |&l| l as usize + 1)];
+    for &l in labels {
+        sizes[l as usize] += 1;
+    }
+    let mut order = uniq.clone();
+    order.sort_by_key(|&l| std::cmp::Reverse(sizes[l as usize]));
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    let mut in_group = usize::MAX;
+    for l in order {
+        if in_group.saturating_add(sizes[l as usize]) > LABEL_CELLS_IN_FLIGHT {
+            groups.push(Vec::new());
+            in_group = 0;
+        }
+        in_group += sizes[l as usize];
+        groups.last_mut().unwrap().push(l);
+    }
+    let mut scores: Vec<(u32, f64)> = groups
+        .into_iter()
+        .flat_map(|g| g.into_par_iter().map(|lab| kbet_one_label(nn, &conn, batches, labels, lab, alpha, diffusion_n_comps, dense_max)).collect::<Vec<_>>())
+        .collect();
+    scores.sort_by_key(|&(l, _)| l);
+    scores
+}
+
+/// Cells of the labels whose kBET runs at the same time (see [`kbet_per_label_scores`]).
+const LABEL_CELLS_IN_FLIGHT: usize = 400_000;
+
+/// kBET of one label's cells (scib-metrics' loop body in `kbet_per_label`).
+#[allow(clippy::too_many_arguments)]
+fn kbet_one_label(
+    nn: &NeighborsResults,
+    conn: &CsrGraph,
+    batches: &[u32],
+    labels: &[u32],
+    lab: u32,
+    alpha: f64,
+    diffusion_n_comps: usize,
+    dense_max: usize,
+) -> (u32, f64) {
+    let nodes: Vec<usize> = (0..nn.n).filter(|&i| labels[i] == lab).collect();
+    let bsub: Vec<u32> = nodes.iter().map(|&i| batches[i]).collect();
+    let (bcodes, nb) = compact_codes(&bsub);
+    let n_obs = nodes.len();
+    if n_obs < 10 || nb == 1 {
+        return (lab, f64::NAN);
+    }
+    let mut counts = vec![0usize; nb];
+    for &b in &bcodes {
+        counts[b as usize] += 1;
+    }
+    let quarter_mean = ((n_obs as f64 / nb as f64) / 4.0).floor() as usize;
+    let mut k0 = quarter_mean.clamp(10, 70);
+    let size_max = (i32::MAX) as usize;
+    if k0 * n_obs >= size_max {
+        k0 = size_max / n_obs;
+    }
+    let sub = conn.subgraph(&nodes);
+    let (n_comp, comp) = sub.connected_components();
+    let score = if n_comp == 1 {
+        kbet_on_subgraph(&sub, &bsub, k0, alpha, diffusion_n_comps, dense_max)
+    } else {
+        let mut sizes = vec![0usize; n_comp];
+        for &c in &comp {
+            sizes[c as usize] += 1;
+        }
+        let keep: Vec<usize> = (0..n_obs)
+            .filter(|&i| sizes[comp[i] as usize] >= 3 * k0)
+            .collect();
+        if keep.len() as f64 / n_obs as f64 >= 0.75 {
+            let subsub = sub.subgraph(&keep);
+            let bkeep: Vec<u32> = keep.iter().map(|&i| bsub[i]).collect();
+            kbet_on_subgraph(&subsub, &bkeep, k0, alpha, diffusion_n_comps, dense_max)
+        } else {
+            0.0
+        }
+    };
+    (lab, score)
 }
 
 /// kBET per label (scib `kbet_per_label`, alpha 0.05, 100 diffusion components

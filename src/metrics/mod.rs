@@ -16,6 +16,7 @@
 pub mod aggregate;
 pub mod ann;
 pub mod benchmark;
+pub mod block_lanczos;
 pub mod classification;
 pub mod clustering;
 pub mod graph_connectivity;

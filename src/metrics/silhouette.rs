@@ -222,11 +222,22 @@ unsafe fn distances_in_place_avx2(tile: &mut [f32], nr: usize, nc: usize, ncp: u
     distances_in_place_impl(tile, nr, nc, ncp, nrm_r, nrm_c, metric, diag)
 }
 
-/// [`distances_in_place_impl`], 8 lanes at a time where the processor has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn distances_in_place_avx512(tile: &mut [f32], nr: usize, nc: usize, ncp: usize, nrm_r: &[f32], nrm_c: &[f32], metric: Distance, diag: bool) {
+    distances_in_place_impl(tile, nr, nc, ncp, nrm_r, nrm_c, metric, diag)
+}
+
+/// [`distances_in_place_impl`], 16 or 8 lanes at a time where the processor has AVX-512 or AVX2.
 #[allow(clippy::too_many_arguments)]
 fn distances_in_place(tile: &mut [f32], nr: usize, nc: usize, ncp: usize, nrm_r: &[f32], nrm_c: &[f32], metric: Distance, diag: bool) {
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the features were detected at run time.
+            return unsafe { distances_in_place_avx512(tile, nr, nc, ncp, nrm_r, nrm_c, metric, diag) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the features were detected at run time.
             return unsafe { distances_in_place_avx2(tile, nr, nc, ncp, nrm_r, nrm_c, metric, diag) };
