@@ -584,23 +584,7 @@ mod tests {
     #[test]
     fn block_lanczos_matches_dense() {
         let m = 600;
-        let mut a = vec![0f64; m * m];
-        for i in 0..m {
-            for t in 1..6 {
-                let j = (i * 7 + t * 13) % m;
-                if j != i {
-                    let w = 1.0 / (1.0 + ((i + j) % 5) as f64);
-                    a[i * m + j] += w;
-                    a[j * m + i] += w;
-                }
-            }
-        }
-        let deg: Vec<f64> = (0..m).map(|i| a[i * m..(i + 1) * m].iter().sum()).collect();
-        for i in 0..m {
-            for j in 0..m {
-                a[i * m + j] /= (deg[i] * deg[j]).sqrt();
-            }
-        }
+        let a = super::super::linalg::diffusion_like(m);
         let k = 60;
         let (w, _) = symmetric_eigen(&a, m);
         let mut order: Vec<usize> = (0..m).collect();

@@ -470,6 +470,30 @@ fn normalize(x: &mut [f64]) {
     x.iter_mut().for_each(|v| *v /= n);
 }
 
+/// A sparse symmetric `m x m` matrix (row-major) with a clustered spectrum near 1, normalised
+/// as D^-1/2 A D^-1/2 like a diffusion operator: the Lanczos tests' operator.
+#[cfg(test)]
+pub(crate) fn diffusion_like(m: usize) -> Vec<f64> {
+    let mut a = vec![0f64; m * m];
+    for i in 0..m {
+        for t in 1..6 {
+            let j = (i * 7 + t * 13) % m;
+            if j != i {
+                let w = 1.0 / (1.0 + ((i + j) % 5) as f64);
+                a[i * m + j] += w;
+                a[j * m + i] += w;
+            }
+        }
+    }
+    let deg: Vec<f64> = (0..m).map(|i| a[i * m..(i + 1) * m].iter().sum()).collect();
+    for i in 0..m {
+        for j in 0..m {
+            a[i * m + j] /= (deg[i] * deg[j]).sqrt();
+        }
+    }
+    a
+}
+
 #[cfg(test)]
 mod lanczos_tests {
     use super::*;
@@ -478,24 +502,7 @@ mod lanczos_tests {
     fn lanczos_matches_dense() {
         // sparse-ish symmetric matrix with a clustered spectrum near 1 (like a diffusion operator)
         let m = 300;
-        let mut a = vec![0f64; m * m];
-        for i in 0..m {
-            for t in 1..6 {
-                let j = (i * 7 + t * 13) % m;
-                if j != i {
-                    let w = 1.0 / (1.0 + ((i + j) % 5) as f64);
-                    a[i * m + j] += w;
-                    a[j * m + i] += w;
-                }
-            }
-        }
-        // normalise to D^-1/2 A D^-1/2
-        let deg: Vec<f64> = (0..m).map(|i| a[i * m..(i + 1) * m].iter().sum()).collect();
-        for i in 0..m {
-            for j in 0..m {
-                a[i * m + j] /= (deg[i] * deg[j]).sqrt();
-            }
-        }
+        let a = diffusion_like(m);
         let k = 40;
         let (w, _) = symmetric_eigen(&a, m);
         let mut order: Vec<usize> = (0..m).collect();
