@@ -87,18 +87,12 @@ where
             let c2 = subtract_then_project(&v, cap, nv, &mut wb, &c);
             subtract(&v, cap, nv, &mut wb, &c2);
             c.iter_mut().zip(&c2).for_each(|(a, b)| *a += b);
+            // (the diagonal block's two triangles both end up holding the later row's
+            // coefficients, so it is symmetric as written)
             for i in 0..nv {
                 for t in 0..B {
                     h[i * cap + p + t] = c[i * B + t];
                     h[(p + t) * cap + i] = c[i * B + t];
-                }
-            }
-            // the diagonal block, symmetrised
-            for a in 0..B {
-                for b in 0..a {
-                    let s = 0.5 * (h[(p + a) * cap + p + b] + h[(p + b) * cap + p + a]);
-                    h[(p + a) * cap + p + b] = s;
-                    h[(p + b) * cap + p + a] = s;
                 }
             }
             // the new block: W = Q R
