@@ -8,6 +8,7 @@
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
 //! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
+//! - `dropout.rs`: the kernel of `nn/dropout.rs`'s counter-based dropout mask.
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
 //! - `upload.rs`: a batch's token ids sent up from page-locked memory (the host never waits there).
@@ -65,6 +66,8 @@ pub mod build;
 pub mod cards;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod dropout;
 pub mod options;
 pub mod embedding;
 #[cfg(feature = "cuda")]

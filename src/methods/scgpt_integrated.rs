@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
+pub use crate::nn::dropout::Dropout;
 
 /// Upstream's constants (finetune_integration.py).
 pub const MASK_VALUE: f32 = -1.0;
@@ -156,29 +157,6 @@ pub fn param_shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
         s.push((format!("{n}.bias"), vec![d]));
     }
     s
-}
-
-/// Dropout masks drawn from a seeded generator (p = 0: none).
-pub struct Dropout {
-    pub p: f64,
-    rng: ChaCha8Rng,
-}
-
-impl Dropout {
-    pub fn new(p: f64, seed: u64) -> Dropout {
-        Dropout { p, rng: ChaCha8Rng::seed_from_u64(seed) }
-    }
-
-    fn apply(&mut self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if self.p <= 0.0 {
-            return Ok(x.clone());
-        }
-        let keep = 1.0 - self.p;
-        let scale = (1.0 / keep) as f32;
-        let m: Vec<f32> = (0..x.elem_count()).map(|_| if self.rng.gen::<f64>() < keep { scale } else { 0.0 }).collect();
-        let m = Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        x * m
-    }
 }
 
 /// `GradReverse`: the identity forward, the gradient times `-lambda` backward.
@@ -338,10 +316,8 @@ impl TrainModel {
         let split = |j: usize| -> candle_core::Result<Tensor> { qkv.narrow(2, j * d, d)?.reshape((b, l, nh, hd))?.transpose(1, 2)?.contiguous() };
         let q = (split(0)? * (1.0 / (hd as f64).sqrt()))?;
         let (k, v) = (split(1)?, split(2)?);
-        let scores = q.matmul(&k.t()?)?;
-        let att = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let att = if train { drop.apply(&att)? } else { att };
-        let o = att.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?;
+        let mask = if train { drop.next_mask() } else { None };
+        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask)?.transpose(1, 2)?.reshape((b, l, d))?;
         let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
         let o = if train { drop.apply(&o)? } else { o };
         let x = self.ln(&(x + o)?, &format!("{p}.norm1"))?;

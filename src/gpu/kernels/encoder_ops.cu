@@ -8,6 +8,8 @@
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
 //   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
+//   dropout_f32       out[i] = x[i] * scale when element i is kept, else 0 (nn/dropout.rs: the
+//                     mask is a hash of (key, i), the same on the CPU)
 
 #include <cuda_bf16.h>
 
@@ -261,4 +263,18 @@ extern "C" __global__ void segment_mean_bf16(const __nv_bfloat16 *__restrict__ x
 extern "C" __global__ void segment_mean_f32(const float *__restrict__ x, const unsigned int *__restrict__ start,
                                             const unsigned int *__restrict__ count, float *__restrict__ out, const int d) {
     segment_mean(x, start, count, out, d);
+}
+
+// Counter-based dropout (src/nn/dropout.rs holds the CPU twin and the rule): element i is kept
+// when the top 24 bits of SplitMix64(key + (i + 1) * golden) are below `threshold`.
+extern "C" __global__ void dropout_f32(const float *__restrict__ x, float *__restrict__ out, const unsigned long long key,
+                                       const unsigned int threshold, const float scale, const unsigned long long n) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        out[i] = (unsigned int)(z >> 40) < threshold ? x[i] * scale : 0.f;
+    }
 }

@@ -221,6 +221,12 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     }
     let mut dspec = spec.clone();
     dspec.device.kind = so.device.unwrap_or_default();
+    let tf32 = so.precision.as_deref() == Some("tf32");
+    if tf32 && dspec.device.kind != crate::gpu::DeviceKind::Cuda {
+        return Err(Error::BadOption { option: "--precision".into(), detail: "tf32 is a mode of NVIDIA tensor cores: it needs --device cuda".into(), hint: Some("add --device cuda, or leave --precision out (f32)".into()) }.into());
+    }
+    // TF32 products for every f32 matrix product of this process (candle's cuBLAS switch)
+    candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
     let dev = crate::tasks::runtime::TaskDevice::start(&dspec)?;
     let cfg = Config {
         embsize: args.embsize,
@@ -283,7 +289,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     prov.insert("optimizer".into(), json!(format!("Adam(lr={}, eps={}), clip_grad_norm 1.0, StepLR(1, gamma={})", opts.lr, opts.adam_eps, opts.schedule_ratio)));
     prov.insert("mask_ratio".into(), json!(opts.mask_ratio));
     prov.insert("dropout".into(), json!(d.dropout));
-    prov.insert("precision".into(), json!("f32"));
+    prov.insert("precision".into(), json!(if tf32 { "tf32" } else { "f32" }));
     prov.insert("device".into(), json!(dspec.device.kind.to_string()));
     prov.insert("n_train".into(), json!(res.n_train));
     prov.insert("n_validation".into(), json!(res.n_valid));
