@@ -749,9 +749,10 @@ pub struct ScgptIntegrationArgs {
     /// scgpt_integrated: where it trains, cpu (default) or cuda.
     #[arg(long, value_enum, value_name = "DEVICE")]
     pub device: Option<crate::gpu::DeviceKind>,
-    /// scgpt_integrated: f32 (default), or tf32 with --device cuda: f32 values, matrix products on
-    /// TF32 tensor cores (inputs rounded to 10-bit mantissas, f32 sums; upstream trains in fp16
-    /// autocast, coarser). bf16 training is not implemented.
+    /// scgpt_integrated: f32 (default); with --device cuda also tf32 (f32 values, matrix products
+    /// on TF32 tensor cores: 10-bit mantissa inputs, f32 sums) or bf16 (mixed precision as
+    /// torch.autocast: bf16 products, f32 norms, softmax, losses, weights and optimiser; upstream
+    /// trains in fp16 autocast).
     #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "tf32", "bf16"])]
     pub precision: Option<String>,
     /// scgpt_integrated: start from this checkpoint folder (best_model.pt, vocab.json,

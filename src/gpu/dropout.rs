@@ -5,8 +5,9 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfi
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
 
-/// `out[..n] = x[..n]` masked by `m`.
-pub fn launch(dev: &CudaDevice, x: &CudaView<f32>, out: &mut CudaSlice<f32>, n: usize, m: &crate::nn::dropout::Mask) -> Result<()> {
+/// `out[..n] = x[..n] * scale` where element i's 24-bit draw under `key` is below `threshold`,
+/// else 0 (the rule of `nn::dropout::Mask::keeps`).
+pub fn launch(dev: &CudaDevice, x: &CudaView<f32>, out: &mut CudaSlice<f32>, n: usize, key: u64, threshold: u32, scale: f32) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
@@ -17,9 +18,9 @@ pub fn launch(dev: &CudaDevice, x: &CudaView<f32>, out: &mut CudaSlice<f32>, n: 
     let mut b = func.builder();
     b.arg(x);
     b.arg(out);
-    b.arg(&m.key);
-    b.arg(&m.threshold);
-    b.arg(&m.scale);
+    b.arg(&key);
+    b.arg(&threshold);
+    b.arg(&scale);
     b.arg(&n64);
     // SAFETY: the arguments match the kernel's signature; x and out hold n values.
     unsafe { b.launch(cfg) }.w()?;

@@ -110,6 +110,10 @@ pub struct TrainModel {
     pub params: BTreeMap<String, Var>,
     pub dsbn: Dsbn,
     pub device: Device,
+    /// Mixed precision (as torch.autocast with bf16): the matrix products of the linear layers
+    /// and the attention take bf16 copies of their inputs and weights; layer norms, softmax,
+    /// losses, the parameters and the optimiser stay f32.
+    pub mixed: bool,
 }
 
 /// The trained tensors' names and shapes (upstream's state_dict, less cls_decoder which the
@@ -242,7 +246,7 @@ impl TrainModel {
                 }
             }
         }
-        Ok((TrainModel { cfg, params, dsbn, device: device.clone() }, drawn))
+        Ok((TrainModel { cfg, params, dsbn, device: device.clone(), mixed: false }, drawn))
     }
 
     fn p(&self, name: &str) -> &Tensor {
@@ -251,7 +255,12 @@ impl TrainModel {
 
     fn lin(&self, x: &Tensor, name: &str) -> candle_core::Result<Tensor> {
         let b = self.params.get(&format!("{name}.bias")).map(|v| v.as_tensor());
-        linear(x, self.p(&format!("{name}.weight")), b)
+        let w = self.p(&format!("{name}.weight"));
+        if !self.mixed {
+            return linear(x, w, b);
+        }
+        let bf = |t: &Tensor| t.to_dtype(DType::BF16);
+        linear(&bf(x)?, &bf(w)?, b.map(bf).transpose()?.as_ref())?.to_dtype(DType::F32)
     }
 
     fn ln(&self, x: &Tensor, name: &str) -> candle_core::Result<Tensor> {
@@ -317,7 +326,8 @@ impl TrainModel {
         let q = (split(0)? * (1.0 / (hd as f64).sqrt()))?;
         let (k, v) = (split(1)?, split(2)?);
         let mask = if train { drop.next_mask() } else { None };
-        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask)?.transpose(1, 2)?.reshape((b, l, d))?;
+        let (q, k, v) = if self.mixed { (q.to_dtype(DType::BF16)?, k.to_dtype(DType::BF16)?, v.to_dtype(DType::BF16)?) } else { (q, k, v) };
+        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask)?.to_dtype(DType::F32)?.transpose(1, 2)?.reshape((b, l, d))?;
         let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
         let o = if train { drop.apply(&o)? } else { o };
         let x = self.ln(&(x + o)?, &format!("{p}.norm1"))?;
@@ -493,6 +503,22 @@ pub struct EpochLog {
     pub train: Vec<f64>,
     pub valid_mse: Option<f64>,
     pub seconds: f64,
+    /// Training steps taken and cells they trained on.
+    pub steps: usize,
+    pub cells: usize,
+    /// Where the epoch's time went (s): minibatches built on the host, forward passes (to the
+    /// losses read back), backward passes with gradient clipping, optimiser steps, validation.
+    pub phases: Phases,
+}
+
+/// An epoch's time by phase, in seconds; the device is synchronised at each phase's end.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    pub batches: f64,
+    pub forward: f64,
+    pub backward: f64,
+    pub optimizer: f64,
+    pub validation: f64,
 }
 
 pub struct TrainResult {
@@ -570,7 +596,7 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
     let (valid, train_cells) = (valid.to_vec(), train_cells.to_vec());
     let vars = model.vars();
     let mut opt = crate::nn::optim::Adam::new(&vars, o.lr, o.adam_eps, 0.0).map_err(&ctx)?;
-    let mut drop = Dropout::new(model.cfg.dropout, o.seed.wrapping_add(1));
+    let mut dropout = Dropout::new(model.cfg.dropout, o.seed.wrapping_add(1));
     let mut batch_size = o.batch_size.max(1);
     let mut retries = 0u32;
     let mut history = Vec::new();
@@ -582,19 +608,31 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
         // masks drawn anew each epoch (prepare_data)
         let masked: Vec<Vec<f32>> = (0..data.n).map(|c| mask_values(&data.cell_values(c), o.mask_ratio, &mut rng)).collect();
         let mut sums = vec![0f64; OBJECTIVES.len() + 1];
-        let mut steps = 0usize;
+        let (mut steps, mut trained) = (0usize, 0usize);
+        let mut ph = Phases::default();
         let batches = per_batch_minibatches(&train_cells, &data.batch, batch_size, Some(&mut rng));
         let mut queue: std::collections::VecDeque<Vec<usize>> = batches.into();
         while let Some(cells) = queue.pop_front() {
+            let t = std::time::Instant::now();
             let mb = data.minibatch(&cells, &masked);
             let stats = model.dsbn.clone();
+            ph.batches += t.elapsed().as_secs_f64();
             let step = (|| -> candle_core::Result<Vec<f64>> {
-                let l = model.losses(&mb, &mut drop)?;
+                let t = std::time::Instant::now();
+                let l = model.losses(&mb, &mut dropout)?;
                 let vals = l.values()?;
+                ph.forward += t.elapsed().as_secs_f64();
+                let t = std::time::Instant::now();
                 let gs = l.total.backward()?;
+                drop(l); // the graph goes before the optimiser step
                 let mut grads: Vec<Option<Tensor>> = vars.iter().map(|v| gs.get(v.as_tensor()).cloned()).collect();
+                drop(gs);
                 crate::nn::optim::clip_grad_norm(&mut grads, o.max_grad_norm)?;
+                ph.backward += t.elapsed().as_secs_f64();
+                let t = std::time::Instant::now();
                 opt.step(&vars, &grads)?;
+                model.device.synchronize()?;
+                ph.optimizer += t.elapsed().as_secs_f64();
                 Ok(vals)
             })();
             match step {
@@ -603,6 +641,7 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
                         *s += v;
                     }
                     steps += 1;
+                    trained += cells.len();
                 }
                 Err(e) if is_oom(&e) && cells.len() > 1 => {
                     // halve and retry the same cells (the statistics as before the failed step)
@@ -616,6 +655,7 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
                 Err(e) => return Err(ctx(e)),
             }
         }
+        let t = std::time::Instant::now();
         let valid_mse = if valid.is_empty() {
             None
         } else {
@@ -627,7 +667,8 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
             }
             Some(tot / n as f64)
         };
-        let log = EpochLog { epoch: epoch + 1, lr, train: sums.iter().map(|s| s / steps.max(1) as f64).collect(), valid_mse, seconds: started.elapsed().as_secs_f64() };
+        ph.validation = t.elapsed().as_secs_f64();
+        let log = EpochLog { epoch: epoch + 1, lr, train: sums.iter().map(|s| s / steps.max(1) as f64).collect(), valid_mse, seconds: started.elapsed().as_secs_f64(), steps, cells: trained, phases: ph };
         progress(&log);
         let score = valid_mse.unwrap_or(log.train[OBJECTIVES.len()]);
         if !score.is_finite() {

@@ -117,7 +117,7 @@ impl candle_core::CustomOp1 for Mask {
         let n = o1 - o0;
         // SAFETY: every element is written by the kernel below.
         let mut out = unsafe { dev.alloc::<f32>(n)? };
-        crate::gpu::dropout::launch(&dev, &x, &mut out, n, self)?;
+        crate::gpu::dropout::launch(&dev, &x, &mut out, n, self.key, self.threshold, self.scale)?;
         Ok((candle_core::CudaStorage::wrap_cuda_slice(out, dev), l.shape().clone()))
     }
 

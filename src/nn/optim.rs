@@ -54,10 +54,12 @@ impl Adam {
 /// their total L2 norm exceeds `max_norm` (coefficient `max_norm / (norm + 1e-6)`); returns
 /// the norm before clipping.
 pub fn clip_grad_norm(grads: &mut [Option<Tensor>], max_norm: f64) -> Result<f64> {
-    let mut sq = 0f64;
-    for g in grads.iter().flatten() {
-        sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+    // each tensor's sum of squares stays on the device; one read-back for all of them
+    let sums: Vec<Tensor> = grads.iter().flatten().map(|g| g.to_dtype(candle_core::DType::F32)?.sqr()?.sum_all()?.reshape(1)).collect::<Result<_>>()?;
+    if sums.is_empty() {
+        return Ok(0.0);
     }
+    let sq: f64 = Tensor::cat(&sums, 0)?.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?.iter().sum();
     let norm = sq.sqrt();
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {

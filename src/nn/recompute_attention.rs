@@ -11,11 +11,13 @@
 //! dK = dS^T q.
 //!
 //! The price is the forward product and softmax once more in the backward pass (as
-//! flash-attention pays). `q` comes scaled by 1/sqrt(head size).
+//! flash-attention pays). `q` comes scaled by 1/sqrt(head size). In bf16 (mixed precision) the
+//! products take bf16 and the softmax, the mask and `dS` are f32, as PyTorch's fused attention
+//! kernels keep them.
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 
 use super::dropout::Mask;
 
@@ -30,17 +32,21 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Resu
     q.apply_op3_arc(&k, &v, Arc::new(Box::new(Recompute { out, mask })))
 }
 
+/// softmax(q k^T) in f32.
 fn probs(q: &Tensor, k: &Tensor) -> Result<Tensor> {
-    candle_nn::ops::softmax_last_dim(&q.matmul(&k.t()?)?)
+    candle_nn::ops::softmax_last_dim(&q.matmul(&k.t()?)?.to_dtype(DType::F32)?)
+}
+
+/// The probabilities after dropout, in the products' dtype.
+fn dropped(p: &Tensor, mask: Option<Mask>, dtype: DType) -> Result<Tensor> {
+    match mask {
+        Some(m) => m.apply_no_grad(p)?.to_dtype(dtype),
+        None => p.to_dtype(dtype),
+    }
 }
 
 fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Result<Tensor> {
-    let p = probs(q, k)?;
-    let p = match mask {
-        Some(m) => m.apply_no_grad(&p)?,
-        None => p,
-    };
-    p.matmul(v)
+    dropped(&probs(q, k)?, mask, v.dtype())?.matmul(v)
 }
 
 /// The op that stands for the attention in the graph: its forward hands back the output computed
@@ -74,18 +80,16 @@ impl candle_core::CustomOp3 for Recompute {
 
     fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (q, k, v, g) = (q.detach(), k.detach(), v.detach(), grad.detach().contiguous()?);
+        let dt = v.dtype();
         let p = probs(&q, &k)?;
-        let dv = match self.mask {
-            Some(m) => m.apply_no_grad(&p)?.t()?.matmul(&g)?,
-            None => p.t()?.matmul(&g)?,
-        };
-        let dp = g.matmul(&v.t()?)?;
+        let dv = dropped(&p, self.mask, dt)?.t()?.matmul(&g)?;
+        let dp = g.matmul(&v.t()?)?.to_dtype(DType::F32)?;
         let dp = match self.mask {
             Some(m) => m.apply_no_grad(&dp)?,
             None => dp,
         };
         let row = (&dp * &p)?.sum_keepdim(D::Minus1)?;
-        let ds = (dp.broadcast_sub(&row)? * &p)?;
+        let ds = (dp.broadcast_sub(&row)? * &p)?.to_dtype(dt)?;
         drop(p);
         let dq = ds.matmul(&k)?;
         let dk = ds.t()?.matmul(&q)?;
@@ -96,7 +100,7 @@ impl candle_core::CustomOp3 for Recompute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device, Var};
+    use candle_core::{Device, Var};
 
     fn plain(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Tensor {
         let p = candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();

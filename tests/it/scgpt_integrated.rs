@@ -87,18 +87,23 @@ fn scalar(t: &Tensor) -> f64 {
     t.to_scalar::<f32>().unwrap() as f64
 }
 
-#[test]
-fn scgpt_integrated_losses_and_gradients_match_upstream() {
-    let r = reference();
-    let mut m = model();
-    let mb = minibatch();
-    let l = m.losses(&mb, &mut Dropout::new(0.0, 0)).unwrap();
+/// The fixture minibatch's losses (dropout 0), each within `tol` relative of upstream's.
+fn losses_near_upstream(m: &mut TrainModel, r: &Value, tol: f64) -> (scfoundry::methods::scgpt_integrated::Losses, Vec<f64>) {
+    let l = m.losses(&minibatch(), &mut Dropout::new(0.0, 0)).unwrap();
     let vals = l.values().unwrap();
     for (i, name) in OBJECTIVES.iter().enumerate() {
         let want = r["losses"][name].as_f64().unwrap();
         let err = (vals[i] - want).abs() / want.abs();
-        assert!(err < 1e-4, "{name}: {} vs upstream {want} (relative {err:e})", vals[i]);
+        assert!(err < tol, "{name}: {} vs upstream {want} (relative {err:e}, mixed {})", vals[i], m.mixed);
     }
+    (l, vals)
+}
+
+#[test]
+fn scgpt_integrated_losses_and_gradients_match_upstream() {
+    let r = reference();
+    let mut m = model();
+    let (l, vals) = losses_near_upstream(&mut m, &r, 1e-4);
     let want = r["total"].as_f64().unwrap();
     assert!((vals[6] - want).abs() / want < 1e-4, "total {} vs {want}", vals[6]);
     let grads = l.total.backward().unwrap();
@@ -125,6 +130,31 @@ fn scgpt_integrated_losses_and_gradients_match_upstream() {
         assert!(k.as_str().unwrap().starts_with("cls_decoder."), "{k}");
     }
     eprintln!("largest gradient error {:.2e} ({})", worst.0, worst.1);
+}
+
+/// Mixed precision (`--precision bf16`): the same minibatch's losses within 2% of upstream's f32
+/// values and the whole gradient within 5% (relative L2 over all tensors), bf16 products having
+/// 8-bit mantissas; the parameters stay f32.
+#[test]
+fn scgpt_integrated_bf16_stays_near_f32() {
+    let r = reference();
+    let mut m = model();
+    m.mixed = true;
+    let (l, _) = losses_near_upstream(&mut m, &r, 2e-2);
+    let grads = l.total.backward().unwrap();
+    let refg = load("grads.safetensors");
+    let (mut diff, mut tot) = (0f64, 0f64);
+    for (name, var) in &m.params {
+        let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient reaches {name}"));
+        assert_eq!(g.dtype(), candle_core::DType::F32, "{name}");
+        let want = &refg[&format!("grad.{name}")];
+        diff += norm(&(g - want).unwrap()).powi(2);
+        tot += norm(want).powi(2);
+    }
+    let e = (diff / tot).sqrt();
+    assert!(e < 5e-2, "bf16 gradient off by {e:.3e} relative");
+    assert!(e > 1e-6, "bf16 gives f32's gradient exactly ({e:e}): the products did not run in bf16");
+    eprintln!("bf16 gradient relative error {e:.2e}");
 }
 
 /// The DAB loss alone: its gradient reaches the encoder through the reversal layer, negated.
@@ -235,6 +265,18 @@ fn scgpt_integrated_command_writes_embedding_and_weights() {
     let tsv = std::fs::read_to_string(report.join("losses.tsv")).unwrap();
     assert_eq!(tsv.lines().count(), 3, "{tsv}");
     assert!(tsv.starts_with("epoch\tlr\tgep\tgep_zero\tgepc\tgepc_zero\tecs\tdab\ttotal"));
+    // where each epoch's time went: steps, training speed, phases
+    let head: Vec<&str> = tsv.lines().next().unwrap().split('\t').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} in {head:?}"));
+    for row in tsv.lines().skip(1) {
+        let f: Vec<f64> = row.split('\t').map(|v| v.parse().unwrap_or(f64::NAN)).collect();
+        assert_eq!(f.len(), head.len(), "{row}");
+        // 54 training cells in minibatches of at most 8 cells of one batch (3 batches)
+        assert!((7.0..=9.0).contains(&f[col("steps")]), "{row}");
+        assert!(f[col("train_cells_per_s")] > 0.0 && f[col("forward_s")] > 0.0 && f[col("backward_s")] > 0.0, "{row}");
+        let phases: f64 = ["batches_s", "forward_s", "backward_s", "optimizer_s", "validation_s"].iter().map(|c| f[col(c)]).sum();
+        assert!(phases <= f[col("seconds")] + 0.1, "{row}");
+    }
     assert!(report.join("losses.svg").is_file());
     // the same seed gives the same embedding
     let r = ctx.run(&["integrate", "-m", "scgpt_integrated", "-d", "t.h5ad", "--batch-key", "batch", "--epochs", "2", "--integration-batch-size", "8", "--model-dir", model.to_str().unwrap(), "--seed", "3", "-o", "again.h5ad"]);

@@ -197,10 +197,26 @@ fn write_safetensors(path: &Path, tensors: &[(String, candle_core::Tensor)], met
 
 /// `losses.tsv`: one line per epoch.
 fn history_tsv(h: &[EpochLog]) -> String {
-    let mut s = format!("epoch\tlr\t{}\ttotal\tvalid_gep_mse\tseconds\n", OBJECTIVES.join("\t"));
+    let mut s = format!("epoch\tlr\t{}\ttotal\tvalid_gep_mse\tseconds\tsteps\ttrain_cells_per_s\tbatches_s\tforward_s\tbackward_s\toptimizer_s\tvalidation_s\n", OBJECTIVES.join("\t"));
     for e in h {
         let t: Vec<String> = e.train.iter().map(|v| format!("{v:.5}")).collect();
-        s.push_str(&format!("{}\t{:.3e}\t{}\t{}\t{:.1}\n", e.epoch, e.lr, t.join("\t"), e.valid_mse.map_or("NA".into(), |v| format!("{v:.5}")), e.seconds));
+        let p = &e.phases;
+        let train_s = p.batches + p.forward + p.backward + p.optimizer;
+        s.push_str(&format!(
+            "{}\t{:.3e}\t{}\t{}\t{:.1}\t{}\t{:.1}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\n",
+            e.epoch,
+            e.lr,
+            t.join("\t"),
+            e.valid_mse.map_or("NA".into(), |v| format!("{v:.5}")),
+            e.seconds,
+            e.steps,
+            e.cells as f64 / train_s.max(1e-9),
+            p.batches,
+            p.forward,
+            p.backward,
+            p.optimizer,
+            p.validation
+        ));
     }
     s
 }
@@ -216,14 +232,15 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     let tensors = scgpt::read_checkpoint(&pt)?;
     let read_s = clock.elapsed().as_secs_f64();
     let so = &o.scgpt;
-    if so.precision.as_deref() == Some("bf16") {
-        return Err(Error::BadOption { option: "--precision".into(), detail: "scgpt_integrated trains in float32 (bf16 training is not implemented yet)".into(), hint: Some("leave --precision out, or pass f32".into()) }.into());
-    }
     let mut dspec = spec.clone();
     dspec.device.kind = so.device.unwrap_or_default();
-    let tf32 = so.precision.as_deref() == Some("tf32");
-    if tf32 && dspec.device.kind != crate::gpu::DeviceKind::Cuda {
-        return Err(Error::BadOption { option: "--precision".into(), detail: "tf32 is a mode of NVIDIA tensor cores: it needs --device cuda".into(), hint: Some("add --device cuda, or leave --precision out (f32)".into()) }.into());
+    let precision = match so.precision.as_deref() {
+        None | Some("auto") | Some("f32") => "f32",
+        Some(p) => p,
+    };
+    let tf32 = precision == "tf32";
+    if precision != "f32" && dspec.device.kind != crate::gpu::DeviceKind::Cuda {
+        return Err(Error::BadOption { option: "--precision".into(), detail: format!("{precision} training is for NVIDIA GPUs (tensor cores): it needs --device cuda"), hint: Some("add --device cuda, or leave --precision out (f32)".into()) }.into());
     }
     // TF32 products for every f32 matrix product of this process (candle's cuBLAS switch)
     candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
@@ -240,6 +257,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
         dab_weight: d.dab_weight,
     };
     let (mut model, drawn) = TrainModel::new(cfg, &tensors, spec.seed, &dev.device)?;
+    model.mixed = precision == "bf16";
     let opts = TrainOptions {
         epochs: so.epochs.unwrap_or(d.epochs) as usize,
         batch_size: so.integration_batch_size.unwrap_or(d.batch) as usize,
@@ -255,7 +273,18 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     let started = Instant::now();
     let n_epochs = opts.epochs;
     let res = train(&mut model, &p.data, &opts, |e| {
-        rep.note(&format!("epoch {}/{n_epochs}: loss {:.4}{} ({:.1}s)", e.epoch, e.train[OBJECTIVES.len()], e.valid_mse.map_or(String::new(), |v| format!(", validation GEP MSE {v:.4}")), e.seconds));
+        let p = &e.phases;
+        rep.note(&format!(
+            "epoch {}/{n_epochs}: loss {:.4}{} ({:.1}s: forward {:.1}, backward {:.1}, optimiser {:.1}, validation {:.1})",
+            e.epoch,
+            e.train[OBJECTIVES.len()],
+            e.valid_mse.map_or(String::new(), |v| format!(", validation GEP MSE {v:.4}")),
+            e.seconds,
+            p.forward,
+            p.backward,
+            p.optimizer,
+            p.validation
+        ));
     })?;
     let train_s = started.elapsed().as_secs_f64();
     let (n, dim) = (p.data.n, args.embsize);
@@ -289,7 +318,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     prov.insert("optimizer".into(), json!(format!("Adam(lr={}, eps={}), clip_grad_norm 1.0, StepLR(1, gamma={})", opts.lr, opts.adam_eps, opts.schedule_ratio)));
     prov.insert("mask_ratio".into(), json!(opts.mask_ratio));
     prov.insert("dropout".into(), json!(d.dropout));
-    prov.insert("precision".into(), json!(if tf32 { "tf32" } else { "f32" }));
+    prov.insert("precision".into(), json!(precision));
     prov.insert("device".into(), json!(dspec.device.kind.to_string()));
     prov.insert("n_train".into(), json!(res.n_train));
     prov.insert("n_validation".into(), json!(res.n_valid));
