@@ -93,6 +93,25 @@ impl StageClock {
     }
 }
 
+/// A producer's usual work: read rows `block.0..block.1` of `x` ([`Stage::Read`]) and map each
+/// row, given its row number in the file and its (genes, values), on all of the pool's threads
+/// in chunks of at least `min_len` rows ([`Stage::Tokenise`]); the results in row order.
+pub fn read_and_map<T: Send>(clock: &StageClock, x: &crate::anndata::Matrix, block: (usize, usize), min_len: usize, f: impl Fn(usize, &[u32], &[f32]) -> T + Sync) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    let (s, e) = block;
+    let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
+    Ok(clock.time(Stage::Tokenise, || {
+        (0..b.n_rows())
+            .into_par_iter()
+            .with_min_len(min_len)
+            .map(|i| {
+                let (idx, vals) = b.row(i);
+                f(s + i, idx, vals)
+            })
+            .collect()
+    }))
+}
+
 /// How far the producer may run ahead and how many threads tokenise.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {

@@ -44,7 +44,6 @@ pub fn load(arch: Arch, dir: &Path, device: candle_core::Device) -> Result<ClsEn
 }
 
 pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<TaskResult> {
-    use rayon::prelude::*;
     let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let name = arch.name();
@@ -92,20 +91,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     pipeline::run(
         blocks.len(),
         Plan::from_env(),
-        |k| {
-            let (s, e) = blocks[k];
-            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
-            Ok(clock.time(Stage::Tokenise, || {
-                (0..b.n_rows())
-                    .into_par_iter()
-                    .with_min_len(32)
-                    .map(|i| {
-                        let (idx, vals) = b.row(i);
-                        model_ref.cell_tokens(table, idx, vals)
-                    })
-                    .collect::<Vec<_>>()
-            }))
-        },
+        |k| pipeline::read_and_map(&clock, x, blocks[k], 32, |_, idx, vals| model_ref.cell_tokens(table, idx, vals)),
         |k, tokenised| {
             let (s, e) = blocks[k];
             truncated += tokenised.iter().filter(|t| t.1).count();

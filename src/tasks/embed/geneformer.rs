@@ -19,7 +19,6 @@ use crate::tasks::runtime::{cell_totals, obs_totals, row_total, precision, verif
 
 fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::geneformer::{self, EmbMode, GeneTable, Geneformer};
-    use rayon::prelude::*;
     let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let given_dir = spec.params.get("model_dir").and_then(Value::as_str).filter(|s| !s.is_empty()).map(PathBuf::from);
@@ -81,21 +80,12 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
         blocks.len(),
         Plan::from_env(),
         |k| {
-            let (s, e) = blocks[k];
-            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
-            Ok(clock.time(Stage::Tokenise, || {
-                (0..b.n_rows())
-                    .into_par_iter()
-                    .with_min_len(32)
-                    .map(|i| {
-                        let (idx, vals) = b.row(i);
-                        let total = totals.map_or_else(|| row_total(vals), |t| t[s + i - first_row]);
-                        let ranked = table.rank(idx, vals, total);
-                        let cut = ranked.len() > max_ranked;
-                        (geneformer::finish_tokens(ranked, input_size, specials), cut)
-                    })
-                    .collect::<Vec<_>>()
-            }))
+            pipeline::read_and_map(&clock, x, blocks[k], 32, |row, idx, vals| {
+                let total = totals.map_or_else(|| row_total(vals), |t| t[row - first_row]);
+                let ranked = table.rank(idx, vals, total);
+                let cut = ranked.len() > max_ranked;
+                (geneformer::finish_tokens(ranked, input_size, specials), cut)
+            })
         },
         |k, tokenised| {
             let (s, _) = blocks[k];

@@ -19,7 +19,6 @@ use crate::tasks::runtime::{check_model_folder, model_folder, precision, some_ce
 
 fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     use crate::methods::scgpt::{self, Model};
-    use rayon::prelude::*;
     let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
@@ -56,20 +55,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     pipeline::run(
         blocks.len(),
         Plan::from_env(),
-        |k| {
-            let (s, e) = blocks[k];
-            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
-            Ok(clock.time(Stage::Tokenise, || {
-                (0..b.n_rows())
-                    .into_par_iter()
-                    .with_min_len(32)
-                    .map(|i| {
-                        let (idx, vals) = b.row(i);
-                        tokenizer.cell(idx, vals, gene_ids, seed, s + i)
-                    })
-                    .collect::<Vec<scgpt::Cell>>()
-            }))
-        },
+        |k| pipeline::read_and_map(&clock, x, blocks[k], 32, |row, idx, vals| tokenizer.cell(idx, vals, gene_ids, seed, row)),
         |k, cells| {
             let (s, _) = blocks[k];
             sampled += cells.iter().filter(|c| c.sampled).count();

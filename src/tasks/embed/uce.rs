@@ -55,7 +55,6 @@ fn load_expressing(spec: &TaskSpec, n_obs: usize, n_vars: usize) -> Result<Vec<u
 }
 
 pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
-    use rayon::prelude::*;
     let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let dir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
@@ -148,27 +147,18 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
         blocks.len(),
         Plan::from_env(),
         |k| {
-            let (s, e) = blocks[k];
-            let b = clock.time(Stage::Read, || x.read_rows(s, e))?;
             // each cell: whether it has few genes, and its sentence (None: no count); the first
             // error in row order is the block's
-            let cells: Vec<Result<(bool, Option<Vec<u32>>)>> = clock.time(Stage::Tokenise, || {
-                (0..b.n_rows())
-                    .into_par_iter()
-                    .with_min_len(8)
-                    .map(|i| {
-                        let (idx, vals) = b.row(i);
-                        let n_genes = idx.iter().zip(vals).filter(|(&j, &v)| v > 0.0 && expressing[j as usize] >= cfg_ref.min_cells).count();
-                        let (g, c) = uce::cell_counts(idx, vals, map).map_err(|v| Error::BadField {
-                            path: spec.data.clone(),
-                            field: x.field.clone(),
-                            detail: format!("cell {} ({}) has the negative value {v}", s + i, ad_ref.obs_names[s + i]),
-                            hint: Some("UCE reads raw counts; pass the counts layer with --layer".into()),
-                        })?;
-                        Ok((n_genes < cfg_ref.min_genes, uce::sentence(&g, &c, map, cfg_ref, spec.seed, s + i)?))
-                    })
-                    .collect()
-            });
+            let cells: Vec<Result<(bool, Option<Vec<u32>>)>> = pipeline::read_and_map(&clock, x, blocks[k], 8, |row, idx, vals| {
+                let n_genes = idx.iter().zip(vals).filter(|(&j, &v)| v > 0.0 && expressing[j as usize] >= cfg_ref.min_cells).count();
+                let (g, c) = uce::cell_counts(idx, vals, map).map_err(|v| Error::BadField {
+                    path: spec.data.clone(),
+                    field: x.field.clone(),
+                    detail: format!("cell {row} ({}) has the negative value {v}", ad_ref.obs_names[row]),
+                    hint: Some("UCE reads raw counts; pass the counts layer with --layer".into()),
+                })?;
+                Ok((n_genes < cfg_ref.min_genes, uce::sentence(&g, &c, map, cfg_ref, spec.seed, row)?))
+            })?;
             cells.into_iter().collect::<Result<Vec<_>>>()
         },
         |k, cells| {
