@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scgpt_integrated's training on a GPU: first the same small model trained on --device cuda and
-# cpu (the loss curves must agree to float rounding: the dropout kernel draws the CPU's masks);
+# cpu (the dropout kernel draws the CPU's masks, so the loss curves should differ only by
+# float rounding);
 # then ours (integrate --device cuda, --precision f32, tf32 and bf16)
 # against upstream's training step in PyTorch (bench/scgpt_integrated_torch.py: bf16 autocast
 # with fp32 master weights, and f32) at the whole-human shape (embsize 512, 12 layers, 8 heads,
