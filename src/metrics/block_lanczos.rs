@@ -447,6 +447,18 @@ fn cholesky_qr(w: &mut [f64], refn: &[f64; BLOCK]) -> Option<Small> {
     Some(r)
 }
 
+/// `w <- w R` for upper-triangular `r`: undoes a [`cholesky_qr`] (to rounding).
+fn times_upper(w: &mut [f64], r: &Small) {
+    w.par_chunks_mut(BLOCK * CHUNK).for_each(|ws| {
+        for row in ws.chunks_exact_mut(BLOCK) {
+            // from the last column back, so each row[k] read is still the input's
+            for b in (0..BLOCK).rev() {
+                row[b] = (0..=b).map(|k| row[k] * r[k][b]).sum();
+            }
+        }
+    });
+}
+
 /// Orthonormalise the block `w` (m x BLOCK) in place, W_before = Q R, R returned as
 /// `r[row][col]` (upper triangular); `w` must already be orthogonal to V[:, 0..nv] and `refn`
 /// are its columns' norms before that. Cholesky QR twice; where the block is too
@@ -462,7 +474,8 @@ fn orthonormalize_block(
     m: usize,
     rng: &mut rand_chacha::ChaCha8Rng,
 ) -> Small {
-    let saved = w.to_vec();
+    // cholesky_qr leaves `w` as it was when it fails; after a first pass that succeeded, a
+    // failed second pass (rare: W1 is nearly orthonormal) is undone by W0 = W1 R1
     if let Some(r1) = cholesky_qr(w, refn) {
         let ones = [1e-300; BLOCK];
         if let Some(r2) = cholesky_qr(w, &ones) {
@@ -475,8 +488,8 @@ fn orthonormalize_block(
             }
             return r;
         }
+        times_upper(w, &r1);
     }
-    w.copy_from_slice(&saved);
     modified_gram_schmidt(w, refn, v, cap, nv, m, rng)
 }
 
@@ -572,6 +585,20 @@ fn ritz(v: &[f64], cap: usize, p: usize, s: &[f64], nk: usize, m: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Cholesky QR pass then `times_upper` gives the block back (the fallback's restore).
+    #[test]
+    fn times_upper_undoes_cholesky_qr() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let w0: Vec<f64> = (0..500 * BLOCK).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut w = w0.clone();
+        let r = cholesky_qr(&mut w, &[1e-300; BLOCK]).unwrap();
+        assert!(w.iter().zip(&w0).any(|(a, b)| (a - b).abs() > 1e-3), "the pass changed nothing");
+        times_upper(&mut w, &r);
+        let worst = w.iter().zip(&w0).map(|(a, b)| (a - b).abs()).fold(0f64, f64::max);
+        assert!(worst < 1e-12, "restored to within {worst:e}");
+    }
 
     /// A sparse symmetric matrix with a clustered spectrum near 1 (like a diffusion operator):
     /// the block method against the dense eigen-decomposition.
