@@ -68,6 +68,8 @@ pub mod cards;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod dropout;
+#[cfg(feature = "cuda")]
+pub mod train_rows;
 pub mod options;
 pub mod embedding;
 #[cfg(feature = "cuda")]

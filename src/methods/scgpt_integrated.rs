@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
+use crate::nn::step_profile::StepProfile;
 pub use crate::nn::dropout::Dropout;
 
 /// Upstream's constants (finetune_integration.py).
@@ -114,6 +115,8 @@ pub struct TrainModel {
     /// and the attention take bf16 copies of their inputs and weights; layer norms, softmax,
     /// losses, the parameters and the optimiser stay f32.
     pub mixed: bool,
+    /// Time by region of the model (`SCFOUNDRY_STEP_PROFILE=1`).
+    pub profile: Option<StepProfile>,
 }
 
 /// The trained tensors' names and shapes (upstream's state_dict, less cls_decoder which the
@@ -169,14 +172,6 @@ pub fn grad_reverse(x: &Tensor, lambda: f64) -> candle_core::Result<Tensor> {
     let neg = (x * (-lambda))?;
     let pos = (x.detach() * (1.0 + lambda))?;
     neg + pos
-}
-
-fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Tensor> {
-    let y = x.broadcast_matmul(&w.t()?)?;
-    match b {
-        Some(b) => y.broadcast_add(b),
-        None => Ok(y),
-    }
 }
 
 fn leaky_relu(x: &Tensor) -> candle_core::Result<Tensor> {
@@ -246,7 +241,7 @@ impl TrainModel {
                 }
             }
         }
-        Ok((TrainModel { cfg, params, dsbn, device: device.clone(), mixed: false }, drawn))
+        Ok((TrainModel { cfg, params, dsbn, device: device.clone(), mixed: false, profile: None }, drawn))
     }
 
     fn p(&self, name: &str) -> &Tensor {
@@ -255,16 +250,19 @@ impl TrainModel {
 
     fn lin(&self, x: &Tensor, name: &str) -> candle_core::Result<Tensor> {
         let b = self.params.get(&format!("{name}.bias")).map(|v| v.as_tensor());
-        let w = self.p(&format!("{name}.weight"));
-        if !self.mixed {
-            return linear(x, w, b);
+        crate::nn::lean_linear::linear(x, self.p(&format!("{name}.weight")), b, self.mixed)
+    }
+
+    /// `x` at the end of profiled region `region` (itself when not profiling).
+    fn mark(&self, x: Tensor, region: &str) -> candle_core::Result<Tensor> {
+        match &self.profile {
+            Some(p) => p.mark(&x, region),
+            None => Ok(x),
         }
-        let bf = |t: &Tensor| t.to_dtype(DType::BF16);
-        linear(&bf(x)?, &bf(w)?, b.map(bf).transpose()?.as_ref())?.to_dtype(DType::F32)
     }
 
     fn ln(&self, x: &Tensor, name: &str) -> candle_core::Result<Tensor> {
-        candle_nn::ops::layer_norm_slow(x, self.p(&format!("{name}.weight")), self.p(&format!("{name}.bias")), LN_EPS as f32)
+        crate::nn::layer_norm::layer_norm(x, self.p(&format!("{name}.weight")), self.p(&format!("{name}.bias")), LN_EPS as f32)
     }
 
     /// The trainable variables in name order.
@@ -272,19 +270,30 @@ impl TrainModel {
         self.params.values().cloned().collect()
     }
 
-    /// `_encode` up to the transformer output, and the gene token embeddings (for GEPC).
+    /// `_encode` up to the transformer output, and the gene token embeddings (for GEPC): (l, d)
+    /// when every cell has the same genes, else (b, l, d).
     /// `train`: DSBN uses (and updates) batch statistics and dropout applies.
     fn encode(&mut self, mb: &Minibatch, values: &[f32], train: bool, drop: &mut Dropout) -> candle_core::Result<(Tensor, Tensor)> {
         let (b, l, d) = (mb.b, mb.l, self.cfg.embsize);
         let dev = self.device.clone();
-        let ids = Tensor::from_vec(mb.gene_ids.clone(), b * l, &dev)?;
-        let genes = self.p("encoder.embedding.weight").index_select(&ids, 0)?.reshape((b, l, d))?;
-        let genes = self.ln(&genes, "encoder.enc_norm")?;
+        // every cell with the same genes in the same order (as `TrainData` builds them): the
+        // embedding and its norm once, (l, d), broadcast over the cells; its gradient is then a
+        // sum over the cells and a scatter of l rows, not of b x l
+        let shared = mb.gene_ids.chunks(l.max(1)).all(|c| c == &mb.gene_ids[..l]);
+        let genes = if shared {
+            let ids = Tensor::from_vec(mb.gene_ids[..l].to_vec(), l, &dev)?;
+            self.p("encoder.embedding.weight").index_select(&ids, 0)?
+        } else {
+            let ids = Tensor::from_vec(mb.gene_ids.clone(), b * l, &dev)?;
+            self.p("encoder.embedding.weight").index_select(&ids, 0)?.reshape((b, l, d))?
+        };
+        let genes = self.mark(self.ln(&genes, "encoder.enc_norm")?, "gene embedding")?;
         let v = Tensor::from_vec(values.iter().map(|&x| x.min(512.0)).collect::<Vec<f32>>(), (b, l, 1), &dev)?;
         let v = self.lin(&v, "value_encoder.linear1")?.relu()?;
         let v = self.ln(&self.lin(&v, "value_encoder.linear2")?, "value_encoder.norm")?;
         let v = if train { drop.apply(&v)? } else { v };
-        let x = (&genes + v)?;
+        let v = self.mark(v, "value encoder")?;
+        let x = genes.broadcast_add(&v)?;
         // DSBN: the first cell's batch
         let k = mb.batch_labels[0] as usize;
         let x = if train {
@@ -309,7 +318,7 @@ impl TrainModel {
             let rv = Tensor::from_vec(self.dsbn.running_var[k].iter().map(|&v| ((v as f64 + DSBN_EPS).sqrt()) as f32).collect::<Vec<f32>>(), (1, 1, d), &dev)?;
             x.broadcast_sub(&rm)?.broadcast_div(&rv)?
         };
-        let mut h = x;
+        let mut h = self.mark(x, "dsbn")?;
         for i in 0..self.cfg.nlayers {
             h = self.layer(&h, i, train, drop)?;
         }
@@ -321,21 +330,23 @@ impl TrainModel {
         let p = format!("transformer_encoder.layers.{i}");
         let (b, l, d) = x.dims3()?;
         let (nh, hd) = (self.cfg.nheads, d / self.cfg.nheads);
-        let qkv = linear(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))))?;
+        let qkv = crate::nn::lean_linear::linear(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed)?;
+        let qkv = self.mark(qkv, "qkv projection")?;
         let split = |j: usize| -> candle_core::Result<Tensor> { qkv.narrow(2, j * d, d)?.reshape((b, l, nh, hd))?.transpose(1, 2)?.contiguous() };
         let q = (split(0)? * (1.0 / (hd as f64).sqrt()))?;
         let (k, v) = (split(1)?, split(2)?);
         let mask = if train { drop.next_mask() } else { None };
         let (q, k, v) = if self.mixed { (q.to_dtype(DType::BF16)?, k.to_dtype(DType::BF16)?, v.to_dtype(DType::BF16)?) } else { (q, k, v) };
-        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask)?.to_dtype(DType::F32)?.transpose(1, 2)?.reshape((b, l, d))?;
+        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask, self.profile.as_ref())?.to_dtype(DType::F32)?.transpose(1, 2)?.reshape((b, l, d))?;
+        let o = self.mark(o, "attention")?;
         let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
         let o = if train { drop.apply(&o)? } else { o };
-        let x = self.ln(&(x + o)?, &format!("{p}.norm1"))?;
+        let x = self.mark(self.ln(&(x + o)?, &format!("{p}.norm1"))?, "out projection + norm1")?;
         let h = self.lin(&x, &format!("{p}.linear1"))?.relu()?;
         let h = if train { drop.apply(&h)? } else { h };
         let h = self.lin(&h, &format!("{p}.linear2"))?;
         let h = if train { drop.apply(&h)? } else { h };
-        self.ln(&(x + h)?, &format!("{p}.norm2"))
+        self.mark(self.ln(&(x + h)?, &format!("{p}.norm2"))?, "feed-forward + norm2")
     }
 
     /// The batch embeddings (BatchLabelEncoder) of the cells: (b, d).
@@ -361,12 +372,21 @@ impl TrainModel {
         let hb = Tensor::cat(&[&h, &be.unsqueeze(1)?.broadcast_as((b, l, d))?.contiguous()?], 2)?;
         let pred = self.mlp3(&hb, "decoder.fc")?;
         let zero = sigmoid(&self.mlp3(&hb, "decoder.zero_logit")?)?;
+        let (pred, zero) = (self.mark(pred, "GEP decoder")?, self.mark(zero, "GEP decoder")?);
         let cell = h.narrow(1, 0, 1)?.squeeze(1)?; // (b, d)
         // MVC: sigmoid(gene2query(gene embs)), W(query) . [cell, batch]
         let query = sigmoid(&self.lin(&genes, "mvc_decoder.gene2query")?)?;
-        let cb = Tensor::cat(&[&cell, &be], 1)?.unsqueeze(2)?; // (b, 2d, 1)
-        let mvc = self.lin(&query, "mvc_decoder.W")?.matmul(&cb)?.squeeze(2)?;
-        let mvc_zero = sigmoid(&self.lin(&query, "mvc_decoder.W_zero_logit")?.matmul(&cb)?.squeeze(2)?)?;
+        let cb = Tensor::cat(&[&cell, &be], 1)?; // (b, 2d)
+        // (W query) . cb per cell: with genes shared, one (l, 2d) x (2d, b) product
+        let per_cell = |w: Tensor| -> candle_core::Result<Tensor> {
+            if w.rank() == 2 {
+                w.matmul(&cb.t()?)?.t()?.contiguous()
+            } else {
+                w.matmul(&cb.unsqueeze(2)?)?.squeeze(2)
+            }
+        };
+        let mvc = per_cell(self.lin(&query, "mvc_decoder.W")?)?;
+        let mvc_zero = sigmoid(&per_cell(self.lin(&query, "mvc_decoder.W_zero_logit")?)?)?;
         // the masked positions
         let mask_v: Vec<f32> = mb.input_values.iter().map(|&v| if v == MASK_VALUE { 1.0 } else { 0.0 }).collect();
         let n_masked: f64 = mask_v.iter().map(|&m| m as f64).sum();
@@ -529,6 +549,8 @@ pub struct TrainResult {
     pub oom_retries: u32,
     pub n_train: usize,
     pub n_valid: usize,
+    /// `SCFOUNDRY_STEP_PROFILE`'s table (TSV) of the training steps, when it was set.
+    pub profile: Option<String>,
 }
 
 /// `random_mask_value`: per cell, `floor(tokens x ratio)` positions (the `<cls>` among them,
@@ -619,11 +641,20 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
             ph.batches += t.elapsed().as_secs_f64();
             let step = (|| -> candle_core::Result<Vec<f64>> {
                 let t = std::time::Instant::now();
+                if let Some(p) = &model.profile {
+                    p.start()?;
+                }
                 let l = model.losses(&mb, &mut dropout)?;
+                if let Some(p) = &model.profile {
+                    p.start_backward("MVC decoder + losses")?;
+                }
                 let vals = l.values()?;
                 ph.forward += t.elapsed().as_secs_f64();
                 let t = std::time::Instant::now();
                 let gs = l.total.backward()?;
+                if let Some(p) = &model.profile {
+                    p.end_backward()?;
+                }
                 drop(l); // the graph goes before the optimiser step
                 let mut grads: Vec<Option<Tensor>> = vars.iter().map(|v| gs.get(v.as_tensor()).cloned()).collect();
                 drop(gs);
@@ -698,7 +729,7 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
             embedding[c * d..(c + 1) * d].copy_from_slice(&e[i * d..(i + 1) * d]);
         }
     }
-    Ok(TrainResult { embedding, history, best_epoch, final_batch: batch_size, oom_retries: retries, n_train: train_cells.len(), n_valid: valid.len() })
+    Ok(TrainResult { embedding, history, best_epoch, final_batch: batch_size, oom_retries: retries, n_train: train_cells.len(), n_valid: valid.len(), profile: model.profile.as_ref().map(|p| p.tsv()) })
 }
 
 #[cfg(test)]

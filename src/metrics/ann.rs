@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 
 use super::neighbors::NeighborsResults;
+use crate::formats::splitmix::{mix, GOLDEN};
 
 /// Parameters of [`approx_knn`]. Defaults follow pynndescent where they matter for recall.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -64,11 +65,8 @@ pub struct AnnReport {
 const EMPTY: u32 = u32::MAX;
 
 #[inline]
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+fn splitmix(z: u64) -> u64 {
+    mix(z.wrapping_add(GOLDEN))
 }
 
 #[inline]

@@ -283,17 +283,8 @@ mod tests {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))).unwrap()
     }
 
-    /// splitmix64, the integer stream `scripts/scib_kmeans_reference.py` draws the spread set from.
-    struct SplitMix64(u64);
-    impl SplitMix64 {
-        fn uniform(&mut self) -> f64 {
-            self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-            ((z ^ (z >> 31)) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-        }
-    }
+    // splitmix64 is the integer stream `scripts/scib_kmeans_reference.py` draws the spread set from
+    use crate::formats::splitmix::SplitMix64;
 
     /// The 10k-cell spread set of the reference script (same arithmetic, so the same f32 values).
     pub(crate) fn spread_set(n: usize, d: usize, n_labels: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {

@@ -11,13 +11,7 @@
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use crate::formats::splitmix::{mix, GOLDEN};
 
 /// One call's mask: which elements are kept, and the scale of those kept.
 #[derive(Debug, Clone, Copy, PartialEq)]

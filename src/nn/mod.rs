@@ -1,12 +1,16 @@
 //! Building blocks shared by several models: encoder layers (BERT, packed BERT, post-norm
 //! stacks), the CLS encoder of scCello and LangCell, seeded random initialisation, the
-//! fine-tuning heads, counter-based dropout and attention that recomputes in the backward pass
-//! (training), the kNN label transfer and sparse cells made dense on the device. Model files (`methods/`) build on these.
+//! fine-tuning heads; for training, counter-based dropout, attention that recomputes in the
+//! backward pass, layer norm and linear layers that keep only their input, and the time of a
+//! step by region; the kNN label transfer and sparse cells made dense on the device. Model files
+//! (`methods/`) build on these.
 
 pub mod bert;
 pub mod cls_encoder;
 pub mod dropout;
 pub mod finetune;
+pub mod layer_norm;
+pub mod lean_linear;
 pub mod knn_transfer;
 pub mod packed_bert;
 pub mod post_norm;
@@ -14,6 +18,7 @@ pub mod optim;
 pub mod random_init;
 pub mod recompute_attention;
 pub mod sparse_rows;
+pub mod step_profile;
 
 /// FLOPs of one cell of `s` tokens through `layers` encoder layers of width `d` and
 /// feed-forward width `f`: the dense products and the attention scores.

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 
+use crate::formats::splitmix::SplitMix64;
+
 /// How one tensor is filled.
 pub enum Fill {
     /// Every element this value (norm weights 1, norm biases 0); draws nothing from the stream.
@@ -27,14 +29,8 @@ pub fn seeded_tensors(
     device: &Device,
     fill: impl Fn(&str, &[usize]) -> Fill,
 ) -> candle_core::Result<HashMap<String, Tensor>> {
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
+    let mut stream = SplitMix64(seed);
+    let mut uniform = move || stream.uniform();
     shapes
         .into_iter()
         .map(|(name, shape)| {

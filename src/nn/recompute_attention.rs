@@ -15,45 +15,56 @@
 //! products take bf16 and the softmax, the mask and `dS` are f32, as PyTorch's fused attention
 //! kernels keep them.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor, WithDType};
+use rayon::prelude::*;
 
 use super::dropout::Mask;
+use super::step_profile::StepProfile;
 
 /// `dropout(softmax(q k^T)) v` for `(.., l, hd)` tensors (`q` already scaled), differentiable
 /// with respect to q, k and v; `mask` is the dropout on the probabilities (training).
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Result<Tensor> {
+/// `profile`: the parts' times go there (`SCFOUNDRY_STEP_PROFILE`).
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let out = forward(&q.detach(), &k.detach(), &v.detach(), mask)?;
+    let out = forward(&q.detach(), &k.detach(), &v.detach(), mask, profile)?;
     if !(q.track_op() || k.track_op() || v.track_op()) {
         return Ok(out);
     }
-    q.apply_op3_arc(&k, &v, Arc::new(Box::new(Recompute { out, mask })))
+    q.apply_op3_arc(&k, &v, Arc::new(Box::new(Recompute { out: Mutex::new(Some(out)), mask, profile: profile.cloned() })))
 }
 
-/// softmax(q k^T) in f32.
-fn probs(q: &Tensor, k: &Tensor) -> Result<Tensor> {
-    candle_nn::ops::softmax_last_dim(&q.matmul(&k.t()?)?.to_dtype(DType::F32)?)
-}
-
-/// The probabilities after dropout, in the products' dtype.
-fn dropped(p: &Tensor, mask: Option<Mask>, dtype: DType) -> Result<Tensor> {
-    match mask {
-        Some(m) => m.apply_no_grad(p)?.to_dtype(dtype),
-        None => p.to_dtype(dtype),
+/// `f`, as part `name` of the attention when profiling.
+fn part<T>(profile: Option<&StepProfile>, name: &str, backward: bool, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match profile {
+        Some(p) => p.part(name, backward, f),
+        None => f(),
     }
 }
 
-fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Result<Tensor> {
-    dropped(&probs(q, k)?, mask, v.dtype())?.matmul(v)
+fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
+    let s = part(profile, "attention: q k^T", false, || q.matmul(&k.t()?))?;
+    let pd = part(profile, "attention: softmax, dropout", false, || s.apply_op1_no_bwd(&Probs { mask }))?;
+    drop(s);
+    part(profile, "attention: P v", false, || pd.matmul(v))
 }
 
-/// The op that stands for the attention in the graph: its forward hands back the output computed
-/// outside the graph, its backward recomputes.
+/// The op that stands for the attention in the graph: its forward hands back (a copy of) the
+/// output computed outside the graph and lets that go, so one copy is held until the backward
+/// pass; its backward recomputes.
 struct Recompute {
-    out: Tensor,
+    out: Mutex<Option<Tensor>>,
     mask: Option<Mask>,
+    profile: Option<StepProfile>,
+}
+
+impl Recompute {
+    /// The output computed outside the graph, taken (the op's forward runs once).
+    fn take(&self) -> Result<Tensor> {
+        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("recompute-attention: poisoned".into()))?.take();
+        out.ok_or_else(|| candle_core::Error::Msg("recompute-attention: forward ran twice".into()))
+    }
 }
 
 impl candle_core::CustomOp3 for Recompute {
@@ -62,7 +73,8 @@ impl candle_core::CustomOp3 for Recompute {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (s, l) = self.out.storage_and_layout();
+        let out = self.take()?;
+        let (s, l) = out.storage_and_layout();
         match &*s {
             candle_core::Storage::Cpu(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
             _ => candle_core::bail!("recompute-attention: the output is not on the CPU"),
@@ -71,7 +83,8 @@ impl candle_core::CustomOp3 for Recompute {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (s, l) = self.out.storage_and_layout();
+        let out = self.take()?;
+        let (s, l) = out.storage_and_layout();
         match &*s {
             candle_core::Storage::Cuda(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
             _ => candle_core::bail!("recompute-attention: the output is not on the GPU"),
@@ -80,27 +93,205 @@ impl candle_core::CustomOp3 for Recompute {
 
     fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (q, k, v, g) = (q.detach(), k.detach(), v.detach(), grad.detach().contiguous()?);
-        let dt = v.dtype();
-        let p = probs(&q, &k)?;
-        let dv = dropped(&p, self.mask, dt)?.t()?.matmul(&g)?;
-        let dp = g.matmul(&v.t()?)?.to_dtype(DType::F32)?;
-        let dp = match self.mask {
-            Some(m) => m.apply_no_grad(&dp)?,
-            None => dp,
-        };
-        let row = (&dp * &p)?.sum_keepdim(D::Minus1)?;
-        let ds = (dp.broadcast_sub(&row)? * &p)?.to_dtype(dt)?;
-        drop(p);
-        let dq = ds.matmul(&k)?;
-        let dk = ds.t()?.matmul(&q)?;
+        let pr = self.profile.as_ref();
+        let s = part(pr, "attention: q k^T", true, || q.matmul(&k.t()?))?;
+        let dpd = part(pr, "attention: dO v^T", true, || g.matmul(&v.t()?))?;
+        let both = part(pr, "attention: softmax, dropout, dS", true, || s.apply_op2_no_bwd(&dpd, &Grads { mask: self.mask }))?;
+        drop((s, dpd));
+        let (pd, ds) = (both.get(0)?, both.get(1)?);
+        let dv = part(pr, "attention: dV, dQ, dK", true, || pd.t()?.matmul(&g))?;
+        drop(pd);
+        let dq = part(pr, "attention: dV, dQ, dK", true, || ds.matmul(&k))?;
+        let dk = part(pr, "attention: dV, dQ, dK", true, || ds.t()?.matmul(&q))?;
         Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
+
+// ----------------------------------------------------------------------------- row passes
+//
+// On each row of l scores s (f32 arithmetic whatever the storage): P = softmax(s), the dropout
+// multiplier k_i of element i = row x l + j (scale when kept, 0 when dropped, 1 without
+// dropout). Forward: Pd = P k. Backward, from dPd = dO v^T: dP = dPd k, r = sum(dP P),
+// dS = P (dP - r), and Pd again (for dV). The CUDA kernels (`gpu::train_rows`) do the same
+// with one warp a row.
+
+fn keep_mul(mask: Option<Mask>, i: u64) -> f32 {
+    match mask {
+        None => 1.0,
+        Some(m) if m.keeps(i) => m.scale,
+        Some(_) => 0.0,
+    }
+}
+
+/// A row's max and 1 / sum(exp(s - max)).
+fn row_stats(s: &[f32]) -> (f32, f32) {
+    let m = s.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    (m, 1.0 / s.iter().map(|&x| (x - m).exp()).sum::<f32>())
+}
+
+fn rows_probs<T: WithDType>(s: &[T], l: usize, mask: Option<Mask>) -> Vec<T> {
+    let mut out = vec![T::zero(); s.len()];
+    out.par_chunks_mut(l).zip(s.par_chunks(l)).enumerate().for_each(|(r, (o, s))| {
+        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32).collect();
+        let (m, inv) = row_stats(&s);
+        let base = (r * l) as u64;
+        for (j, o) in o.iter_mut().enumerate() {
+            *o = T::from_f64(((s[j] - m).exp() * inv * keep_mul(mask, base + j as u64)) as f64);
+        }
+    });
+    out
+}
+
+/// (Pd, dS) one after the other.
+fn rows_grads<T: WithDType>(s: &[T], dpd: &[T], l: usize, mask: Option<Mask>) -> Vec<T> {
+    let n = s.len();
+    let mut out = vec![T::zero(); 2 * n];
+    let (pd, ds) = out.split_at_mut(n);
+    pd.par_chunks_mut(l).zip(ds.par_chunks_mut(l)).zip(s.par_chunks(l).zip(dpd.par_chunks(l))).enumerate().for_each(|(r, ((pd, ds), (s, dpd)))| {
+        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32).collect();
+        let (m, inv) = row_stats(&s);
+        let base = (r * l) as u64;
+        let p: Vec<f32> = s.iter().map(|&x| (x - m).exp() * inv).collect();
+        let k: Vec<f32> = (0..l).map(|j| keep_mul(mask, base + j as u64)).collect();
+        let acc: f32 = (0..l).map(|j| dpd[j].to_f64() as f32 * k[j] * p[j]).sum();
+        for j in 0..l {
+            ds[j] = T::from_f64((p[j] * (dpd[j].to_f64() as f32 * k[j] - acc)) as f64);
+            pd[j] = T::from_f64((p[j] * k[j]) as f64);
+        }
+    });
+    out
+}
+
+fn contiguous<'a, T>(x: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&x[a..b]),
+        None => candle_core::bail!("recompute-attention: {what} must be contiguous"),
+    }
+}
+
+/// Scores -> dropped probabilities (the forward row pass).
+struct Probs {
+    mask: Option<Mask>,
+}
+
+impl candle_core::CustomOp1 for Probs {
+    fn name(&self) -> &'static str {
+        "attention-probs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let n = l.dims().last().copied().unwrap_or(1);
+        let out = match s {
+            CpuStorage::F32(x) => CpuStorage::F32(rows_probs(contiguous(x, l, "the scores")?, n, self.mask)),
+            CpuStorage::BF16(x) => CpuStorage::BF16(rows_probs(contiguous(x, l, "the scores")?, n, self.mask)),
+            _ => candle_core::bail!("recompute-attention: takes f32 or bf16"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let Some((o0, o1)) = l.contiguous_offsets() else {
+            candle_core::bail!("recompute-attention: the scores must be contiguous");
+        };
+        let dev = s.device().clone();
+        let n = l.dims().last().copied().unwrap_or(1);
+        let rows = (o1 - o0) / n.max(1);
+        let m = mask_args(self.mask);
+        let out = match s.dtype() {
+            candle_core::DType::F32 => {
+                // SAFETY: the kernel writes every element.
+                let mut out = unsafe { dev.alloc::<f32>(o1 - o0)? };
+                crate::gpu::train_rows::probs(&dev, "f32", &s.as_cuda_slice::<f32>()?.slice(o0..o1), &mut out, rows, n, m)?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev)
+            }
+            candle_core::DType::BF16 => {
+                // SAFETY: the kernel writes every element.
+                let mut out = unsafe { dev.alloc::<half::bf16>(o1 - o0)? };
+                crate::gpu::train_rows::probs(&dev, "bf16", &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), &mut out, rows, n, m)?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev)
+            }
+            d => candle_core::bail!("recompute-attention: takes f32 or bf16, got {d:?}"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
+
+/// (scores, dPd) -> (Pd, dS) stacked on a new first dimension (the backward row pass).
+struct Grads {
+    mask: Option<Mask>,
+}
+
+impl candle_core::CustomOp2 for Grads {
+    fn name(&self) -> &'static str {
+        "attention-grads"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, sl: &Layout, d: &CpuStorage, dl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let n = sl.dims().last().copied().unwrap_or(1);
+        if sl.shape() != dl.shape() {
+            candle_core::bail!("recompute-attention: scores {:?} and dPd {:?} differ", sl.shape(), dl.shape());
+        }
+        let out = match (s, d) {
+            (CpuStorage::F32(s), CpuStorage::F32(d)) => CpuStorage::F32(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.mask)),
+            (CpuStorage::BF16(s), CpuStorage::BF16(d)) => CpuStorage::BF16(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.mask)),
+            _ => candle_core::bail!("recompute-attention: takes f32 or bf16, both the same"),
+        };
+        Ok((out, stacked(sl)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, sl: &Layout, d: &candle_core::CudaStorage, dl: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (Some((s0, s1)), Some((d0, d1))) = (sl.contiguous_offsets(), dl.contiguous_offsets()) else {
+            candle_core::bail!("recompute-attention: the scores and dPd must be contiguous");
+        };
+        if sl.shape() != dl.shape() || s.dtype() != d.dtype() {
+            candle_core::bail!("recompute-attention: scores and dPd differ in shape or dtype");
+        }
+        let dev = s.device().clone();
+        let n = sl.dims().last().copied().unwrap_or(1);
+        let len = s1 - s0;
+        let rows = len / n.max(1);
+        let m = mask_args(self.mask);
+        macro_rules! run {
+            ($t:ty, $suffix:expr) => {{
+                // SAFETY: the kernel writes every element of both halves.
+                let mut out = unsafe { dev.alloc::<$t>(2 * len)? };
+                let (mut pd, mut ds) = out.split_at_mut(len);
+                crate::gpu::train_rows::grads(&dev, $suffix, &s.as_cuda_slice::<$t>()?.slice(s0..s1), &d.as_cuda_slice::<$t>()?.slice(d0..d1), &mut pd, &mut ds, rows, n, m)?;
+                out
+            }};
+        }
+        let out = match s.dtype() {
+            candle_core::DType::F32 => candle_core::CudaStorage::wrap_cuda_slice(run!(f32, "f32"), dev),
+            candle_core::DType::BF16 => candle_core::CudaStorage::wrap_cuda_slice(run!(half::bf16, "bf16"), dev),
+            d => candle_core::bail!("recompute-attention: takes f32 or bf16, got {d:?}"),
+        };
+        Ok((out, stacked(sl)))
+    }
+}
+
+/// (2, ..shape) of the scores' layout.
+fn stacked(l: &Layout) -> Shape {
+    let mut d = vec![2];
+    d.extend_from_slice(l.dims());
+    Shape::from(d)
+}
+
+#[cfg(feature = "cuda")]
+fn mask_args(mask: Option<Mask>) -> crate::gpu::train_rows::MaskArgs {
+    match mask {
+        Some(m) => (1, m.key, m.threshold, m.scale),
+        None => (0, 0, 0, 1.0),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Var};
+    use candle_core::{DType, Device, Var, D};
 
     fn plain(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Tensor {
         let p = candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
@@ -119,7 +310,7 @@ mod tests {
         let (q, k, v) = (draw(1), draw(2), draw(3));
         let w = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
         for mask in [None, crate::nn::dropout::Dropout::new(0.3, 5).next_mask()] {
-            let ours = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask).unwrap();
+            let ours = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask, None).unwrap();
             let theirs = plain(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask);
             let diff = (&ours - &theirs).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-5, "forward differs by {diff}");
@@ -133,6 +324,6 @@ mod tests {
         }
         // outside a graph it is the plain forward
         let t = Tensor::ones(shape, DType::F32, &dev).unwrap();
-        assert!(!attention(&t, &t, &t, None).unwrap().track_op());
+        assert!(!attention(&t, &t, &t, None, None).unwrap().track_op());
     }
 }

@@ -278,3 +278,138 @@ extern "C" __global__ void dropout_f32(const float *__restrict__ x, float *__res
         out[i] = (unsigned int)(z >> 40) < threshold ? x[i] * scale : 0.f;
     }
 }
+
+// Training attention's row passes (src/nn/recompute_attention.rs holds the CPU twin and the
+// algebra): one warp a row of l scores, softmax in f32, the counter-based dropout mask of
+// element i = row * l + j (the rule of dropout_f32 above) applied on the way out.
+__device__ __forceinline__ float ld_f(const float *p) { return *p; }
+__device__ __forceinline__ float ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st_f(float *p, const float v) { *p = v; }
+__device__ __forceinline__ void st_f(__nv_bfloat16 *p, const float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// the multiplier of element i: scale when kept, 0 when dropped, 1 without dropout
+__device__ __forceinline__ float keep_mul(const int has_mask, const unsigned long long key, const unsigned long long i,
+                                          const unsigned int threshold, const float scale) {
+    if (!has_mask) return 1.f;
+    unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (unsigned int)(z >> 40) < threshold ? scale : 0.f;
+}
+// the row's max and 1 / sum(exp(s - max))
+template <typename T>
+__device__ __forceinline__ void row_softmax_stats(const T *s, const int l, const int lane, float &m, float &inv) {
+    m = __int_as_float(0xff800000u);  // -inf
+    for (int j = lane; j < l; j += 32) m = fmaxf(m, ld_f(s + j));
+    m = warp_max_f(m);
+    float z = 0.f;
+    for (int j = lane; j < l; j += 32) z += expf(ld_f(s + j) - m);
+    inv = 1.f / warp_sum_f(z);
+}
+// pd = dropout(softmax(s))
+template <typename T>
+__device__ void attn_probs(const T *s, T *pd, const unsigned long long rows, const int l, const int has_mask,
+                           const unsigned long long key, const unsigned int threshold, const float scale) {
+    const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const unsigned long long base = row * (unsigned long long)l;
+    float m, inv;
+    row_softmax_stats(s + base, l, lane, m, inv);
+    for (int j = lane; j < l; j += 32)
+        st_f(pd + base + j, expf(ld_f(s + base + j) - m) * inv * keep_mul(has_mask, key, base + j, threshold, scale));
+}
+// from the scores s and dPd = dO v^T: pd = dropout(P) and ds = P * (dP - rowsum(dP * P)),
+// dP = dropout(dPd), P = softmax(s)
+template <typename T>
+__device__ void attn_ds(const T *s, const T *dpd, T *pd, T *ds, const unsigned long long rows, const int l,
+                        const int has_mask, const unsigned long long key, const unsigned int threshold, const float scale) {
+    const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const unsigned long long base = row * (unsigned long long)l;
+    float m, inv;
+    row_softmax_stats(s + base, l, lane, m, inv);
+    float acc = 0.f;
+    for (int j = lane; j < l; j += 32) {
+        const float p = expf(ld_f(s + base + j) - m) * inv;
+        acc += ld_f(dpd + base + j) * keep_mul(has_mask, key, base + j, threshold, scale) * p;
+    }
+    acc = warp_sum_f(acc);
+    for (int j = lane; j < l; j += 32) {
+        const float p = expf(ld_f(s + base + j) - m) * inv;
+        const float k = keep_mul(has_mask, key, base + j, threshold, scale);
+        st_f(ds + base + j, p * (ld_f(dpd + base + j) * k - acc));
+        st_f(pd + base + j, p * k);
+    }
+}
+#define ATTN_ROWS(T, SUFFIX)                                                                                             \
+    extern "C" __global__ void attn_probs_##SUFFIX(const T *s, T *pd, const unsigned long long rows, const int l,     \
+                                                   const int has_mask, const unsigned long long key,                   \
+                                                   const unsigned int threshold, const float scale) {                  \
+        attn_probs(s, pd, rows, l, has_mask, key, threshold, scale);                                                   \
+    }                                                                                                                  \
+    extern "C" __global__ void attn_ds_##SUFFIX(const T *s, const T *dpd, T *pd, T *ds, const unsigned long long rows, \
+                                                const int l, const int has_mask, const unsigned long long key,         \
+                                                const unsigned int threshold, const float scale) {                     \
+        attn_ds(s, dpd, pd, ds, rows, l, has_mask, key, threshold, scale);                                             \
+    }
+ATTN_ROWS(float, f32)
+ATTN_ROWS(__nv_bfloat16, bf16)
+
+// Layer norm for training in f32 (src/nn/layer_norm.rs holds the CPU twin and the algebra):
+// one warp a row of d values, two-pass statistics.
+__device__ __forceinline__ void ln_row_stats(const float *x, const int d, float &mean, float &r, const float eps) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+    for (int j = lane; j < d; j += 32) s += x[j];
+    mean = warp_sum_f(s) / (float)d;
+    float v = 0.f;
+    for (int j = lane; j < d; j += 32) {
+        const float t = x[j] - mean;
+        v += t * t;
+    }
+    r = 1.f / sqrtf(warp_sum_f(v) / (float)d + eps);
+}
+extern "C" __global__ void ln_fwd_f32(const float *__restrict__ x, const float *__restrict__ w, const float *__restrict__ b,
+                                      float *__restrict__ y, const unsigned long long rows, const int d, const float eps) {
+    const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float *xr = x + row * d;
+    float mean, r;
+    ln_row_stats(xr, d, mean, r, eps);
+    for (int j = lane; j < d; j += 32) y[row * d + j] = (xr[j] - mean) * r * w[j] + b[j];
+}
+// dx = r (g - mean(g) - xh mean(g xh)), g = dy w; gx = dy xh (summed over rows for dw)
+extern "C" __global__ void ln_bwd_f32(const float *__restrict__ x, const float *__restrict__ w, const float *__restrict__ dy,
+                                      float *__restrict__ dx, float *__restrict__ gx, const unsigned long long rows, const int d,
+                                      const float eps) {
+    const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float *xr = x + row * d, *dyr = dy + row * d;
+    float mean, r;
+    ln_row_stats(xr, d, mean, r, eps);
+    float a = 0.f, c = 0.f;
+    for (int j = lane; j < d; j += 32) {
+        const float g = dyr[j] * w[j];
+        a += g;
+        c += g * (xr[j] - mean) * r;
+    }
+    a = warp_sum_f(a) / (float)d;
+    c = warp_sum_f(c) / (float)d;
+    for (int j = lane; j < d; j += 32) {
+        const float xh = (xr[j] - mean) * r;
+        dx[row * d + j] = r * (dyr[j] * w[j] - a - xh * c);
+        gx[row * d + j] = dyr[j] * xh;
+    }
+}

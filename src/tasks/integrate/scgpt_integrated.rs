@@ -258,6 +258,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     };
     let (mut model, drawn) = TrainModel::new(cfg, &tensors, spec.seed, &dev.device)?;
     model.mixed = precision == "bf16";
+    model.profile = crate::nn::step_profile::StepProfile::from_env(&dev.device);
     let opts = TrainOptions {
         epochs: so.epochs.unwrap_or(d.epochs) as usize,
         batch_size: so.integration_batch_size.unwrap_or(d.batch) as usize,
@@ -342,6 +343,10 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     meta.push(("genes", serde_json::to_string(&p.genes)?));
     write_safetensors(&weights, &sd, &meta)?;
     std::fs::write(report_dir.join("losses.tsv"), history_tsv(&res.history)).map_err(|e| Error::Io { path: report_dir.join("losses.tsv"), source: e })?;
+    if let Some(tsv) = &res.profile {
+        let path = report_dir.join("step_profile.tsv");
+        std::fs::write(&path, tsv).map_err(|e| Error::Io { path: path.clone(), source: e })?;
+    }
     let curve = crate::plots::ElboCurve {
         title: format!("scgpt_integrated: training loss (all objectives) and validation GEP MSE per epoch ({n} cells, {} genes, {} batches, seed {})", p.genes.len(), p.levels.len(), spec.seed),
         train: res.history.iter().map(|h| h.train[OBJECTIVES.len()]).collect(),
@@ -359,6 +364,9 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
         o.batch_key[0]
     )];
     summary.push(format!("fine-tuned weights {}; losses and curve in {}", weights.display(), report_dir.display()));
+    if res.profile.is_some() {
+        summary.push(format!("time by region of the training steps (SCFOUNDRY_STEP_PROFILE): {}", report_dir.join("step_profile.tsv").display()));
+    }
     if res.oom_retries > 0 {
         summary.push(format!("CUDA ran out of memory at --integration-batch-size {}; the minibatch was halved {} time(s) and training finished at {}: pass --integration-batch-size {} next time", opts.batch_size, res.oom_retries, res.final_batch, res.final_batch));
     }

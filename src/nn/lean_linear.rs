@@ -1,0 +1,131 @@
+//! A linear layer for training that keeps only its input between the passes. candle's graph of
+//! `x W^T + b` keeps the product before the bias and, under mixed precision, bf16 copies of the
+//! input and the output (three more tensors of the activations' size a layer); here the forward
+//! pass runs outside the graph and one op stands for it, whose backward forms the gradients by
+//! hand from x, W and dy: dx = dy W, dW = dy^T x, db = sum of dy over rows. With `mixed` (as
+//! `torch.autocast` with bf16) the products take bf16 copies of their operands and sum in f32,
+//! backward as forward; x, W, b and the output stay f32.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+
+/// `x W^T + b` over the last dimension of `x` (`W`: out x in).
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result<Tensor> {
+    let (n_out, n_in) = w.dims2()?;
+    let x = x.contiguous()?;
+    let rows = x.elem_count() / n_in.max(1);
+    let mut out_shape = x.dims().to_vec();
+    *out_shape.last_mut().ok_or_else(|| candle_core::Error::Msg("linear: x has no dimension".into()))? = n_out;
+    let y = product(&x.detach().reshape((rows, n_in))?, &w.detach().t()?, mixed)?;
+    let y = match b {
+        Some(b) => y.broadcast_add(&b.detach())?,
+        None => y,
+    }
+    .reshape(out_shape)?;
+    let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
+    if !tracked {
+        return Ok(y);
+    }
+    let bias = match b {
+        Some(b) => b.clone(),
+        None => Tensor::zeros(n_out, DType::F32, x.device())?,
+    };
+    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Mutex::new(Some(y)), mixed, has_bias: b.is_some() })))
+}
+
+/// `a b` in f32, through bf16 copies when `mixed`.
+fn product(a: &Tensor, b: &Tensor, mixed: bool) -> Result<Tensor> {
+    if mixed {
+        a.to_dtype(DType::BF16)?.matmul(&b.to_dtype(DType::BF16)?)?.to_dtype(DType::F32)
+    } else {
+        a.matmul(b)
+    }
+}
+
+struct Lean {
+    out: Mutex<Option<Tensor>>,
+    mixed: bool,
+    has_bias: bool,
+}
+
+impl Lean {
+    fn take(&self) -> Result<Tensor> {
+        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("lean-linear: poisoned".into()))?.take();
+        out.ok_or_else(|| candle_core::Error::Msg("lean-linear: forward ran twice".into()))
+    }
+}
+
+impl candle_core::CustomOp3 for Lean {
+    fn name(&self) -> &'static str {
+        "lean-linear"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = self.take()?;
+        let (s, l) = out.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cpu(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
+            _ => candle_core::bail!("lean-linear: the output is not on the CPU"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = self.take()?;
+        let (s, l) = out.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cuda(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
+            _ => candle_core::bail!("lean-linear: the output is not on the GPU"),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (n_out, n_in) = w.dims2()?;
+        let rows = x.elem_count() / n_in.max(1);
+        let x2 = x.detach().reshape((rows, n_in))?;
+        let dy = grad.detach().contiguous()?.reshape((rows, n_out))?;
+        let dx = product(&dy, &w.detach(), self.mixed)?.reshape(x.shape())?;
+        let dw = product(&dy.t()?, &x2, self.mixed)?;
+        let db = if self.has_bias { Some(dy.sum(0)?) } else { None };
+        Ok((Some(dx), Some(dw), db))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn values_and_gradients_equal_candles_graph() {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (3, 5, 8), &dev).unwrap()).unwrap();
+        let w = Var::from_tensor(&Tensor::randn(0f32, 0.5, (6, 8), &dev).unwrap()).unwrap();
+        let b = Var::from_tensor(&Tensor::randn(0f32, 0.5, 6, &dev).unwrap()).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, (3, 5, 6), &dev).unwrap();
+        for bias in [true, false] {
+            let bb = bias.then(|| b.as_tensor());
+            let ours = linear(x.as_tensor(), w.as_tensor(), bb, false).unwrap();
+            let theirs = x.as_tensor().broadcast_matmul(&w.as_tensor().t().unwrap()).unwrap();
+            let theirs = if bias { theirs.broadcast_add(b.as_tensor()).unwrap() } else { theirs };
+            let diff = (&ours - &theirs).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-5, "forward differs by {diff}");
+            let go = (&ours * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let gt = (&theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, v) in [("x", &x), ("w", &w), ("b", &b)] {
+                match (go.get(v.as_tensor()), gt.get(v.as_tensor())) {
+                    (Some(a), Some(t)) => {
+                        let rel = ((a - t).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() / t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()).sqrt();
+                        assert!(rel < 1e-5, "d{name}: relative error {rel} (bias {bias})");
+                    }
+                    (None, None) => {}
+                    (a, t) => panic!("d{name}: ours {:?}, candle's {:?} (bias {bias})", a.is_some(), t.is_some()),
+                }
+            }
+        }
+        // outside a graph it is the plain product
+        let t = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
+        assert!(!linear(&t, &t.narrow(0, 0, 1).unwrap().repeat((6, 1)).unwrap(), None, true).unwrap().track_op());
+    }
+}
