@@ -15,8 +15,9 @@ fn config(rows: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (rows.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// `pd = dropout(softmax(s))` over `rows` rows of `l`; `suffix` is "f32" or "bf16" (T's kernel).
-pub fn probs<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, pd: &mut CudaSlice<T>, rows: usize, l: usize, m: MaskArgs) -> Result<()> {
+/// `pd = dropout(softmax(c s))` over `rows` rows of `l`; `suffix` is "f32" or "bf16" (T's kernel).
+#[allow(clippy::too_many_arguments)]
+pub fn probs<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, pd: &mut CudaSlice<T>, rows: usize, l: usize, c: f32, m: MaskArgs) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }
@@ -27,6 +28,7 @@ pub fn probs<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, pd:
     b.arg(pd);
     b.arg(&rows64);
     b.arg(&l32);
+    b.arg(&c);
     b.arg(&m.0);
     b.arg(&m.1);
     b.arg(&m.2);
@@ -36,9 +38,9 @@ pub fn probs<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, pd:
     Ok(())
 }
 
-/// From scores `s` and `dpd = dO v^T`: `pd = dropout(P)`, `ds = P * (dP - rowsum(dP * P))`.
+/// From scores `s` and `dpd = dO v^T`: `pd = dropout(P)`, `ds = c P * (dP - rowsum(dP * P))`.
 #[allow(clippy::too_many_arguments)]
-pub fn grads<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, dpd: &CudaView<T>, pd: &mut CudaViewMut<T>, ds: &mut CudaViewMut<T>, rows: usize, l: usize, m: MaskArgs) -> Result<()> {
+pub fn grads<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, dpd: &CudaView<T>, pd: &mut CudaViewMut<T>, ds: &mut CudaViewMut<T>, rows: usize, l: usize, c: f32, m: MaskArgs) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }
@@ -51,6 +53,7 @@ pub fn grads<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, s: &CudaView<T>, dpd
     b.arg(ds);
     b.arg(&rows64);
     b.arg(&l32);
+    b.arg(&c);
     b.arg(&m.0);
     b.arg(&m.1);
     b.arg(&m.2);

@@ -332,12 +332,12 @@ impl TrainModel {
         let (nh, hd) = (self.cfg.nheads, d / self.cfg.nheads);
         let qkv = crate::nn::lean_linear::linear(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed)?;
         let qkv = self.mark(qkv, "qkv projection")?;
-        let split = |j: usize| -> candle_core::Result<Tensor> { qkv.narrow(2, j * d, d)?.reshape((b, l, nh, hd))?.transpose(1, 2)?.contiguous() };
-        let q = (split(0)? * (1.0 / (hd as f64).sqrt()))?;
-        let (k, v) = (split(1)?, split(2)?);
+        // q, k and v laid out by heads in one copy, (3, b, h, l, hd), bf16 under mixed precision
+        let qkv = if self.mixed { qkv.to_dtype(DType::BF16)? } else { qkv };
+        let heads = qkv.reshape((b, l, 3, nh, hd))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let mask = if train { drop.next_mask() } else { None };
-        let (q, k, v) = if self.mixed { (q.to_dtype(DType::BF16)?, k.to_dtype(DType::BF16)?, v.to_dtype(DType::BF16)?) } else { (q, k, v) };
-        let o = crate::nn::recompute_attention::attention(&q, &k, &v, mask, self.profile.as_ref())?.to_dtype(DType::F32)?.transpose(1, 2)?.reshape((b, l, d))?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let o = crate::nn::recompute_attention::attention(&heads, scale, mask, self.profile.as_ref())?.transpose(1, 2)?.reshape((b, l, d))?;
         let o = self.mark(o, "attention")?;
         let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
         let o = if train { drop.apply(&o)? } else { o };

@@ -4,7 +4,7 @@
 //! pass runs outside the graph and one op stands for it, whose backward forms the gradients by
 //! hand from x, W and dy: dx = dy W, dW = dy^T x, db = sum of dy over rows. With `mixed` (as
 //! `torch.autocast` with bf16) the products take bf16 copies of their operands and sum in f32,
-//! backward as forward; x, W, b and the output stay f32.
+//! backward as forward; W, b and the output are f32, x f32 or bf16 (its gradient in its dtype).
 
 use std::sync::{Arc, Mutex};
 
@@ -85,7 +85,7 @@ impl candle_core::CustomOp3 for Lean {
         let rows = x.elem_count() / n_in.max(1);
         let x2 = x.detach().reshape((rows, n_in))?;
         let dy = grad.detach().contiguous()?.reshape((rows, n_out))?;
-        let dx = product(&dy, &w.detach(), self.mixed)?.reshape(x.shape())?;
+        let dx = product(&dy, &w.detach(), self.mixed)?.reshape(x.shape())?.to_dtype(x.dtype())?;
         let dw = product(&dy.t()?, &x2, self.mixed)?;
         let db = if self.has_bias { Some(dy.sum(0)?) } else { None };
         Ok((Some(dx), Some(dw), db))

@@ -11,7 +11,8 @@
 //! dK = dS^T q.
 //!
 //! The price is the forward product and softmax once more in the backward pass (as
-//! flash-attention pays). `q` comes scaled by 1/sqrt(head size). In bf16 (mixed precision) the
+//! flash-attention pays). The scale (1/sqrt(head size)) is applied to the scores inside the row
+//! passes. In bf16 (mixed precision) the
 //! products take bf16 and the softmax, the mask and `dS` are f32, as PyTorch's fused attention
 //! kernels keep them.
 
@@ -23,16 +24,19 @@ use rayon::prelude::*;
 use super::dropout::Mask;
 use super::step_profile::StepProfile;
 
-/// `dropout(softmax(q k^T)) v` for `(.., l, hd)` tensors (`q` already scaled), differentiable
-/// with respect to q, k and v; `mask` is the dropout on the probabilities (training).
-/// `profile`: the parts' times go there (`SCFOUNDRY_STEP_PROFILE`).
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    let out = forward(&q.detach(), &k.detach(), &v.detach(), mask, profile)?;
-    if !(q.track_op() || k.track_op() || v.track_op()) {
+/// `dropout(softmax(scale q k^T)) v` where `heads` stacks q, k and v, `(3, .., l, hd)` (laid out
+/// by heads in one copy), differentiable with respect to `heads`; `mask` is the dropout on the
+/// probabilities (training). `profile`: the parts' times go there (`SCFOUNDRY_STEP_PROFILE`).
+pub fn attention(heads: &Tensor, scale: f32, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
+    let heads = heads.contiguous()?;
+    let out = {
+        let h = heads.detach();
+        forward(&h.get(0)?, &h.get(1)?, &h.get(2)?, scale, mask, profile)?
+    };
+    if !heads.track_op() {
         return Ok(out);
     }
-    q.apply_op3_arc(&k, &v, Arc::new(Box::new(Recompute { out: Mutex::new(Some(out)), mask, profile: profile.cloned() })))
+    heads.apply_op1_arc(Arc::new(Box::new(Recompute { out: Mutex::new(Some(out)), scale, mask, profile: profile.cloned() })))
 }
 
 /// `f`, as part `name` of the attention when profiling.
@@ -43,9 +47,9 @@ fn part<T>(profile: Option<&StepProfile>, name: &str, backward: bool, f: impl Fn
     }
 }
 
-fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
+fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<Mask>, profile: Option<&StepProfile>) -> Result<Tensor> {
     let s = part(profile, "attention: q k^T", false, || q.matmul(&k.t()?))?;
-    let pd = part(profile, "attention: softmax, dropout", false, || s.apply_op1_no_bwd(&Probs { mask }))?;
+    let pd = part(profile, "attention: softmax, dropout", false, || s.apply_op1_no_bwd(&Probs { scale, mask }))?;
     drop(s);
     part(profile, "attention: P v", false, || pd.matmul(v))
 }
@@ -55,6 +59,7 @@ fn forward(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>, profile: Opti
 /// pass; its backward recomputes.
 struct Recompute {
     out: Mutex<Option<Tensor>>,
+    scale: f32,
     mask: Option<Mask>,
     profile: Option<StepProfile>,
 }
@@ -67,12 +72,12 @@ impl Recompute {
     }
 }
 
-impl candle_core::CustomOp3 for Recompute {
+impl candle_core::CustomOp1 for Recompute {
     fn name(&self) -> &'static str {
         "recompute-attention"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = self.take()?;
         let (s, l) = out.storage_and_layout();
         match &*s {
@@ -82,7 +87,7 @@ impl candle_core::CustomOp3 for Recompute {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+    fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = self.take()?;
         let (s, l) = out.storage_and_layout();
         match &*s {
@@ -91,28 +96,31 @@ impl candle_core::CustomOp3 for Recompute {
         }
     }
 
-    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (q, k, v, g) = (q.detach(), k.detach(), v.detach(), grad.detach().contiguous()?);
+    fn bwd(&self, heads: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let h = heads.detach();
+        let (q, k, v) = (h.get(0)?, h.get(1)?, h.get(2)?);
+        let g = grad.detach().to_dtype(h.dtype())?.contiguous()?;
         let pr = self.profile.as_ref();
         let s = part(pr, "attention: q k^T", true, || q.matmul(&k.t()?))?;
         let dpd = part(pr, "attention: dO v^T", true, || g.matmul(&v.t()?))?;
-        let both = part(pr, "attention: softmax, dropout, dS", true, || s.apply_op2_no_bwd(&dpd, &Grads { mask: self.mask }))?;
+        let both = part(pr, "attention: softmax, dropout, dS", true, || s.apply_op2_no_bwd(&dpd, &Grads { scale: self.scale, mask: self.mask }))?;
         drop((s, dpd));
         let (pd, ds) = (both.get(0)?, both.get(1)?);
         let dv = part(pr, "attention: dV, dQ, dK", true, || pd.t()?.matmul(&g))?;
         drop(pd);
         let dq = part(pr, "attention: dV, dQ, dK", true, || ds.matmul(&k))?;
         let dk = part(pr, "attention: dV, dQ, dK", true, || ds.t()?.matmul(&q))?;
-        Ok((Some(dq), Some(dk), Some(dv)))
+        Ok(Some(Tensor::stack(&[dq, dk, dv], 0)?))
     }
 }
 
 // ----------------------------------------------------------------------------- row passes
 //
-// On each row of l scores s (f32 arithmetic whatever the storage): P = softmax(s), the dropout
+// On each row of l scores s (f32 arithmetic whatever the storage): P = softmax(c s) with c the
+// scale (1 / sqrt(head size)), the dropout
 // multiplier k_i of element i = row x l + j (scale when kept, 0 when dropped, 1 without
 // dropout). Forward: Pd = P k. Backward, from dPd = dO v^T: dP = dPd k, r = sum(dP P),
-// dS = P (dP - r), and Pd again (for dV). The CUDA kernels (`gpu::train_rows`) do the same
+// dS = c P (dP - r) (the gradient of the unscaled scores), and Pd again (for dV). The CUDA kernels (`gpu::train_rows`) do the same
 // with one warp a row.
 
 fn keep_mul(mask: Option<Mask>, i: u64) -> f32 {
@@ -129,10 +137,10 @@ fn row_stats(s: &[f32]) -> (f32, f32) {
     (m, 1.0 / s.iter().map(|&x| (x - m).exp()).sum::<f32>())
 }
 
-fn rows_probs<T: WithDType>(s: &[T], l: usize, mask: Option<Mask>) -> Vec<T> {
+fn rows_probs<T: WithDType>(s: &[T], l: usize, c: f32, mask: Option<Mask>) -> Vec<T> {
     let mut out = vec![T::zero(); s.len()];
     out.par_chunks_mut(l).zip(s.par_chunks(l)).enumerate().for_each(|(r, (o, s))| {
-        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32).collect();
+        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32 * c).collect();
         let (m, inv) = row_stats(&s);
         let base = (r * l) as u64;
         for (j, o) in o.iter_mut().enumerate() {
@@ -143,19 +151,19 @@ fn rows_probs<T: WithDType>(s: &[T], l: usize, mask: Option<Mask>) -> Vec<T> {
 }
 
 /// (Pd, dS) one after the other.
-fn rows_grads<T: WithDType>(s: &[T], dpd: &[T], l: usize, mask: Option<Mask>) -> Vec<T> {
+fn rows_grads<T: WithDType>(s: &[T], dpd: &[T], l: usize, c: f32, mask: Option<Mask>) -> Vec<T> {
     let n = s.len();
     let mut out = vec![T::zero(); 2 * n];
     let (pd, ds) = out.split_at_mut(n);
     pd.par_chunks_mut(l).zip(ds.par_chunks_mut(l)).zip(s.par_chunks(l).zip(dpd.par_chunks(l))).enumerate().for_each(|(r, ((pd, ds), (s, dpd)))| {
-        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32).collect();
+        let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32 * c).collect();
         let (m, inv) = row_stats(&s);
         let base = (r * l) as u64;
         let p: Vec<f32> = s.iter().map(|&x| (x - m).exp() * inv).collect();
         let k: Vec<f32> = (0..l).map(|j| keep_mul(mask, base + j as u64)).collect();
         let acc: f32 = (0..l).map(|j| dpd[j].to_f64() as f32 * k[j] * p[j]).sum();
         for j in 0..l {
-            ds[j] = T::from_f64((p[j] * (dpd[j].to_f64() as f32 * k[j] - acc)) as f64);
+            ds[j] = T::from_f64((c * p[j] * (dpd[j].to_f64() as f32 * k[j] - acc)) as f64);
             pd[j] = T::from_f64((p[j] * k[j]) as f64);
         }
     });
@@ -171,6 +179,7 @@ fn contiguous<'a, T>(x: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
 
 /// Scores -> dropped probabilities (the forward row pass).
 struct Probs {
+    scale: f32,
     mask: Option<Mask>,
 }
 
@@ -182,8 +191,8 @@ impl candle_core::CustomOp1 for Probs {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let n = l.dims().last().copied().unwrap_or(1);
         let out = match s {
-            CpuStorage::F32(x) => CpuStorage::F32(rows_probs(contiguous(x, l, "the scores")?, n, self.mask)),
-            CpuStorage::BF16(x) => CpuStorage::BF16(rows_probs(contiguous(x, l, "the scores")?, n, self.mask)),
+            CpuStorage::F32(x) => CpuStorage::F32(rows_probs(contiguous(x, l, "the scores")?, n, self.scale, self.mask)),
+            CpuStorage::BF16(x) => CpuStorage::BF16(rows_probs(contiguous(x, l, "the scores")?, n, self.scale, self.mask)),
             _ => candle_core::bail!("recompute-attention: takes f32 or bf16"),
         };
         Ok((out, l.shape().clone()))
@@ -203,13 +212,13 @@ impl candle_core::CustomOp1 for Probs {
             candle_core::DType::F32 => {
                 // SAFETY: the kernel writes every element.
                 let mut out = unsafe { dev.alloc::<f32>(o1 - o0)? };
-                crate::gpu::train_rows::probs(&dev, "f32", &s.as_cuda_slice::<f32>()?.slice(o0..o1), &mut out, rows, n, m)?;
+                crate::gpu::train_rows::probs(&dev, "f32", &s.as_cuda_slice::<f32>()?.slice(o0..o1), &mut out, rows, n, self.scale, m)?;
                 candle_core::CudaStorage::wrap_cuda_slice(out, dev)
             }
             candle_core::DType::BF16 => {
                 // SAFETY: the kernel writes every element.
                 let mut out = unsafe { dev.alloc::<half::bf16>(o1 - o0)? };
-                crate::gpu::train_rows::probs(&dev, "bf16", &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), &mut out, rows, n, m)?;
+                crate::gpu::train_rows::probs(&dev, "bf16", &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), &mut out, rows, n, self.scale, m)?;
                 candle_core::CudaStorage::wrap_cuda_slice(out, dev)
             }
             d => candle_core::bail!("recompute-attention: takes f32 or bf16, got {d:?}"),
@@ -220,6 +229,7 @@ impl candle_core::CustomOp1 for Probs {
 
 /// (scores, dPd) -> (Pd, dS) stacked on a new first dimension (the backward row pass).
 struct Grads {
+    scale: f32,
     mask: Option<Mask>,
 }
 
@@ -234,8 +244,8 @@ impl candle_core::CustomOp2 for Grads {
             candle_core::bail!("recompute-attention: scores {:?} and dPd {:?} differ", sl.shape(), dl.shape());
         }
         let out = match (s, d) {
-            (CpuStorage::F32(s), CpuStorage::F32(d)) => CpuStorage::F32(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.mask)),
-            (CpuStorage::BF16(s), CpuStorage::BF16(d)) => CpuStorage::BF16(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.mask)),
+            (CpuStorage::F32(s), CpuStorage::F32(d)) => CpuStorage::F32(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.scale, self.mask)),
+            (CpuStorage::BF16(s), CpuStorage::BF16(d)) => CpuStorage::BF16(rows_grads(contiguous(s, sl, "the scores")?, contiguous(d, dl, "dPd")?, n, self.scale, self.mask)),
             _ => candle_core::bail!("recompute-attention: takes f32 or bf16, both the same"),
         };
         Ok((out, stacked(sl)))
@@ -260,7 +270,7 @@ impl candle_core::CustomOp2 for Grads {
                 // SAFETY: the kernel writes every element of both halves.
                 let mut out = unsafe { dev.alloc::<$t>(2 * len)? };
                 let (mut pd, mut ds) = out.split_at_mut(len);
-                crate::gpu::train_rows::grads(&dev, $suffix, &s.as_cuda_slice::<$t>()?.slice(s0..s1), &d.as_cuda_slice::<$t>()?.slice(d0..d1), &mut pd, &mut ds, rows, n, m)?;
+                crate::gpu::train_rows::grads(&dev, $suffix, &s.as_cuda_slice::<$t>()?.slice(s0..s1), &d.as_cuda_slice::<$t>()?.slice(d0..d1), &mut pd, &mut ds, rows, n, self.scale, m)?;
                 out
             }};
         }
@@ -293,8 +303,8 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device, Var, D};
 
-    fn plain(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<Mask>) -> Tensor {
-        let p = candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
+    fn plain(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Option<Mask>) -> Tensor {
+        let p = candle_nn::ops::softmax(&(q * scale).unwrap().matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
         let p = match mask {
             Some(m) => m.apply(&p).unwrap(),
             None => p,
@@ -309,9 +319,11 @@ mod tests {
         let draw = |s: u64| Var::from_tensor(&Tensor::randn(0f32, 1.0, shape, &dev).unwrap().affine(1.0, s as f64 * 0.01).unwrap()).unwrap();
         let (q, k, v) = (draw(1), draw(2), draw(3));
         let w = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+        let scale = 1.0 / 8f32.sqrt();
         for mask in [None, crate::nn::dropout::Dropout::new(0.3, 5).next_mask()] {
-            let ours = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask, None).unwrap();
-            let theirs = plain(q.as_tensor(), k.as_tensor(), v.as_tensor(), mask);
+            let heads = Tensor::stack(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0).unwrap();
+            let ours = attention(&heads, scale, mask, None).unwrap();
+            let theirs = plain(q.as_tensor(), k.as_tensor(), v.as_tensor(), scale as f64, mask);
             let diff = (&ours - &theirs).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(diff < 1e-5, "forward differs by {diff}");
             let go = (&ours * &w).unwrap().sum_all().unwrap().backward().unwrap();
@@ -323,7 +335,7 @@ mod tests {
             }
         }
         // outside a graph it is the plain forward
-        let t = Tensor::ones(shape, DType::F32, &dev).unwrap();
-        assert!(!attention(&t, &t, &t, None, None).unwrap().track_op());
+        let t = Tensor::ones((3, 2, 3, 17, 8), DType::F32, &dev).unwrap();
+        assert!(!attention(&t, scale, None, None).unwrap().track_op());
     }
 }

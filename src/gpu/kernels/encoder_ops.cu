@@ -304,63 +304,64 @@ __device__ __forceinline__ float keep_mul(const int has_mask, const unsigned lon
     z ^= z >> 31;
     return (unsigned int)(z >> 40) < threshold ? scale : 0.f;
 }
-// the row's max and 1 / sum(exp(s - max))
+// the row's max and 1 / sum(exp(c s - max)) of the scaled scores
 template <typename T>
-__device__ __forceinline__ void row_softmax_stats(const T *s, const int l, const int lane, float &m, float &inv) {
+__device__ __forceinline__ void row_softmax_stats(const T *s, const int l, const int lane, const float c, float &m, float &inv) {
     m = __int_as_float(0xff800000u);  // -inf
-    for (int j = lane; j < l; j += 32) m = fmaxf(m, ld_f(s + j));
+    for (int j = lane; j < l; j += 32) m = fmaxf(m, ld_f(s + j) * c);
     m = warp_max_f(m);
     float z = 0.f;
-    for (int j = lane; j < l; j += 32) z += expf(ld_f(s + j) - m);
+    for (int j = lane; j < l; j += 32) z += expf(ld_f(s + j) * c - m);
     inv = 1.f / warp_sum_f(z);
 }
-// pd = dropout(softmax(s))
+// pd = dropout(softmax(c s))
 template <typename T>
-__device__ void attn_probs(const T *s, T *pd, const unsigned long long rows, const int l, const int has_mask,
+__device__ void attn_probs(const T *s, T *pd, const unsigned long long rows, const int l, const float c, const int has_mask,
                            const unsigned long long key, const unsigned int threshold, const float scale) {
     const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const unsigned long long base = row * (unsigned long long)l;
     float m, inv;
-    row_softmax_stats(s + base, l, lane, m, inv);
+    row_softmax_stats(s + base, l, lane, c, m, inv);
     for (int j = lane; j < l; j += 32)
-        st_f(pd + base + j, expf(ld_f(s + base + j) - m) * inv * keep_mul(has_mask, key, base + j, threshold, scale));
+        st_f(pd + base + j, expf(ld_f(s + base + j) * c - m) * inv * keep_mul(has_mask, key, base + j, threshold, scale));
 }
-// from the scores s and dPd = dO v^T: pd = dropout(P) and ds = P * (dP - rowsum(dP * P)),
-// dP = dropout(dPd), P = softmax(s)
+// from the scores s and dPd = dO v^T: pd = dropout(P) and ds = c P * (dP - rowsum(dP * P)),
+// dP = dropout(dPd), P = softmax(c s)
 template <typename T>
 __device__ void attn_ds(const T *s, const T *dpd, T *pd, T *ds, const unsigned long long rows, const int l,
-                        const int has_mask, const unsigned long long key, const unsigned int threshold, const float scale) {
+                        const float c, const int has_mask, const unsigned long long key, const unsigned int threshold, const float scale) {
     const unsigned long long row = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
     const unsigned long long base = row * (unsigned long long)l;
     float m, inv;
-    row_softmax_stats(s + base, l, lane, m, inv);
+    row_softmax_stats(s + base, l, lane, c, m, inv);
     float acc = 0.f;
     for (int j = lane; j < l; j += 32) {
-        const float p = expf(ld_f(s + base + j) - m) * inv;
+        const float p = expf(ld_f(s + base + j) * c - m) * inv;
         acc += ld_f(dpd + base + j) * keep_mul(has_mask, key, base + j, threshold, scale) * p;
     }
     acc = warp_sum_f(acc);
     for (int j = lane; j < l; j += 32) {
-        const float p = expf(ld_f(s + base + j) - m) * inv;
+        const float p = expf(ld_f(s + base + j) * c - m) * inv;
         const float k = keep_mul(has_mask, key, base + j, threshold, scale);
-        st_f(ds + base + j, p * (ld_f(dpd + base + j) * k - acc));
+        st_f(ds + base + j, c * p * (ld_f(dpd + base + j) * k - acc));
         st_f(pd + base + j, p * k);
     }
 }
 #define ATTN_ROWS(T, SUFFIX)                                                                                             \
     extern "C" __global__ void attn_probs_##SUFFIX(const T *s, T *pd, const unsigned long long rows, const int l,     \
-                                                   const int has_mask, const unsigned long long key,                   \
+                                                   const float c, const int has_mask, const unsigned long long key,    \
                                                    const unsigned int threshold, const float scale) {                  \
-        attn_probs(s, pd, rows, l, has_mask, key, threshold, scale);                                                   \
+        attn_probs(s, pd, rows, l, c, has_mask, key, threshold, scale);                                                \
     }                                                                                                                  \
     extern "C" __global__ void attn_ds_##SUFFIX(const T *s, const T *dpd, T *pd, T *ds, const unsigned long long rows, \
-                                                const int l, const int has_mask, const unsigned long long key,         \
-                                                const unsigned int threshold, const float scale) {                     \
-        attn_ds(s, dpd, pd, ds, rows, l, has_mask, key, threshold, scale);                                             \
+                                                const int l, const float c, const int has_mask,                        \
+                                                const unsigned long long key, const unsigned int threshold,            \
+                                                const float scale) {                                                   \
+        attn_ds(s, dpd, pd, ds, rows, l, c, has_mask, key, threshold, scale);                                          \
     }
 ATTN_ROWS(float, f32)
 ATTN_ROWS(__nv_bfloat16, bf16)
