@@ -8,7 +8,8 @@
 # 1,201 tokens a cell, minibatch 64) with random weights, in the same run; peak GPU memory of
 # each. Ours: 2 epochs over CELLS cells; each epoch's training speed and where its time went
 # (minibatches, forward, backward, optimiser, validation) are columns of the report folder's
-# losses.tsv, the peak GPU memory is in the run folder's report.json.
+# losses.tsv, the peak GPU memory is in the run folder's report.json; last, one bf16 epoch with
+# SCFOUNDRY_STEP_PROFILE=1 writes step_profile.tsv (seconds by region of the model).
 #
 #   bash bench/scgpt_integrated_gpu.sh OUT_DIR
 #
@@ -47,5 +48,9 @@ for P in f32 tf32 bf16; do
   echo "ours $P:"; cat "$OUT/ours_$P/losses.tsv" || true
   grep -E "Elapsed|Maximum resident" "$OUT/ours_$P.time" || true
 done
+# where a bf16 step's time goes, by region of the model (the device synchronised at each mark)
+SCFOUNDRY_STEP_PROFILE=1 "$BIN" --weights-dir "$W" integrate -m scgpt_integrated -d "$DATA" -o "$OUT/profile_bf16.h5ad" \
+  --batch-key batch --epochs 1 --integration-batch-size 64 --device cuda --precision bf16 --runs-dir "$OUT/runs" || true
+cat "$OUT/profile_bf16/step_profile.tsv" || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv" || true
 cat "$OUT"/torch_*.json
