@@ -330,10 +330,10 @@ impl TrainModel {
         let p = format!("transformer_encoder.layers.{i}");
         let (b, l, d) = x.dims3()?;
         let (nh, hd) = (self.cfg.nheads, d / self.cfg.nheads);
-        let qkv = crate::nn::lean_linear::linear(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed)?;
+        // q, k and v: bf16 under mixed precision, laid out by heads in one copy, (3, b, h, l, hd)
+        let dt = if self.mixed { DType::BF16 } else { DType::F32 };
+        let qkv = crate::nn::lean_linear::linear_as(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed, dt)?;
         let qkv = self.mark(qkv, "qkv projection")?;
-        // q, k and v laid out by heads in one copy, (3, b, h, l, hd), bf16 under mixed precision
-        let qkv = if self.mixed { qkv.to_dtype(DType::BF16)? } else { qkv };
         let heads = qkv.reshape((b, l, 3, nh, hd))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let mask = if train { drop.next_mask() } else { None };
         let scale = 1.0 / (hd as f32).sqrt();

@@ -10,8 +10,14 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
-/// `x W^T + b` over the last dimension of `x` (`W`: out x in).
+/// `x W^T + b` over the last dimension of `x` (`W`: out x in), f32.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result<Tensor> {
+    linear_as(x, w, b, mixed, DType::F32)
+}
+
+/// [`linear`] whose output is stored as `out` (bf16 keeps the activation at half the size when
+/// the next op takes bf16 anyway, as autocast's outputs are; the bias is added in f32 first).
+pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: DType) -> Result<Tensor> {
     let (n_out, n_in) = w.dims2()?;
     let x = x.contiguous()?;
     let rows = x.elem_count() / n_in.max(1);
@@ -22,7 +28,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result
         Some(b) => y.broadcast_add(&b.detach())?,
         None => y,
     }
-    .reshape(out_shape)?;
+    .reshape(out_shape)?
+    .to_dtype(out)?;
     let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
     if !tracked {
         return Ok(y);
@@ -84,7 +91,7 @@ impl candle_core::CustomOp3 for Lean {
         let (n_out, n_in) = w.dims2()?;
         let rows = x.elem_count() / n_in.max(1);
         let x2 = x.detach().reshape((rows, n_in))?;
-        let dy = grad.detach().contiguous()?.reshape((rows, n_out))?;
+        let dy = grad.detach().contiguous()?.to_dtype(DType::F32)?.reshape((rows, n_out))?;
         let dx = product(&dy, &w.detach(), self.mixed)?.reshape(x.shape())?.to_dtype(x.dtype())?;
         let dw = product(&dy.t()?, &x2, self.mixed)?;
         let db = if self.has_bias { Some(dy.sum(0)?) } else { None };
@@ -123,6 +130,20 @@ mod tests {
                     (a, t) => panic!("d{name}: ours {:?}, candle's {:?} (bias {bias})", a.is_some(), t.is_some()),
                 }
             }
+        }
+        // a bf16 output: the same values rounded, the gradients as the f32 output's within bf16's
+        // rounding of the output gradient
+        let o16 = linear_as(x.as_tensor(), w.as_tensor(), Some(b.as_tensor()), false, DType::BF16).unwrap();
+        assert_eq!(o16.dtype(), DType::BF16);
+        let o32 = linear(x.as_tensor(), w.as_tensor(), Some(b.as_tensor()), false).unwrap();
+        let diff = (o16.to_dtype(DType::F32).unwrap() - &o32).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 2e-2, "bf16 output differs by {diff}");
+        let g16 = (o16.to_dtype(DType::F32).unwrap() * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g32 = (&o32 * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in [&x, &w, &b] {
+            let (a, t) = (g16.get(v.as_tensor()).unwrap(), g32.get(v.as_tensor()).unwrap());
+            let rel = ((a - t).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() / t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()).sqrt();
+            assert!(rel < 1e-2, "bf16 output: gradient off by {rel}");
         }
         // outside a graph it is the plain product
         let t = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
