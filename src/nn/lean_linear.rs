@@ -6,9 +6,11 @@
 //! `torch.autocast` with bf16) the products take bf16 copies of their operands and sum in f32,
 //! backward as forward; W, b and the output are f32, x f32 or bf16 (its gradient in its dtype).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+
+use super::outside_graph::Computed;
 
 /// `x W^T + b` over the last dimension of `x` (`W`: out x in), f32.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result<Tensor> {
@@ -38,7 +40,7 @@ pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: D
         Some(b) => b.clone(),
         None => Tensor::zeros(n_out, DType::F32, x.device())?,
     };
-    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Mutex::new(Some(y)), mixed, has_bias: b.is_some() })))
+    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Computed::new(y, "lean-linear"), mixed, has_bias: b.is_some() })))
 }
 
 /// `a b` in f32, through bf16 copies when `mixed`.
@@ -51,16 +53,9 @@ fn product(a: &Tensor, b: &Tensor, mixed: bool) -> Result<Tensor> {
 }
 
 struct Lean {
-    out: Mutex<Option<Tensor>>,
+    out: Computed,
     mixed: bool,
     has_bias: bool,
-}
-
-impl Lean {
-    fn take(&self) -> Result<Tensor> {
-        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("lean-linear: poisoned".into()))?.take();
-        out.ok_or_else(|| candle_core::Error::Msg("lean-linear: forward ran twice".into()))
-    }
 }
 
 impl candle_core::CustomOp3 for Lean {
@@ -69,22 +64,12 @@ impl candle_core::CustomOp3 for Lean {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = self.take()?;
-        let (s, l) = out.storage_and_layout();
-        match &*s {
-            candle_core::Storage::Cpu(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
-            _ => candle_core::bail!("lean-linear: the output is not on the CPU"),
-        }
+        self.out.cpu()
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = self.take()?;
-        let (s, l) = out.storage_and_layout();
-        match &*s {
-            candle_core::Storage::Cuda(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
-            _ => candle_core::bail!("lean-linear: the output is not on the GPU"),
-        }
+        self.out.cuda()
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {

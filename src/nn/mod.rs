@@ -15,6 +15,7 @@ pub mod knn_transfer;
 pub mod packed_bert;
 pub mod post_norm;
 pub mod optim;
+pub mod outside_graph;
 pub mod random_init;
 pub mod recompute_attention;
 pub mod sparse_rows;

@@ -16,12 +16,13 @@
 //! products take bf16 and the softmax, the mask and `dS` are f32, as PyTorch's fused attention
 //! kernels keep them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
 use super::dropout::Mask;
+use super::outside_graph::Computed;
 use super::step_profile::StepProfile;
 
 /// `dropout(softmax(scale q k^T)) v` where `heads` stacks q, k and v, `(3, .., l, hd)` (laid out
@@ -36,7 +37,7 @@ pub fn attention(heads: &Tensor, scale: f32, mask: Option<Mask>, profile: Option
     if !heads.track_op() {
         return Ok(out);
     }
-    heads.apply_op1_arc(Arc::new(Box::new(Recompute { out: Mutex::new(Some(out)), scale, mask, profile: profile.cloned() })))
+    heads.apply_op1_arc(Arc::new(Box::new(Recompute { out: Computed::new(out, "recompute-attention"), scale, mask, profile: profile.cloned() })))
 }
 
 /// `f`, as part `name` of the attention when profiling.
@@ -58,18 +59,10 @@ fn forward(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, mask: Option<Mask>, p
 /// output computed outside the graph and lets that go, so one copy is held until the backward
 /// pass; its backward recomputes.
 struct Recompute {
-    out: Mutex<Option<Tensor>>,
+    out: Computed,
     scale: f32,
     mask: Option<Mask>,
     profile: Option<StepProfile>,
-}
-
-impl Recompute {
-    /// The output computed outside the graph, taken (the op's forward runs once).
-    fn take(&self) -> Result<Tensor> {
-        let out = self.out.lock().map_err(|_| candle_core::Error::Msg("recompute-attention: poisoned".into()))?.take();
-        out.ok_or_else(|| candle_core::Error::Msg("recompute-attention: forward ran twice".into()))
-    }
 }
 
 impl candle_core::CustomOp1 for Recompute {
@@ -78,22 +71,12 @@ impl candle_core::CustomOp1 for Recompute {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = self.take()?;
-        let (s, l) = out.storage_and_layout();
-        match &*s {
-            candle_core::Storage::Cpu(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
-            _ => candle_core::bail!("recompute-attention: the output is not on the CPU"),
-        }
+        self.out.cpu()
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = self.take()?;
-        let (s, l) = out.storage_and_layout();
-        match &*s {
-            candle_core::Storage::Cuda(c) => Ok((candle_core::backend::BackendStorage::try_clone(c, l)?, l.shape().clone())),
-            _ => candle_core::bail!("recompute-attention: the output is not on the GPU"),
-        }
+        self.out.cuda()
     }
 
     fn bwd(&self, heads: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
