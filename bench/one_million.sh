@@ -6,9 +6,10 @@
 #
 #   bench/one_million.sh SCFOUNDRY_BINARY [WORKDIR] [CELLS] [EXTRA BENCHMARK ARGS...]
 #
-# Neighbours: --neighbors auto (NN-descent, seed 0, above 150,000 cells). KMeans: the one-run
-# value plus the default 5-seed spread; add `--kmeans-seeds 1` as an extra argument to time the
-# run without the spread.
+# Neighbours: --neighbors auto (NN-descent, seed 0, above 150,000 cells; exact with --device
+# cuda). KMeans: the one-run value plus the default 5-seed spread; add `--kmeans-seeds 1` as an
+# extra argument to time the run without the spread. `--device cuda` as an extra argument puts
+# the O(n²) passes on the GPU (a CUDA build); results.json's dense_passes then lists them.
 set -euo pipefail
 exe=${1:?usage: bench/one_million.sh SCFOUNDRY_BINARY [WORKDIR] [CELLS] [EXTRA ARGS...]}
 work=${2:-/tmp/onem}
@@ -19,7 +20,7 @@ data="$work/emb_${cells}.h5ad"
 if [ ! -f "$data" ] || ! python3 -c "import h5py,sys; sys.exit(0 if 'X_pre' in h5py.File('$data','r')['obsm'] else 1)"; then
   t=$(date +%s.%N)
   python3 "$(dirname "$0")/../scripts/make_synthetic_embedding.py" --cells "$cells" --dims 50 --out "$data"
-  echo "generated $data in $(echo "$(date +%s.%N) - $t" | bc) s ($(du -h "$data" | cut -f1))"
+  echo "generated $data in $(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s ($(du -h "$data" | cut -f1))"
 fi
 echo "machine: $(nproc) CPUs, $(free -g | awk '/Mem:/{print $2}') GiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$work/out"

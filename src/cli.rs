@@ -465,6 +465,19 @@ pub struct DeviceArgs {
     pub allocation_log: Option<PathBuf>,
 }
 
+impl DeviceArgs {
+    /// Whether any GPU memory option was given (they apply with --device cuda only).
+    pub fn memory_options_given(&self) -> bool {
+        self.allocator.is_some()
+            || self.release_threshold.is_some()
+            || self.initial_pool_size.is_some()
+            || self.maximum_pool_size.is_some()
+            || self.gpu_memory_limit.is_some()
+            || self.device_budget.is_some()
+            || self.allocation_log.is_some()
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Print JSON instead of text.
@@ -591,7 +604,17 @@ impl KnobArgs {
 /// What integrate, benchmark and geometry say about executors in --help.
 pub const ONE_TASK_HELP: &str = "This command runs as one task, in a run folder (trace.txt, report.json): a process on this \
 machine (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's process \
-(--executor nextflow). It is not split into shards: --shards is embed's, --max-forks embed's and transfer's, --gpu embed's, transfer's and finetune's.";
+(--executor nextflow). It is not split into shards: --shards is embed's, --max-forks embed's and transfer's, --gpu embed's, transfer's, finetune's and benchmark's.";
+
+/// `benchmark --help`'s closing text: the one-task note, then what --device cuda moves.
+pub const BENCHMARK_HELP: &str = "With --device cuda the O(n²) passes run on the GPU: the exact 90-NN (which --neighbors auto \
+then takes at any size), the label silhouette's distances and kBET's kNN in each label's diffusion map, with the \
+CPU's definitions (sums of squared differences in f32, ties to the smaller index); the rest stays on the CPU's \
+cores. results.json lists each pass, where it ran and its time. --executor local or slurm.
+
+This command runs as one task, in a run folder (trace.txt, report.json): a process on this \
+machine (--executor local, the default), one sbatch job (--executor slurm) or the pipeline's process \
+(--executor nextflow).";
 
 #[derive(Debug, Args)]
 #[command(after_help = "Example:\n  scfoundry transfer --method pca --reference ref.h5ad --query query.h5ad --label-key cell_type")]
@@ -788,7 +811,7 @@ pub struct ScviArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = ONE_TASK_HELP)]
+#[command(after_help = BENCHMARK_HELP)]
 pub struct BenchmarkArgs {
     /// Input .h5ad (or AnnData Zarr store) holding the embeddings in obsm (never modified).
     #[arg(long, short, value_name = "H5AD")]
@@ -807,8 +830,9 @@ pub struct BenchmarkArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub batch_max_cells: Option<u64>,
     /// The 90-NN search: `auto` (exact up to 150,000 cells, approx beyond: the faster one for
-    /// the size, recorded in results.json), `exact` (blocked brute force, O(n²)) or `approx`
-    /// (NN-descent from a random-projection forest, as pynndescent; seeded by --seed).
+    /// the size, recorded in results.json; with --device cuda exact at any size), `exact`
+    /// (blocked brute force, O(n²)) or `approx` (NN-descent from a random-projection forest, as
+    /// pynndescent; seeded by --seed).
     #[arg(long, value_enum, value_name = "SEARCH", default_value_t = NeighborsSearch::Auto)]
     pub neighbors: NeighborsSearch,
     /// Metrics to run, comma-separated: metric names (isolated_labels, kmeans, leiden,
@@ -840,6 +864,11 @@ pub struct BenchmarkArgs {
     /// `Benchmarker.get_results(min_max_scale=True)`).
     #[arg(long)]
     pub min_max_scale: bool,
+    // --device cuda: the O(n²) passes on the GPU (the after-help says which)
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[arg(long, help = GPU_HELP, help_heading = "Executor", value_name = "LIST", env = "SCFOUNDRY_GPUS")]
+    pub gpu: Option<GpuList>,
     #[command(flatten)]
     pub exec: ExecutorArgs,
 }

@@ -57,7 +57,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitStatus> {
     }
     if let Commands::Task { spec } = &cli.command {
         let command_tasks: &[(&str, scfoundry::tasks::CommandTask)] = &[
-            ("benchmark", |spec, _| commands::benchmark::task(spec)),
+            ("benchmark", commands::benchmark::task),
             ("geometry", |spec, _| commands::geometry::task(spec)),
             ("finetune", commands::finetune::task),
         ];

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::anndata::AnnData;
-use crate::cli::{BenchmarkArgs, NeighborsSearch};
+use crate::cli::{BenchmarkArgs, ExecutorKind, NeighborsSearch};
 use crate::commands::ExitStatus;
 use crate::error::Error;
 use crate::executor::{self, nextflow};
@@ -236,11 +236,21 @@ fn x_pre(ad: &AnnData, seed: u64, rep: &dyn Reporter) -> anyhow::Result<(Vec<f32
 
 /// The 90-NN of one embedding (or subsample), exact or NN-descent; the latter's rounds are
 /// reported on the progress bar and recorded for results.json.
-fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed: u64, rep: &dyn Reporter, reports: &mut Vec<Value>) -> NeighborsResults {
-    match search.resolve(n) {
+/// The search `--neighbors` takes for `n` cells: `auto` is exact at any size when the dense
+/// passes have a GPU.
+fn resolve_search(search: NeighborsSearch, n: usize, dense: &metrics::Dense) -> NeighborsSearch {
+    match search {
+        NeighborsSearch::Auto if dense.is_gpu() => NeighborsSearch::Exact,
+        s => s.resolve(n),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed: u64, dense: &metrics::Dense, rep: &dyn Reporter, reports: &mut Vec<Value>) -> NeighborsResults {
+    match resolve_search(search, n, dense) {
         NeighborsSearch::Exact => {
-            let p = rep.step(&format!("{name} {K}-NN (exact)"), 1, "search");
-            let nn = metrics::exact_knn(x, n, d, K);
+            let p = rep.step(&format!("{name} {K}-NN (exact, {})", dense.name()), 1, "search");
+            let nn = dense.knn("90-NN", x, n, d, K);
             p.inc(1);
             p.finish();
             nn
@@ -289,6 +299,7 @@ struct Scored {
 }
 
 fn run_metrics(
+    dense: &metrics::Dense,
     tag: &str,
     emb: &[f32],
     n: usize,
@@ -316,7 +327,7 @@ fn run_metrics(
         started = Instant::now();
         bar = Some((key.to_string(), rep.step(&format!("{tag} {key}"), 1, "metric")));
     };
-    let out = metrics::run_benchmark_with(emb, n, d, pre, d_pre, labels, batches, nn, cfg, &mut on);
+    let out = metrics::run_benchmark_on(dense, emb, n, d, pre, d_pre, labels, batches, nn, cfg, &mut on);
     if let Some((k, b)) = bar.take() {
         b.inc(1);
         b.finish();
@@ -454,7 +465,42 @@ fn prepare(data: &Path, a: &BenchmarkOptions, seed: u64) -> anyhow::Result<Prepa
     Ok(Prepared { cfg, selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, any_batch, sub, embs, pre })
 }
 
+/// `--device`: the CPU, or a GPU for the O(n²) passes (checked here when it runs locally).
+fn resolve_device(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<crate::gpu::DeviceSpec> {
+    use crate::gpu::DeviceKind;
+    let spec = s.device_spec(&args.device)?;
+    match (spec.kind, args.exec.executor) {
+        (DeviceKind::Cpu, _) => {
+            if args.device.memory_options_given() {
+                warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
+            }
+            if args.gpu.is_some() {
+                warn("--gpu applies with --device cuda; ignored on the CPU");
+            }
+        }
+        (DeviceKind::Cuda, ExecutorKind::Nextflow) => {
+            return Err(Error::BadOption {
+                option: "--device".into(),
+                detail: "cuda: the pipeline's BENCHMARK process runs on CPU nodes (process_cpu)".into(),
+                hint: Some("run the GPU benchmark with --executor local or slurm (with --gpus 1), or leave --device out".into()),
+            }
+            .into());
+        }
+        (DeviceKind::Cuda, ExecutorKind::Local) => {
+            // the task sees only the card it takes: check one of the list here
+            let first = match &args.gpu {
+                Some(crate::gpu::cards::GpuList::Cards(c)) => c.iter().copied().min().unwrap_or(0),
+                _ => 0,
+            };
+            crate::gpu::preflight(&crate::gpu::DeviceSpec { ordinal: first as usize, ..spec.clone() }).map_err(Error::Gpu)?;
+        }
+        (DeviceKind::Cuda, ExecutorKind::Slurm) => {}
+    }
+    Ok(spec)
+}
+
 pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
+    let device = resolve_device(s, args)?;
     let pipeline = executor::preflight(&args.exec)?;
     let opts = BenchmarkOptions {
         embedding: args.embedding.clone(),
@@ -474,7 +520,11 @@ pub fn run(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<ExitStatus> {
     crate::paths::check_output_dir(&out_dir, "--out")?;
     let run = executor::create_run(s, &args.exec, &out_dir, "benchmark")?;
     let tag = args.data.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-    let spec = TaskSpec::new(&run, format!("BENCHMARK ({tag})"), "benchmark", "benchmark", &args.data, &out_dir, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    let mut spec = TaskSpec::new(&run, format!("BENCHMARK ({tag})"), "benchmark", "benchmark", &args.data, &out_dir, args.seed, options_params(&opts), s.quiet, s.progress)?;
+    if device.kind == crate::gpu::DeviceKind::Cuda {
+        spec.gpus = crate::commands::task_gpus(args.exec.executor, &args.gpu);
+    }
+    spec.device = device;
     let published = nextflow::outdir(&run).join("benchmark").join(default_out(&spec.data, "benchmark").file_name().unwrap_or_default());
     let params = nextflow_params(&spec, &opts, &run);
     executor::run_single(s, &args.exec, pipeline, &run, spec, params, &published)
@@ -512,12 +562,15 @@ pub fn nextflow_params(spec: &TaskSpec, o: &BenchmarkOptions, run: &crate::runne
 }
 
 /// The task: score every embedding, rank them, write the tables and the figure.
-pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
+pub fn task(spec: &TaskSpec, task_dir: &Path) -> anyhow::Result<TaskResult> {
     let t0 = Instant::now();
     let rep = reporter(spec.quiet || !spec.progress);
     let a: BenchmarkOptions = spec.options()?;
     let seed = spec.seed;
     let Prepared { mut cfg, mut selected, ad, n, labels, label_cats, batches, batch_cats, any_bio, mut any_batch, sub, embs, pre } = prepare(&spec.data, &a, seed)?;
+    // the O(n²) passes on the task's device (--device cuda: a GPU)
+    let dev = crate::tasks::runtime::TaskDevice::start(spec)?;
+    let dense = metrics::Dense::on(&dev.device);
     let out_dir = spec.out.clone();
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::Io { path: out_dir.clone(), source: e })?;
 
@@ -563,41 +616,68 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
     cfg.seed = seed;
     let mut scored: Vec<Scored> = Vec::new();
     let mut ann_reports: Vec<Value> = Vec::new();
+    let want_spread = cfg.nmi_ari_cluster_labels_kmeans && a.kmeans_seeds > 1;
+    let spread_seeds: Vec<u64> = (0..a.kmeans_seeds).map(|i| seed.wrapping_add(i)).collect();
+    let spread_label = |name: &str| format!("{name} KMeans over {} seeds", spread_seeds.len());
     for (name, x, d) in &embs {
         let (n, d) = (n, *d);
-        let t = Instant::now();
-        let nn = knn(name, x, n, d, a.neighbors, seed, rep.as_ref(), &mut ann_reports);
-        let knn_s = t.elapsed().as_secs_f64();
+        // with a GPU, the KMeans seed spread (CPU cores) runs while the GPU finds the neighbours
+        let (nn, knn_s, early_spread) = std::thread::scope(|sc| {
+            let job = (dense.is_gpu() && want_spread).then(|| {
+                let p = rep.step(&spread_label(name), 1, "metric");
+                let h = sc.spawn(|| {
+                    let t = Instant::now();
+                    (metrics::kmeans_seed_spread(x, n, d, &labels, &spread_seeds), t.elapsed().as_secs_f64())
+                });
+                (p, h)
+            });
+            let t = Instant::now();
+            let nn = knn(name, x, n, d, a.neighbors, seed, &dense, rep.as_ref(), &mut ann_reports);
+            let knn_s = t.elapsed().as_secs_f64();
+            let early = job.map(|(p, h)| {
+                let r = h.join().expect("the KMeans seed spread's thread panicked");
+                p.inc(1);
+                p.finish();
+                r
+            });
+            (nn, knn_s, early)
+        });
         let t = Instant::now();
         let mut values = Vec::new();
         let mut steps = vec![("knn".to_string(), knn_s)];
         match &sub {
-            None => values = run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &cfg, rep.as_ref(), &mut steps),
+            None => values = run_metrics(&dense, name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &cfg, rep.as_ref(), &mut steps),
             Some(idx) => {
-                values.extend(run_metrics(name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &bio_cfg, rep.as_ref(), &mut steps));
+                values.extend(run_metrics(&dense, name, x, n, d, &pre, d_pre, &labels, &batches, &nn, &bio_cfg, rep.as_ref(), &mut steps));
                 let xs = take_rows(x, d, idx);
                 let ps = if d_pre > 0 { take_rows(&pre, d_pre, idx) } else { Vec::new() };
                 let ls: Vec<u32> = idx.iter().map(|&i| labels[i]).collect();
                 let bs: Vec<u32> = idx.iter().map(|&i| batches[i]).collect();
                 let t_sub = Instant::now();
-                let nns = knn(&format!("{name} (subsample)"), &xs, idx.len(), d, a.neighbors, seed, rep.as_ref(), &mut ann_reports);
+                let nns = knn(&format!("{name} (subsample)"), &xs, idx.len(), d, a.neighbors, seed, &dense, rep.as_ref(), &mut ann_reports);
                 steps.push(("knn (subsample)".to_string(), t_sub.elapsed().as_secs_f64()));
                 let mut sub_steps = Vec::new();
-                values.extend(run_metrics(name, &xs, idx.len(), d, &ps, d_pre, &ls, &bs, &nns, &batch_cfg, rep.as_ref(), &mut sub_steps));
+                values.extend(run_metrics(&dense, name, &xs, idx.len(), d, &ps, d_pre, &ls, &bs, &nns, &batch_cfg, rep.as_ref(), &mut sub_steps));
                 steps.extend(sub_steps.into_iter().map(|(k, s)| (format!("{k} (subsample)"), s)));
             }
         }
         // KMeans over more seeds, beside the one-run headline
-        let kmeans_spread = (cfg.nmi_ari_cluster_labels_kmeans && a.kmeans_seeds > 1).then(|| {
-            let seeds: Vec<u64> = (0..a.kmeans_seeds).map(|i| seed.wrapping_add(i)).collect();
-            let p = rep.step(&format!("{name} KMeans over {} seeds", seeds.len()), 1, "metric");
-            let t = Instant::now();
-            let s = metrics::kmeans_seed_spread(x, n, d, &labels, &seeds);
-            p.inc(1);
-            p.finish();
-            steps.push(("nmi_ari_cluster_labels_kmeans (seed spread)".to_string(), t.elapsed().as_secs_f64()));
-            s
-        });
+        let spread_step = "nmi_ari_cluster_labels_kmeans (seed spread)".to_string();
+        let kmeans_spread = match early_spread {
+            Some((s, secs)) => {
+                steps.push((format!("{spread_step}, beside the knn"), secs));
+                Some(s)
+            }
+            None => want_spread.then(|| {
+                let p = rep.step(&spread_label(name), 1, "metric");
+                let t = Instant::now();
+                let s = metrics::kmeans_seed_spread(x, n, d, &labels, &spread_seeds);
+                p.inc(1);
+                p.finish();
+                steps.push((spread_step, t.elapsed().as_secs_f64()));
+                s
+            }),
+        };
         // rows in scib-metrics' order: bio first, then batch, each in dataclass order
         let lisi = a.per_cell.then(|| (metrics::lisi_knn(&nn, &batches, None), metrics::lisi_knn(&nn, &labels, None)));
         for v in &values {
@@ -751,8 +831,8 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         "n_labels": label_cats.len(),
         "n_batches": batch_cats.len(),
         "seed": seed,
-        "neighbors": match a.neighbors.resolve(n) {
-            NeighborsSearch::Exact => json!({ "k": K, "subsets": metrics::BENCHMARK_K, "search": "exact", "requested": a.neighbors, "auto_exact_max_cells": NeighborsSearch::AUTO_EXACT_MAX_CELLS, "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" }),
+        "neighbors": match resolve_search(a.neighbors, n, &dense) {
+            NeighborsSearch::Exact => json!({ "k": K, "subsets": metrics::BENCHMARK_K, "search": "exact", "requested": a.neighbors, "auto_exact_max_cells": NeighborsSearch::AUTO_EXACT_MAX_CELLS, "device": dense.name(), "method": "exact brute force, Euclidean, self included (scib-metrics uses pynndescent)" }),
             NeighborsSearch::Approx | NeighborsSearch::Auto => json!({
                 "k": K,
                 "subsets": metrics::BENCHMARK_K,
@@ -772,6 +852,11 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         "metrics": selected,
         "kmeans_seeds": if cfg.nmi_ari_cluster_labels_kmeans && a.kmeans_seeds > 1 { json!((0..a.kmeans_seeds).map(|i| seed.wrapping_add(i)).collect::<Vec<_>>()) } else { Value::Null },
         "results": results,
+        "dense_passes": {
+            "device": dense.name(),
+            "passes": dense.passes(),
+            "fallbacks": dense.fallbacks(),
+        },
         "seconds": t0.elapsed().as_secs_f64(),
     });
     write_file(&out_dir.join("results.json"), serde_json::to_string_pretty(&doc)?.as_bytes())?;
@@ -850,6 +935,10 @@ pub fn task(spec: &TaskSpec) -> anyhow::Result<TaskResult> {
         out_dir.display(),
         if a.per_cell { ", lisi_per_cell.tsv" } else { "" }
     );
+    for f in dense.fallbacks() {
+        warn(&f);
+    }
+    dev.write_report(task_dir, None, None);
     Ok(TaskResult { output: Some(out_dir), n_obs: n, stdout: Some(so), summary: vec![summary], ..Default::default() })
 }
 

@@ -91,13 +91,7 @@ pub fn resolve_device(s: &Settings, m: &Method, args: &EmbedArgs) -> anyhow::Res
     use crate::gpu::DeviceKind;
     let d = &args.device;
     let spec = s.device_spec(d)?;
-    let gpu_flags = d.allocator.is_some()
-        || d.release_threshold.is_some()
-        || d.initial_pool_size.is_some()
-        || d.maximum_pool_size.is_some()
-        || d.gpu_memory_limit.is_some()
-        || d.device_budget.is_some()
-        || d.allocation_log.is_some();
+    let gpu_flags = d.memory_options_given();
     if !m.cuda {
         if spec.kind == DeviceKind::Cuda || gpu_flags {
             warn(&format!("{} runs on the CPU only; --device cuda and the GPU memory options are ignored", m.name));

@@ -18,6 +18,8 @@
 //! - `gemm_layer_norm.rs` (feature `cuda`): for 256-wide layers on Hopper, a product with its
 //!   residual and the layer norm after it in one kernel (`kernels/gemm_layer_norm_sm90.cu`).
 //! - `tma.rs` (feature `cuda`): TMA tensor maps for the Hopper kernels that move tiles with TMA.
+//! - `pairwise.rs` (feature `cuda`): the scIB metrics' dense passes (exact kNN, the silhouette's
+//!   per-label distance sums) in tiles of distances, `kernels/pairwise.cu`.
 //! - `cuda.rs` (feature `cuda`): the resources on the driver API, the hook that makes every
 //!   tensor candle allocates come from the chosen resource, device probing for `doctor`.
 //!
@@ -70,6 +72,8 @@ pub mod cuda;
 pub mod dropout;
 #[cfg(feature = "cuda")]
 pub mod train_rows;
+#[cfg(feature = "cuda")]
+pub mod pairwise;
 pub mod options;
 pub mod embedding;
 #[cfg(feature = "cuda")]

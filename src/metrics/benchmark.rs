@@ -7,9 +7,10 @@
 //! graph connectivity, PCR comparison (the classic batch silhouette and sBEE are off).
 
 use super::aggregate::MetricKind;
+use super::dense::Dense;
 use super::neighbors::NeighborsResults;
 use super::silhouette::{
-    silhouette_label_from_samples, silhouette_samples, BetweenCluster, Distance,
+    silhouette_label_from_samples, silhouette_samples_on, BetweenCluster, Distance,
 };
 use super::*;
 
@@ -110,26 +111,51 @@ pub fn run_benchmark_with(
     cfg: &BenchmarkConfig,
     on_metric: &mut dyn FnMut(&str),
 ) -> Vec<MetricValue> {
+    run_benchmark_on(&Dense::cpu(), emb, n, d, x_pre, d_pre, labels, batches, nn, cfg, on_metric)
+}
+
+/// [`run_benchmark_with`], the dense passes (the label silhouette's distances, kBET's kNN) on
+/// `dense`'s device.
+#[allow(clippy::too_many_arguments)]
+pub fn run_benchmark_on(
+    dense: &Dense,
+    emb: &[f32],
+    n: usize,
+    d: usize,
+    x_pre: &[f32],
+    d_pre: usize,
+    labels: &[u32],
+    batches: &[u32],
+    nn: &NeighborsResults,
+    cfg: &BenchmarkConfig,
+    on_metric: &mut dyn FnMut(&str),
+) -> Vec<MetricValue> {
     use MetricKind::{BatchCorrection as Batch, BioConservation as Bio};
     assert!(nn.k >= 90, "the Benchmarker uses a 90-NN");
     let nn90 = nn.subset_k(90);
     let nn50 = nn.subset_k(50);
     let nn15 = nn.subset_k(15);
     let mut out = Vec::new();
-    // the label silhouette is shared by isolated labels and silhouette label
-    let sil = if cfg.isolated_labels || cfg.silhouette_label {
-        on_metric(if cfg.isolated_labels { "isolated_labels" } else { "silhouette_label" });
-        Some(silhouette_samples(
-            emb,
-            n,
-            d,
-            labels,
-            cfg.chunk_size,
-            Distance::Euclidean,
-            BetweenCluster::Nearest,
-        ))
+    // the label silhouette is shared by isolated labels and silhouette label; with a GPU its
+    // distances run there while the CPU's cores score BRAS (its value is pushed in its place)
+    let need_sil = cfg.isolated_labels || cfg.silhouette_label;
+    let sil_key = if cfg.isolated_labels { "isolated_labels" } else { "silhouette_label" };
+    let sil_samples = || silhouette_samples_on(dense, emb, n, d, labels, cfg.chunk_size, Distance::Euclidean, BetweenCluster::Nearest);
+    let (sil, mut early_bras) = if need_sil && dense.is_gpu() {
+        std::thread::scope(|s| {
+            let job = s.spawn(sil_samples);
+            let b = cfg.bras.then(|| {
+                on_metric("bras");
+                bras(emb, n, d, labels, batches, cfg.chunk_size)
+            });
+            on_metric(sil_key);
+            (Some(job.join().expect("the label silhouette's thread panicked")), b)
+        })
+    } else if need_sil {
+        on_metric(sil_key);
+        (Some(sil_samples()), None)
     } else {
-        None
+        (None, None)
     };
     if cfg.isolated_labels {
         on_metric("isolated_labels");
@@ -203,13 +229,11 @@ pub fn run_benchmark_with(
         ));
     }
     if cfg.bras {
-        on_metric("bras");
-        out.push(mv(
-            "bras",
-            "BRAS",
-            Batch,
-            bras(emb, n, d, labels, batches, cfg.chunk_size),
-        ));
+        let v = early_bras.take().unwrap_or_else(|| {
+            on_metric("bras");
+            bras(emb, n, d, labels, batches, cfg.chunk_size)
+        });
+        out.push(mv("bras", "BRAS", Batch, v));
     }
     if cfg.ilisi_knn {
         on_metric("ilisi_knn");
@@ -226,7 +250,7 @@ pub fn run_benchmark_with(
             "kbet_per_label",
             "KBET",
             Batch,
-            kbet_per_label(&nn50, batches, labels, 0.05, 100),
+            kbet_per_label_on(dense, &nn50, batches, labels, 0.05, 100),
         ));
     }
     if cfg.graph_connectivity {

@@ -29,8 +29,9 @@
 use rayon::prelude::*;
 
 use super::compact_codes;
+use super::dense::Dense;
 use super::linalg::symmetric_eigen;
-use super::neighbors::{exact_knn, NeighborsResults};
+use super::neighbors::NeighborsResults;
 use super::umap_graph::{fuzzy_connectivities, CsrGraph};
 
 /// ln Γ(x) for x > 0 (Lanczos, g = 7, n = 9).
@@ -263,6 +264,7 @@ fn diffusion_embedding_with(g: &CsrGraph, n_comps: usize, dense_max: usize) -> (
 
 /// kBET acceptance rate of one connected subgraph (diffusion kNN with k0 + 1).
 fn kbet_on_subgraph(
+    dense: &Dense,
     g: &CsrGraph,
     batches: &[u32],
     k0: usize,
@@ -274,13 +276,15 @@ fn kbet_on_subgraph(
     if m < 2 {
         return 0.0;
     }
+    let t = std::time::Instant::now();
     let (emb, dim) = diffusion_embedding_with(g, diffusion_n_comps.min(m - 1), dense_max);
+    dense.record("kBET diffusion map", m, "cpu", t);
     let nn = if m > k0 {
-        exact_knn(&emb, m, dim, k0 + 1)
+        dense.knn("kBET diffusion kNN", &emb, m, dim, k0 + 1)
     } else {
         // pynndescent pads missing neighbours with index -1, and scib's
         // `batches[knn_idx]` then reads the *last* cell's batch: mimic that.
-        let full = exact_knn(&emb, m, dim, m);
+        let full = dense.knn("kBET diffusion kNN", &emb, m, dim, m);
         let mut idx = Vec::with_capacity(m * (k0 + 1));
         let mut dist = Vec::with_capacity(m * (k0 + 1));
         for i in 0..m {
@@ -304,17 +308,11 @@ pub fn kbet_per_label_scores(
     alpha: f64,
     diffusion_n_comps: usize,
 ) -> Vec<(u32, f64)> {
-    kbet_per_label_scores_with(
-        nn,
-        batches,
-        labels,
-        alpha,
-        diffusion_n_comps,
-        DENSE_EIGEN_MAX,
-    )
+    kbet_per_label_scores_with(&Dense::cpu(), nn, batches, labels, alpha, diffusion_n_comps, DENSE_EIGEN_MAX)
 }
 
 fn kbet_per_label_scores_with(
+    dense: &Dense,
     nn: &NeighborsResults,
     batches: &[u32],
     labels: &[u32],
@@ -349,7 +347,7 @@ fn kbet_per_label_scores_with(
     }
     let mut scores: Vec<(u32, f64)> = groups
         .into_iter()
-        .flat_map(|g| g.into_par_iter().map(|lab| kbet_one_label(nn, &conn, batches, labels, lab, alpha, diffusion_n_comps, dense_max)).collect::<Vec<_>>())
+        .flat_map(|g| g.into_par_iter().map(|lab| kbet_one_label(dense, nn, &conn, batches, labels, lab, alpha, diffusion_n_comps, dense_max)).collect::<Vec<_>>())
         .collect();
     scores.sort_by_key(|&(l, _)| l);
     scores
@@ -361,6 +359,7 @@ const LABEL_CELLS_IN_FLIGHT: usize = 400_000;
 /// kBET of one label's cells (scib-metrics' loop body in `kbet_per_label`).
 #[allow(clippy::too_many_arguments)]
 fn kbet_one_label(
+    dense: &Dense,
     nn: &NeighborsResults,
     conn: &CsrGraph,
     batches: &[u32],
@@ -390,7 +389,7 @@ fn kbet_one_label(
     let sub = conn.subgraph(&nodes);
     let (n_comp, comp) = sub.connected_components();
     let score = if n_comp == 1 {
-        kbet_on_subgraph(&sub, &bsub, k0, alpha, diffusion_n_comps, dense_max)
+        kbet_on_subgraph(dense, &sub, &bsub, k0, alpha, diffusion_n_comps, dense_max)
     } else {
         let mut sizes = vec![0usize; n_comp];
         for &c in &comp {
@@ -402,7 +401,7 @@ fn kbet_one_label(
         if keep.len() as f64 / n_obs as f64 >= 0.75 {
             let subsub = sub.subgraph(&keep);
             let bkeep: Vec<u32> = keep.iter().map(|&i| bsub[i]).collect();
-            kbet_on_subgraph(&subsub, &bkeep, k0, alpha, diffusion_n_comps, dense_max)
+            kbet_on_subgraph(dense, &subsub, &bkeep, k0, alpha, diffusion_n_comps, dense_max)
         } else {
             0.0
         }
@@ -419,7 +418,19 @@ pub fn kbet_per_label(
     alpha: f64,
     diffusion_n_comps: usize,
 ) -> f64 {
-    let scores = kbet_per_label_scores(nn, batches, labels, alpha, diffusion_n_comps);
+    kbet_per_label_on(&Dense::cpu(), nn, batches, labels, alpha, diffusion_n_comps)
+}
+
+/// [`kbet_per_label`] with each label's diffusion-map kNN on `dense`'s device.
+pub fn kbet_per_label_on(
+    dense: &Dense,
+    nn: &NeighborsResults,
+    batches: &[u32],
+    labels: &[u32],
+    alpha: f64,
+    diffusion_n_comps: usize,
+) -> f64 {
+    let scores = kbet_per_label_scores_with(dense, nn, batches, labels, alpha, diffusion_n_comps, DENSE_EIGEN_MAX);
     let v: Vec<f64> = scores.iter().map(|s| s.1).filter(|s| !s.is_nan()).collect();
     if v.is_empty() {
         f64::NAN
@@ -431,6 +442,7 @@ pub fn kbet_per_label(
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::{assert_close, load_case};
+    use super::super::neighbors::exact_knn;
     use super::*;
 
     #[test]
@@ -493,7 +505,7 @@ mod tests {
         for case in ["easy", "mixed", "edge"] {
             let f = load_case(case);
             let nn50 = f.knn.subset_k(50);
-            let ours = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 100, 0);
+            let ours = kbet_per_label_scores_with(&Dense::cpu(), &nn50, &f.batches, &f.labels, 0.05, 100, 0);
             let theirs = f.metric_list("kbet_per_label_scores");
             for ((lab, s), t) in ours.iter().zip(&theirs) {
                 assert!(
@@ -503,8 +515,8 @@ mod tests {
             }
             // a smaller diffusion dimension (ncv < m, real restarts)
             let dense =
-                kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 20, usize::MAX);
-            let lanczos = kbet_per_label_scores_with(&nn50, &f.batches, &f.labels, 0.05, 20, 0);
+                kbet_per_label_scores_with(&Dense::cpu(), &nn50, &f.batches, &f.labels, 0.05, 20, usize::MAX);
+            let lanczos = kbet_per_label_scores_with(&Dense::cpu(), &nn50, &f.batches, &f.labels, 0.05, 20, 0);
             for ((lab, a), (_, b)) in dense.iter().zip(&lanczos) {
                 eprintln!("{case} label {lab} (20 comps): dense {a:.6} lanczos {b:.6}");
                 assert!(
@@ -597,7 +609,7 @@ mod tests {
             let nn = NeighborsResults::new(idx.clone(), dist, n, k);
             let theirs = metric_list(&format!("kbet_per_label_scores{tag}"));
             let lanczos = kbet_per_label_scores(&nn, &batches, &labels, 0.05, 100);
-            let dense = kbet_per_label_scores_with(&nn, &batches, &labels, 0.05, 100, usize::MAX);
+            let dense = kbet_per_label_scores_with(&Dense::cpu(), &nn, &batches, &labels, 0.05, 100, usize::MAX);
             for (((lab, s), (_, sd)), t) in lanczos.iter().zip(&dense).zip(&theirs) {
                 eprintln!(
                     "kbet_lanczos{tag} label {lab}: lanczos {s:.6} dense {sd:.6} scib {t:.6}"

@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::compact_codes;
+use super::dense::Dense;
 use super::neighbors::{block_pair_rounds, tile_kernel, ColBlock, TileOp};
 
 /// Distance used by the silhouette.
@@ -43,6 +44,20 @@ pub fn silhouette_samples(
     metric: Distance,
     between: BetweenCluster,
 ) -> Vec<f64> {
+    silhouette_samples_on(&Dense::cpu(), x, n, d, labels, chunk_size, metric, between)
+}
+
+/// [`silhouette_samples`] with the Euclidean distance sums on `dense`'s device.
+pub fn silhouette_samples_on(
+    dense: &Dense,
+    x: &[f32],
+    n: usize,
+    d: usize,
+    labels: &[u32],
+    chunk_size: usize,
+    metric: Distance,
+    between: BetweenCluster,
+) -> Vec<f64> {
     assert_eq!(x.len(), n * d);
     assert_eq!(labels.len(), n);
     let (codes, n_clusters) = compact_codes(labels);
@@ -59,6 +74,63 @@ pub fn silhouette_samples(
         xs.extend_from_slice(&x[i * d..(i + 1) * d]);
     }
     let cs: Vec<u32> = perm.iter().map(|&i| codes[i]).collect();
+    // the Euclidean sums on the GPU where `dense` has one
+    let on_gpu = if metric == Distance::Euclidean { dense.label_sums(&xs, n, d, &cs, n_clusters) } else { None };
+    let sums = match on_gpu {
+        Some(sums) => sums,
+        None => {
+            let t = std::time::Instant::now();
+            let sums = label_sums(xs, n, d, &cs, n_clusters, chunk_size, metric);
+            if metric == Distance::Euclidean {
+                dense.record("label silhouette distances", n, "cpu", t);
+            }
+            sums
+        }
+    };
+    let codes = &cs;
+    let out_sorted: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|r| {
+            let own = codes[r] as usize;
+            let s = &sums[r * n_clusters..(r + 1) * n_clusters];
+            let a = s[own] / (freqs[own] as f64 - 1.0);
+            let b = match between {
+                BetweenCluster::Nearest => {
+                    let mut m = f64::INFINITY;
+                    for c in 0..n_clusters {
+                        if c != own {
+                            m = m.min(s[c] / freqs[c] as f64);
+                        }
+                    }
+                    m
+                }
+                BetweenCluster::Furthest => {
+                    let mut m = f64::NEG_INFINITY;
+                    for c in 0..n_clusters {
+                        if c != own {
+                            m = m.max(s[c] / freqs[c] as f64);
+                        }
+                    }
+                    m
+                }
+                BetweenCluster::MeanOther => {
+                    let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
+                    tot / (n - freqs[own]) as f64
+                }
+            };
+            nan_to_num((b - a) / a.max(b))
+        })
+        .collect();
+    let mut out = vec![0f64; n];
+    for (t, &i) in perm.iter().enumerate() {
+        out[i] = out_sorted[t];
+    }
+    out
+}
+
+/// Each cell's sum of distances to each label's cells (`n x n_clusters`), the cells (`xs`)
+/// sorted by label (`cs`), on the CPU.
+fn label_sums(mut xs: Vec<f32>, n: usize, d: usize, cs: &[u32], n_clusters: usize, chunk_size: usize, metric: Distance) -> Vec<f64> {
     if metric == Distance::Euclidean {
         // Euclidean distances come from dot products below (|a|^2 + |b|^2 - 2 a.b,
         // one multiply-add per term instead of a difference and a multiply-add,
@@ -147,46 +219,7 @@ pub fn silhouette_samples(
             },
         );
     }
-    let codes = &cs;
-    let sums: Vec<f64> = sums.into_iter().flat_map(|m| m.into_inner().unwrap()).collect();
-    let out_sorted: Vec<f64> = (0..n)
-        .into_par_iter()
-        .map(|r| {
-            let own = codes[r] as usize;
-            let s = &sums[r * n_clusters..(r + 1) * n_clusters];
-            let a = s[own] / (freqs[own] as f64 - 1.0);
-            let b = match between {
-                BetweenCluster::Nearest => {
-                    let mut m = f64::INFINITY;
-                    for c in 0..n_clusters {
-                        if c != own {
-                            m = m.min(s[c] / freqs[c] as f64);
-                        }
-                    }
-                    m
-                }
-                BetweenCluster::Furthest => {
-                    let mut m = f64::NEG_INFINITY;
-                    for c in 0..n_clusters {
-                        if c != own {
-                            m = m.max(s[c] / freqs[c] as f64);
-                        }
-                    }
-                    m
-                }
-                BetweenCluster::MeanOther => {
-                    let tot: f64 = (0..n_clusters).filter(|&c| c != own).map(|c| s[c]).sum();
-                    tot / (n - freqs[own]) as f64
-                }
-            };
-            nan_to_num((b - a) / a.max(b))
-        })
-        .collect();
-    let mut out = vec![0f64; n];
-    for (t, &i) in perm.iter().enumerate() {
-        out[i] = out_sorted[t];
-    }
-    out
+    sums.into_iter().flat_map(|m| m.into_inner().unwrap()).collect()
 }
 
 /// Turn a tile of dot products into distances (see [`silhouette_samples`]); `diag`: the tile

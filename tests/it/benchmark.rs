@@ -87,6 +87,20 @@ fn benchmark_ranks_embeddings_and_writes_outputs() {
         assert!(r[1].as_f64().unwrap() >= e["aggregates"]["Total"]["value"].as_f64().unwrap() - 1e-12);
     }
     assert!(r.stdout.contains("KMeans over seeds 0..4"), "{}", r.stdout);
+    // the O(n²) passes, each timed, on the CPU without --device cuda, none fell back
+    let dense = &j["dense_passes"];
+    assert_eq!(dense["device"], "cpu");
+    assert_eq!(j["neighbors"]["device"], "cpu");
+    assert_eq!(dense["fallbacks"].as_array().unwrap().len(), 0);
+    let passes = dense["passes"].as_array().unwrap();
+    for what in ["90-NN", "label silhouette distances", "kBET diffusion map", "kBET diffusion kNN"] {
+        let p: Vec<&Value> = passes.iter().filter(|p| p["what"] == what).collect();
+        assert!(!p.is_empty(), "no {what} pass in {dense}");
+        assert!(p.iter().all(|p| p["device"] == "cpu" && p["seconds"].as_f64().unwrap() >= 0.0), "{dense}");
+    }
+    // one 90-NN and one label silhouette an embedding, of every cell
+    let count = |what: &str| passes.iter().filter(|p| p["what"] == what && p["cells"] == 150).count();
+    assert_eq!((count("90-NN"), count("label silhouette distances")), (2, 2), "{dense}");
     let tsv = std::fs::read_to_string(dir.join("results.tsv")).unwrap();
     assert_eq!(tsv.lines().count(), 3);
     assert!(tsv.lines().next().unwrap().ends_with("implementation"));
@@ -239,6 +253,28 @@ fn benchmark_kbet_nan_warns_like_scib() {
     r.success().stderr_has("warning: KBET is NaN for X_good: every label has fewer than 10 cells");
     let j = read_json(&ctx.path("t.benchmark/results.json"));
     assert!(j["results"][0]["metrics"]["kbet_per_label"]["value"].is_null());
+}
+
+/// `--device cuda` on a build without CUDA is a clear error before any run folder, and the
+/// pipeline's CPU process is refused for it with the executors that can take a GPU.
+#[test]
+fn benchmark_device_cuda_errors_say_what_to_do() {
+    let ctx = TestContext::new();
+    tiny_bench(150).write(&ctx.path("t.h5ad"));
+    let mut args = bench_args("t.h5ad", "X_good");
+    args.extend(["--device", "cuda", "--out", "res"]);
+    let r = ctx.run(&args);
+    if !cfg!(feature = "cuda") {
+        r.user_error().has_hint().stderr_has("--device cuda");
+        assert!(!ctx.path("res").exists());
+    }
+    args.extend(["--executor", "nextflow"]);
+    let r = ctx.run(&args);
+    r.user_error().stderr_has("BENCHMARK process runs on CPU nodes").stderr_has("--executor local or slurm");
+    // GPU options without --device cuda are not silently dropped
+    let r = ctx.run(&["benchmark", "--data", "t.h5ad", "--embedding", "X_good", "--label-key", "cell_type", "--batch-key", "batch", "--gpu", "0", "--metrics", "graph_connectivity", "--out", "res2"]);
+    r.success();
+    assert!(r.stderr.contains("--gpu applies with --device cuda; ignored on the CPU"), "{}", r.stderr);
 }
 
 #[test]

@@ -203,3 +203,26 @@ pub struct BenchScviArgs {
     #[arg(long, default_value_t = 2)]
     pub repeat: usize,
 }
+
+#[derive(Debug, clap::Args)]
+pub struct BenchPairwiseArgs {
+    /// Cells (synthetic: `--labels` Gaussian clusters, every 97th cell a copy of the one before,
+    /// so that ties occur).
+    #[arg(long, default_value_t = 50_000)]
+    pub cells: usize,
+    /// Dimensions.
+    #[arg(long, default_value_t = 50)]
+    pub dims: usize,
+    /// Neighbours (self included).
+    #[arg(long, default_value_t = 90)]
+    pub k: usize,
+    /// Labels (clusters) for the silhouette's per-label sums.
+    #[arg(long, default_value_t = 10)]
+    pub labels: usize,
+    /// Seed of the synthetic cells.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Skip the CPU side (timing the GPU alone at sizes where the CPU takes minutes).
+    #[arg(long)]
+    pub gpu_only: bool,
+}

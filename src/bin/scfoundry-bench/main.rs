@@ -12,10 +12,11 @@ use scfoundry::error::Error;
 mod args;
 mod cellplm;
 mod encoder;
+mod pairwise;
 mod scimilarity;
 mod scvi;
 
-use args::{BenchCellplmArgs, BenchEncoderArgs, BenchScimilarityArgs, BenchScviArgs};
+use args::{BenchCellplmArgs, BenchEncoderArgs, BenchPairwiseArgs, BenchScimilarityArgs, BenchScviArgs};
 
 #[derive(Debug, Parser)]
 #[command(name = "scfoundry-bench", version, about = "Throughput benchmarks of scfoundry's encoders (random weights)")]
@@ -41,6 +42,10 @@ enum Commands {
     /// weights on synthetic cells (bench/cellplm_torch.py is the PyTorch side).
     #[command(name = "__bench-cellplm")]
     BenchCellplm(BenchCellplmArgs),
+    /// Internal (benchmarks): the benchmark's dense passes (exact kNN, the label silhouette's
+    /// distances) on the GPU against the CPU, agreement and seconds (bench/pairwise_gpu.sh).
+    #[command(name = "__bench-pairwise")]
+    BenchPairwise(BenchPairwiseArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +62,7 @@ fn main() -> ExitCode {
         Commands::BenchScvi(a) => scvi::run(a),
         Commands::BenchScimilarity(a) => scimilarity::run(a),
         Commands::BenchCellplm(a) => cellplm::run(a),
+        Commands::BenchPairwise(a) => pairwise::run(a),
     };
     match outcome {
         Ok(status) => ExitCode::from(status.code().clamp(0, 255) as u8),
