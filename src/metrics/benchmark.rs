@@ -135,151 +135,147 @@ pub fn run_benchmark_on(
     let nn90 = nn.subset_k(90);
     let nn50 = nn.subset_k(50);
     let nn15 = nn.subset_k(15);
-    // with a GPU for the dense passes, kBET (its diffusion maps are memory-bound block Lanczos
-    // on the CPU, leaving cores idle) runs beside the other metrics; its value keeps its place
-    std::thread::scope(|s| {
-        let mut kbet_job = (cfg.kbet_per_label && dense.is_gpu()).then(|| s.spawn(|| kbet_per_label_on(dense, &nn50, batches, labels, 0.05, 100)));
-        let mut out = Vec::new();
-        // the label silhouette is shared by isolated labels and silhouette label; with a GPU its
-        // distances run there while the CPU's cores score BRAS (its value is pushed in its place)
-        let need_sil = cfg.isolated_labels || cfg.silhouette_label;
-        let sil_key = if cfg.isolated_labels { "isolated_labels" } else { "silhouette_label" };
-        let sil_samples = || silhouette_samples_on(dense, emb, n, d, labels, cfg.chunk_size, Distance::Euclidean, BetweenCluster::Nearest);
-        let (sil, mut early_bras) = if need_sil && dense.is_gpu() {
-            std::thread::scope(|s| {
-                let job = s.spawn(sil_samples);
-                let b = cfg.bras.then(|| {
-                    on_metric("bras");
-                    bras(emb, n, d, labels, batches, cfg.chunk_size)
-                });
-                on_metric(sil_key);
-                (Some(job.join().expect("the label silhouette's thread panicked")), b)
-            })
-        } else if need_sil {
-            on_metric(sil_key);
-            (Some(sil_samples()), None)
-        } else {
-            (None, None)
-        };
-        if cfg.isolated_labels {
-            on_metric("isolated_labels");
-            let v = isolated_labels::isolated_labels_from_silhouette(
-                sil.as_ref().unwrap(),
-                labels,
-                batches,
-                true,
-                None,
-            );
-            out.push(mv("isolated_labels", "Isolated labels", Bio, v));
-        }
-        if cfg.nmi_ari_cluster_labels_leiden {
-            on_metric("nmi_ari_cluster_labels_leiden");
-            let (a, b) =
-                nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), cfg.seed);
-            out.push(mv(
-                "nmi_ari_cluster_labels_leiden_nmi",
-                "Leiden NMI",
-                Bio,
-                a,
-            ));
-            out.push(mv(
-                "nmi_ari_cluster_labels_leiden_ari",
-                "Leiden ARI",
-                Bio,
-                b,
-            ));
-        }
-        if cfg.nmi_ari_cluster_labels_kmeans {
-            on_metric("nmi_ari_cluster_labels_kmeans");
-            let (a, b) = nmi_ari_cluster_labels_kmeans(emb, n, d, labels, cfg.seed);
-            out.push(mv(
-                "nmi_ari_cluster_labels_kmeans_nmi",
-                "KMeans NMI",
-                Bio,
-                a,
-            ));
-            out.push(mv(
-                "nmi_ari_cluster_labels_kmeans_ari",
-                "KMeans ARI",
-                Bio,
-                b,
-            ));
-        }
-        if cfg.silhouette_label {
-            on_metric("silhouette_label");
-            out.push(mv(
-                "silhouette_label",
-                "Silhouette label",
-                Bio,
-                silhouette_label_from_samples(sil.as_ref().unwrap(), true),
-            ));
-        }
-        if cfg.clisi_knn {
-            on_metric("clisi_knn");
-            out.push(mv(
-                "clisi_knn",
-                "cLISI",
-                Bio,
-                clisi_knn(&nn90, labels, None, true),
-            ));
-        }
-        if cfg.silhouette_batch {
-            on_metric("silhouette_batch");
-            out.push(mv(
-                "silhouette_batch",
-                "Silhouette batch",
-                Batch,
-                silhouette_batch(emb, n, d, labels, batches, true, cfg.chunk_size),
-            ));
-        }
-        if cfg.bras {
-            let v = early_bras.take().unwrap_or_else(|| {
+    let mut out = Vec::new();
+    // the label silhouette is shared by isolated labels and silhouette label; with a GPU its
+    // distances run there while the CPU's cores score BRAS (its value is pushed in its place)
+    let need_sil = cfg.isolated_labels || cfg.silhouette_label;
+    let sil_key = if cfg.isolated_labels { "isolated_labels" } else { "silhouette_label" };
+    let sil_samples = || silhouette_samples_on(dense, emb, n, d, labels, cfg.chunk_size, Distance::Euclidean, BetweenCluster::Nearest);
+    let (sil, mut early_bras) = if need_sil && dense.is_gpu() {
+        std::thread::scope(|s| {
+            let job = s.spawn(sil_samples);
+            let b = cfg.bras.then(|| {
                 on_metric("bras");
                 bras(emb, n, d, labels, batches, cfg.chunk_size)
             });
-            out.push(mv("bras", "BRAS", Batch, v));
-        }
-        if cfg.ilisi_knn {
-            on_metric("ilisi_knn");
-            out.push(mv(
-                "ilisi_knn",
-                "iLISI",
-                Batch,
-                ilisi_knn(&nn90, batches, None, true),
-            ));
-        }
-        if cfg.kbet_per_label {
-            on_metric("kbet_per_label");
-            let v = match kbet_job.take() {
-                Some(job) => job.join().expect("kBET's thread panicked"),
-                None => kbet_per_label_on(dense, &nn50, batches, labels, 0.05, 100),
-            };
-            out.push(mv("kbet_per_label", "KBET", Batch, v));
-        }
-        if cfg.graph_connectivity {
-            on_metric("graph_connectivity");
-            out.push(mv(
-                "graph_connectivity",
-                "Graph connectivity",
-                Batch,
-                graph_connectivity(&nn15, labels),
-            ));
-        }
-        if cfg.pcr_comparison {
-            on_metric("pcr_comparison");
-            out.push(mv(
-                "pcr_comparison",
-                "PCR comparison",
-                Batch,
-                pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true),
-            ));
-        }
-        if cfg.sbee {
-            on_metric("sbee");
-            out.push(mv("sbee", "sBEE", Batch, sbee::sbee(&nn90, emb, d, batches, labels)));
-        }
-        out
-    })
+            on_metric(sil_key);
+            (Some(job.join().expect("the label silhouette's thread panicked")), b)
+        })
+    } else if need_sil {
+        on_metric(sil_key);
+        (Some(sil_samples()), None)
+    } else {
+        (None, None)
+    };
+    if cfg.isolated_labels {
+        on_metric("isolated_labels");
+        let v = isolated_labels::isolated_labels_from_silhouette(
+            sil.as_ref().unwrap(),
+            labels,
+            batches,
+            true,
+            None,
+        );
+        out.push(mv("isolated_labels", "Isolated labels", Bio, v));
+    }
+    if cfg.nmi_ari_cluster_labels_leiden {
+        on_metric("nmi_ari_cluster_labels_leiden");
+        let (a, b) =
+            nmi_ari_cluster_labels_leiden(&nn15, labels, &leiden::default_resolutions(), cfg.seed);
+        out.push(mv(
+            "nmi_ari_cluster_labels_leiden_nmi",
+            "Leiden NMI",
+            Bio,
+            a,
+        ));
+        out.push(mv(
+            "nmi_ari_cluster_labels_leiden_ari",
+            "Leiden ARI",
+            Bio,
+            b,
+        ));
+    }
+    if cfg.nmi_ari_cluster_labels_kmeans {
+        on_metric("nmi_ari_cluster_labels_kmeans");
+        let (a, b) = nmi_ari_cluster_labels_kmeans(emb, n, d, labels, cfg.seed);
+        out.push(mv(
+            "nmi_ari_cluster_labels_kmeans_nmi",
+            "KMeans NMI",
+            Bio,
+            a,
+        ));
+        out.push(mv(
+            "nmi_ari_cluster_labels_kmeans_ari",
+            "KMeans ARI",
+            Bio,
+            b,
+        ));
+    }
+    if cfg.silhouette_label {
+        on_metric("silhouette_label");
+        out.push(mv(
+            "silhouette_label",
+            "Silhouette label",
+            Bio,
+            silhouette_label_from_samples(sil.as_ref().unwrap(), true),
+        ));
+    }
+    if cfg.clisi_knn {
+        on_metric("clisi_knn");
+        out.push(mv(
+            "clisi_knn",
+            "cLISI",
+            Bio,
+            clisi_knn(&nn90, labels, None, true),
+        ));
+    }
+    if cfg.silhouette_batch {
+        on_metric("silhouette_batch");
+        out.push(mv(
+            "silhouette_batch",
+            "Silhouette batch",
+            Batch,
+            silhouette_batch(emb, n, d, labels, batches, true, cfg.chunk_size),
+        ));
+    }
+    if cfg.bras {
+        let v = early_bras.take().unwrap_or_else(|| {
+            on_metric("bras");
+            bras(emb, n, d, labels, batches, cfg.chunk_size)
+        });
+        out.push(mv("bras", "BRAS", Batch, v));
+    }
+    if cfg.ilisi_knn {
+        on_metric("ilisi_knn");
+        out.push(mv(
+            "ilisi_knn",
+            "iLISI",
+            Batch,
+            ilisi_knn(&nn90, batches, None, true),
+        ));
+    }
+    if cfg.kbet_per_label {
+        on_metric("kbet_per_label");
+        out.push(mv(
+            "kbet_per_label",
+            "KBET",
+            Batch,
+            kbet_per_label_on(dense, &nn50, batches, labels, 0.05, 100),
+        ));
+    }
+    if cfg.graph_connectivity {
+        on_metric("graph_connectivity");
+        out.push(mv(
+            "graph_connectivity",
+            "Graph connectivity",
+            Batch,
+            graph_connectivity(&nn15, labels),
+        ));
+    }
+    if cfg.pcr_comparison {
+        on_metric("pcr_comparison");
+        out.push(mv(
+            "pcr_comparison",
+            "PCR comparison",
+            Batch,
+            pcr_comparison(x_pre, d_pre, emb, d, n, batches, None, true),
+        ));
+    }
+    if cfg.sbee {
+        on_metric("sbee");
+        out.push(mv("sbee", "sBEE", Batch, sbee::sbee(&nn90, emb, d, batches, labels)));
+    }
+    out
 }
 
 #[cfg(test)]
