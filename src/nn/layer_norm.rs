@@ -10,6 +10,8 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::outside_graph::stacked;
+
 /// `layer_norm(x, w, b)` over the last dimension, differentiable in all three.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<Tensor> {
     let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
@@ -134,12 +136,6 @@ impl candle_core::CustomOp3 for Backward {
 fn view<'a>(s: &'a candle_core::CudaStorage, l: &Layout) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>> {
     let Some((a, z)) = l.contiguous_offsets() else { candle_core::bail!("layer-norm: inputs must be contiguous") };
     Ok(s.as_cuda_slice::<f32>()?.slice(a..z))
-}
-
-fn stacked(l: &Layout) -> Shape {
-    let mut d = vec![2];
-    d.extend_from_slice(l.dims());
-    Shape::from(d)
 }
 
 #[cfg(test)]

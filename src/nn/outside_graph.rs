@@ -1,11 +1,11 @@
 //! An output computed outside candle's autograd graph, handed to the op that stands for it in
 //! the graph (`recompute_attention`, `lean_linear`): the op's forward takes it and returns (a
 //! copy of) its storage, so the graph holds one copy until the backward pass; the op's backward
-//! forms the gradients by hand.
+//! forms the gradients by hand. Also [`stacked`], the shape of such ops' two stacked results.
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 
 /// The output, until the op's forward takes it.
 pub struct Computed {
@@ -43,4 +43,12 @@ impl Computed {
             _ => candle_core::bail!("{}: the output is not on the GPU", self.op),
         }
     }
+}
+
+/// The shape `(2, ..l's dims)`: an op whose forward returns two results of `l`'s shape stacked
+/// (layer norm's backward: dx and dy x̂; attention's row pass: the dropped probabilities and dS).
+pub fn stacked(l: &Layout) -> Shape {
+    let mut d = vec![2];
+    d.extend_from_slice(l.dims());
+    Shape::from(d)
 }

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
 use super::dropout::Mask;
-use super::outside_graph::Computed;
+use super::outside_graph::{stacked, Computed};
 use super::step_profile::StepProfile;
 
 /// `dropout(softmax(scale q k^T)) v` where `heads` stacks q, k and v, `(3, .., l, hd)` (laid out
@@ -264,13 +264,6 @@ impl candle_core::CustomOp2 for Grads {
         };
         Ok((out, stacked(sl)))
     }
-}
-
-/// (2, ..shape) of the scores' layout.
-fn stacked(l: &Layout) -> Shape {
-    let mut d = vec![2];
-    d.extend_from_slice(l.dims());
-    Shape::from(d)
 }
 
 #[cfg(feature = "cuda")]
