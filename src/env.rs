@@ -69,7 +69,7 @@ impl EnvVars {
     /// `0`: the matrix product and the layer norm as two kernels instead of the fused Hopper one.
     pub const FUSED_NORM: &'static str = "SCFOUNDRY_FUSED_NORM";
     /// The GPUs a task may take, as `--gpu` takes them (`0,1,2,3`, `0-3`, `all`): read by
-    /// embed, transfer and finetune when --gpu is not given (the generated Nextflow config sets
+    /// embed, transfer, finetune and benchmark when --gpu is not given (the generated Nextflow config sets
     /// it for the pipeline's processes).
     pub const GPUS: &'static str = "SCFOUNDRY_GPUS";
     /// The node-local folder of the GPU card locks (default `/tmp/scfoundry-gpu-locks-<uid>`);

@@ -234,8 +234,6 @@ fn x_pre(ad: &AnnData, seed: u64, rep: &dyn Reporter) -> anyhow::Result<(Vec<f32
     Ok((proj, nc))
 }
 
-/// The 90-NN of one embedding (or subsample), exact or NN-descent; the latter's rounds are
-/// reported on the progress bar and recorded for results.json.
 /// The search `--neighbors` takes for `n` cells: `auto` is exact at any size when the dense
 /// passes have a GPU.
 fn resolve_search(search: NeighborsSearch, n: usize, dense: &metrics::Dense) -> NeighborsSearch {
@@ -245,6 +243,8 @@ fn resolve_search(search: NeighborsSearch, n: usize, dense: &metrics::Dense) -> 
     }
 }
 
+/// The 90-NN of one embedding (or subsample), exact (on `dense`'s device) or NN-descent; the
+/// latter's rounds are reported on the progress bar and recorded for results.json.
 #[allow(clippy::too_many_arguments)]
 fn knn(name: &str, x: &[f32], n: usize, d: usize, search: NeighborsSearch, seed: u64, dense: &metrics::Dense, rep: &dyn Reporter, reports: &mut Vec<Value>) -> NeighborsResults {
     match resolve_search(search, n, dense) {
@@ -474,7 +474,8 @@ fn resolve_device(s: &Settings, args: &BenchmarkArgs) -> anyhow::Result<crate::g
             if args.device.memory_options_given() {
                 warn("the GPU memory options (--allocator, pool sizes, --gpu-memory-limit, ...) apply with --device cuda; ignored on the CPU");
             }
-            if args.gpu.is_some() {
+            // (a list from SCFOUNDRY_GPUS, set for a whole shell or by the pipeline, is not news)
+            if args.gpu.is_some() && std::env::var_os(crate::env::EnvVars::GPUS).is_none() {
                 warn("--gpu applies with --device cuda; ignored on the CPU");
             }
         }

@@ -275,6 +275,13 @@ fn benchmark_device_cuda_errors_say_what_to_do() {
     let r = ctx.run(&["benchmark", "--data", "t.h5ad", "--embedding", "X_good", "--label-key", "cell_type", "--batch-key", "batch", "--gpu", "0", "--metrics", "graph_connectivity", "--out", "res2"]);
     r.success();
     assert!(r.stderr.contains("--gpu applies with --device cuda; ignored on the CPU"), "{}", r.stderr);
+    // a list from SCFOUNDRY_GPUS (set for a whole shell, or by the pipeline) is not warned about
+    let r = ctx.run_env(
+        &["benchmark", "--data", "t.h5ad", "--embedding", "X_good", "--label-key", "cell_type", "--batch-key", "batch", "--metrics", "graph_connectivity", "--out", "res3"],
+        &[("SCFOUNDRY_GPUS", std::path::Path::new("0"))],
+    );
+    r.success();
+    assert!(!r.stderr.contains("--gpu applies"), "{}", r.stderr);
 }
 
 #[test]
