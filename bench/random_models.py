@@ -4,6 +4,8 @@
     python bench/random_models.py genept DATA OUT_DIR [--dim 64] [--seed 0]
     python bench/random_models.py scimilarity DATA OUT_DIR [--genes 2000] [--hidden 128,64]
         [--latent 32] [--seed 0]
+    python bench/random_models.py scfoundation DATA OUT_DIR [--hidden 768] [--depth 12]
+        [--heads 12] [--seed 0]
 
 genept: OUT_DIR/GenePT_gene_embedding_ada_text.pickle, a dict {gene: numpy float64 vector} over
 every var_name of DATA, as upstream's table (pickle protocol 4).
@@ -13,6 +15,15 @@ model folder over DATA's first --genes var_names. encoder.ckpt is what torch.sav
 {"state_dict": Encoder.state_dict()} (a zip: encoder/data.pkl with torch._utils
 _rebuild_tensor_v2 and persistent storage ids, encoder/data/<n> raw little-endian storages,
 byteorder, version), written with zipfile + pickle as in tests/fixtures/scimilarity/tiny.
+
+scfoundation: OUT_DIR/{models/models.ckpt, OS_scRNA_gene_index.19264.tsv}, the layout of
+upstream's repository (`--model-dir OUT_DIR`). models.ckpt is torch.save of {"cell": {"state_dict":
+{"model.<MaeAutobin parameter>": tensor}, "config": {...}}} with the encoder side of the released
+0.1B model (12 x 768, 12 heads, feed-forward 3,072, 100 value bins, 19,266 positions; the
+decoder is not written: cell embeddings do not read it). The gene list is DATA's expressed
+var_names, those expressed in the most cells first, then placeholders, 19,264 in all, so that
+cells keep (nearly) their real length. Weights
+N(0, 1/fan_in), layer norms' weights 1, biases N(0, 0.02): random, for speed and precision runs.
 """
 from __future__ import annotations
 
@@ -88,13 +99,14 @@ class Pickler(pickle.Pickler):
         return None
 
 
-def save_checkpoint(path: Path, state: dict[str, np.ndarray]) -> None:
+def save_checkpoint(path: Path, state: dict[str, np.ndarray], wrap=lambda sd: {"state_dict": sd}) -> None:
+    """torch.save of wrap(state_dict) (default {"state_dict": ...}) without torch."""
     saved = {k: sys.modules.get(k) for k in ("torch", "torch._utils")}
     sys.modules["torch"], sys.modules["torch._utils"] = torch_mod, utils_mod
     try:
         sd = collections.OrderedDict((k, Tensor(str(i), v)) for i, (k, v) in enumerate(state.items()))
         buf = io.BytesIO()
-        Pickler(buf, protocol=2).dump({"state_dict": sd})
+        Pickler(buf, protocol=2).dump(wrap(sd))
     finally:
         for k, m in saved.items():
             if m is None:
@@ -138,6 +150,65 @@ def scimilarity(args) -> None:
     print(f"scimilarity model: {len(genes)} genes -> {hidden} -> {args.latent} in {out}")
 
 
+def scfoundation(args) -> None:
+    n_genes, bins, d, depth, heads = 19264, 100, args.hidden, args.depth, args.heads
+    ff, seq_len = 4 * d, n_genes + 2
+    rng = np.random.default_rng(args.seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1])))
+
+    def b(n):
+        return (0.02 * rng.standard_normal(n, dtype=np.float32))
+
+    state: dict[str, np.ndarray] = {
+        "model.token_emb.mlp.weight": w(bins, 1), "model.token_emb.mlp.bias": b(bins),
+        "model.token_emb.mlp2.weight": w(bins, bins), "model.token_emb.mlp2.bias": b(bins),
+        "model.token_emb.emb.weight": w(bins, d), "model.token_emb.emb_mask.weight": w(1, d),
+        "model.token_emb.emb_pad.weight": w(1, d), "model.pos_emb.weight": w(seq_len + 1, d),
+    }
+    for i in range(depth):
+        p = f"model.encoder.transformer_encoder.{i}."
+        state.update({
+            p + "self_attn.in_proj_weight": w(3 * d, d), p + "self_attn.in_proj_bias": b(3 * d),
+            p + "self_attn.out_proj.weight": w(d, d), p + "self_attn.out_proj.bias": b(d),
+            p + "linear1.weight": w(ff, d), p + "linear1.bias": b(ff),
+            p + "linear2.weight": w(d, ff), p + "linear2.bias": b(d),
+            p + "norm1.weight": np.ones(d, np.float32), p + "norm1.bias": b(d),
+            p + "norm2.weight": np.ones(d, np.float32), p + "norm2.bias": b(d),
+        })
+    state["model.encoder.norm.weight"] = np.ones(d, np.float32)
+    state["model.encoder.norm.bias"] = b(d)
+    # as upstream's models.ckpt: convertconfig merges config, model_config[model], dataset_config['rnaseq']
+    encoder = {"hidden_dim": d, "depth": depth, "heads": heads, "dim_head": d // heads, "seq_len": seq_len,
+               "module_type": "transformer", "norm_first": False}
+    config = {"model": "mae_autobin", "model_config": {"mae_autobin": {
+        "encoder": encoder, "n_class": bins + 4, "pad_token_id": 103, "mask_token_id": 102, "bin_num": bins,
+        "bin_alpha": 1.0, "model": "mae_autobin", "bin_type": "auto_bin"}},
+        "dataset_config": {"rnaseq": {"seq_len": seq_len, "gene_num": n_genes}}}
+    out = Path(args.out_dir)
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "models" / "models.ckpt", state, lambda sd: {"cell": {"state_dict": sd, "config": config}})
+    names = var_names(args.data)
+    cells = expressing_cells(args.data, len(names))
+    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
+    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
+    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    (out / "OS_scRNA_gene_index.19264.tsv").write_text("gene_name\tindex\n" + "".join(f"{g}\t{i}\n" for i, g in enumerate(genes)))
+    print(json.dumps({"model": "scfoundation", "parameters": int(sum(v.size for v in state.values())),
+                      "layers": depth, "hidden": d, "heads": heads, "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes),
+                      "genes_expressed_in_data": int(sum(c > 0 for c in cells)), "out": str(out)}))
+
+
+def expressing_cells(data: str, n_var: int) -> np.ndarray:
+    """Per var column of DATA's X (CSR or dense), the cells with a non-zero value."""
+    with h5py.File(data, "r") as f:
+        x = f["X"]
+        if isinstance(x, h5py.Group):
+            return np.bincount(x["indices"][:][x["data"][:] != 0], minlength=n_var)
+        return (x[:] != 0).sum(axis=0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="kind", required=True)
@@ -147,12 +218,16 @@ def main() -> None:
     s.add_argument("--genes", type=int, default=2000)
     s.add_argument("--hidden", default="128,64")
     s.add_argument("--latent", type=int, default=32)
-    for p in (g, s):
+    f = sub.add_parser("scfoundation")
+    f.add_argument("--hidden", type=int, default=768)
+    f.add_argument("--depth", type=int, default=12)
+    f.add_argument("--heads", type=int, default=12)
+    for p in (g, s, f):
         p.add_argument("data")
         p.add_argument("out_dir")
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    genept(args) if args.kind == "genept" else scimilarity(args)
+    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation}[args.kind](args)
 
 
 if __name__ == "__main__":

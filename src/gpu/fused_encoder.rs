@@ -1,5 +1,5 @@
-//! A stack of post-norm encoder layers (`methods::post_norm`) in bf16 on a GPU in as few passes
-//! over memory as we know how to write, for packed cells:
+//! A stack of transformer encoder layers (`nn::transformer`) in bf16 on a GPU in as few passes
+//! over memory as we know how to write, for packed cells. Post-norm layers:
 //!
 //! | step | how | kernels |
 //! |---|---|---|
@@ -19,15 +19,20 @@
 //! product reads it where it is, and at d = 256 the fused output projection + norm1 reads it as
 //! the residual and writes the hidden state beside it (a copy of the batch's activations saved a
 //! batch: +0.9% on Geneformer V1, BENCHMARKS.md; the two-kernel path copies first).
-//! Same answer as `PostNormStack::forward_unfused` within bf16 rounding.
+//! Pre-norm layers (scPRINT) take the same kernels in their order: norm1 into a buffer beside the
+//! hidden state (`layer_norm_to_bf16`), the QKV product from it, attention, the output
+//! projection added onto the hidden state in the epilogue, norm2 into the buffer, the
+//! feed-forward's first product and activation, its second product added onto the hidden state.
+//!
+//! Same answer as `TransformerStack::forward_unfused` within bf16 rounding.
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::nn::post_norm::PostNormStack;
+use crate::nn::transformer::TransformerStack;
 
-impl PostNormStack {
+impl TransformerStack {
     /// The last layer's output for packed cells `x` (`tokens x d`): the fused path where it
-    /// applies (bf16 on a GPU, see [`applies`]), else [`PostNormStack::forward_unfused`].
+    /// applies (bf16 on a GPU, see [`applies`]), else [`TransformerStack::forward_unfused`].
     pub fn forward(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
         if self.fused && applies(self, x) {
             return forward(self, x, cu);
@@ -39,7 +44,7 @@ impl PostNormStack {
 /// Whether `forward` takes this input: a CUDA build, `x` (`tokens x d`) in bf16 on a GPU, heads
 /// 64 wide (the attention kernel's), d and the feed-forward width multiples of 8 (16-byte rows)
 /// and d at most 2048 (the layer-norm kernel's rows).
-pub fn applies(stack: &PostNormStack, x: &Tensor) -> bool {
+pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
     let Ok((_, d)) = x.dims2() else { return false };
     let ffn = stack.layers.first().and_then(|l| l.ff1.weight().dims2().ok()).map(|s| s.0).unwrap_or(0);
     cfg!(feature = "cuda")
@@ -54,9 +59,9 @@ pub fn applies(stack: &PostNormStack, x: &Tensor) -> bool {
 }
 
 /// The stack over packed cells `x` (`tokens x d`, bf16, on a GPU; `applies` says when).
-pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
+pub fn forward(stack: &TransformerStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
     if !applies(stack, x) {
-        candle_core::bail!("the fused encoder takes bf16 on a GPU with 64-wide heads (use PostNormStack::forward)");
+        candle_core::bail!("the fused encoder takes bf16 on a GPU with 64-wide heads (use TransformerStack::forward)");
     }
     #[cfg(feature = "cuda")]
     {
@@ -74,7 +79,7 @@ pub fn forward(stack: &PostNormStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> 
 /// Seconds each step of the first layer takes on `x` (each step run `repeat` times between device
 /// synchronisations, the median kept): what a layer's time divides into. For `__bench-encoder
 /// --profile`.
-pub fn profile(stack: &PostNormStack, x: &Tensor, cu: &[u32], repeat: usize) -> Result<Vec<(&'static str, f64)>> {
+pub fn profile(stack: &TransformerStack, x: &Tensor, cu: &[u32], repeat: usize) -> Result<Vec<(&'static str, f64)>> {
     if !applies(stack, x) {
         candle_core::bail!("profiling needs the fused path (bf16 on a GPU with 64-wide heads)");
     }
@@ -108,14 +113,14 @@ mod cuda {
 
     use crate::gpu::gemm_layer_norm;
     use crate::gpu::KernelImage;
-    use crate::nn::post_norm::{Act, PostNormStack};
+    use crate::nn::transformer::{Act, Order, TransformerStack};
 
-    /// kernels/encoder_ops.cu (also holds gpu/segment_mean.rs's kernels)
+    /// kernels/encoder_ops.cu (also holds gpu/segment_pool.rs's kernels)
     pub(crate) static PTX: KernelImage = kernel_image!("encoder_ops");
     pub(crate) const MODULE: &str = "scfoundry_encoder_ops";
 
     pub struct Fused<'a> {
-        pub stack: &'a PostNormStack,
+        pub stack: &'a TransformerStack,
         pub longest: usize,
         /// (repeat, where to put the step times): time layer 0's steps instead of running
         pub profile: Option<(usize, &'a Mutex<Vec<(&'static str, f64)>>)>,
@@ -159,6 +164,25 @@ mod cuda {
         Ok(())
     }
 
+    /// `out = LayerNorm(x)` (`rows x d`), `x` unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_to(dev: &CudaDevice, x: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
+        const NAMES: [&str; 8] = ["layer_norm_to_bf16_p1", "layer_norm_to_bf16_p2", "layer_norm_to_bf16_p3", "layer_norm_to_bf16_p4", "layer_norm_to_bf16_p5", "layer_norm_to_bf16_p6", "layer_norm_to_bf16_p7", "layer_norm_to_bf16_p8"];
+        let (instance, cfg) = norm_launch(rows, d);
+        let func = load_kernel!(dev, NAMES[instance], MODULE, PTX)?;
+        let (rows, d) = (rows as i32, d as i32);
+        let mut l = func.builder();
+        l.arg(x);
+        l.arg(out);
+        l.arg(w);
+        l.arg(b);
+        l.arg(&rows);
+        l.arg(&d);
+        l.arg(&eps);
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
     /// The layer-norm kernels' instance (0-based: packs of 8 values a lane that hold a row, just
     /// enough of them) and launch shape for `rows` rows of `d` values: blocks of 8 warps, each warp
     /// taking `rows_a_warp` rows (kernels/encoder_ops.cu: 4 rows at d <= 256, 2 at d <= 512).
@@ -183,13 +207,50 @@ mod cuda {
         Ok(())
     }
 
+    impl Fused<'_> {
+        /// The pre-norm layers over the hidden state `h` (`t x d`, updated in place).
+        #[allow(clippy::too_many_arguments)]
+        fn pre_norm(&self, dev: &CudaDevice, lt: &crate::gpu::gemm::Lt, h: &mut CudaSlice<bf16>, offsets: &CudaView<u32>, cells: usize, t: usize, d: usize, f: usize) -> Result<()> {
+            let s = self.stack;
+            let eps = s.eps as f32;
+            let mut normed = unsafe { dev.alloc::<bf16>(t * d)? };
+            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
+            let mut att = dev.alloc_zeros::<bf16>(t * d)?;
+            let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
+            let missing = || candle_core::Error::Msg("fused encoder: a linear layer or layer norm without bias".into());
+            for l in &s.layers {
+                let (qb, ob, b1, b2) = (l.qkv.bias().ok_or_else(missing)?, l.out.bias().ok_or_else(missing)?, l.ff1.bias().ok_or_else(missing)?, l.ff2.bias().ok_or_else(missing)?);
+                let (n1b, n2b) = (l.norm1.bias().ok_or_else(missing)?, l.norm2.bias().ok_or_else(missing)?);
+                let (wq, bq, wo, bo) = (Held::new(l.qkv.weight())?, Held::new(qb)?, Held::new(l.out.weight())?, Held::new(ob)?);
+                let (w1, bb1, w2, bb2) = (Held::new(l.ff1.weight())?, Held::new(b1)?, Held::new(l.ff2.weight())?, Held::new(b2)?);
+                let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(n1b)?, Held::new(l.norm2.weight())?, Held::new(n2b)?);
+                layer_norm_to(dev, h, &mut normed, &n1w.view()?, &n1b.view()?, t, d, eps)?;
+                lt.linear(&normed.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, &mut qkv, false, false, None)?;
+                if cells > 0 && self.longest > 0 {
+                    crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells)?;
+                }
+                // qkv is free once attention has read it: the residual products time their candidates there
+                lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(&mut qkv))?;
+                layer_norm_to(dev, h, &mut normed, &n2w.view()?, &n2b.view()?, t, d, eps)?;
+                lt.linear(&normed.as_view(), t, d, &w1.view()?, &bb1.view()?, f, &mut ff, false, s.act == Act::Relu, None)?;
+                match s.act {
+                    Act::Relu => {}
+                    Act::GeluErf => gelu(dev, &mut ff, t * f, true)?,
+                    Act::GeluTanh => gelu(dev, &mut ff, t * f, false)?,
+                }
+                lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(&mut qkv))?;
+            }
+            Ok(())
+        }
+    }
+
     impl candle_core::CustomOp2 for Fused<'_> {
         fn name(&self) -> &'static str {
             "fused-post-norm-encoder"
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            candle_core::bail!("fused-post-norm-encoder is for CUDA; the CPU runs PostNormStack::forward_unfused")
+            candle_core::bail!("fused-post-norm-encoder is for CUDA; the CPU runs TransformerStack::forward_unfused")
         }
 
         fn cuda_fwd(&self, xs: &CudaStorage, xl: &Layout, cs: &CudaStorage, cl: &Layout) -> Result<(CudaStorage, Shape)> {
@@ -205,6 +266,12 @@ mod cuda {
             let s = self.stack;
             let f = s.layers.first().map(|l| l.ff1.weight().dims2()).transpose()?.map(|x| x.0).unwrap_or(0);
             let eps = s.eps as f32;
+            if s.order == Order::PreNorm {
+                let mut h = unsafe { dev.alloc::<bf16>(t * d)? };
+                dev.memcpy_dtod(&xs.as_cuda_slice::<bf16>()?.slice(x0..x1), &mut h)?;
+                self.pre_norm(&dev, &lt, &mut h, &offsets, cells, t, d, f)?;
+                return Ok((CudaStorage::wrap_cuda_slice(h, dev), Shape::from((t, d))));
+            }
             // the hidden state, updated in place layer after layer, and the three work buffers.
             // h takes the input only when a step needs it there: the first layer's QKV product
             // reads the input itself, and its fused output projection + norm1 reads it as the

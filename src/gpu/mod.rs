@@ -84,7 +84,7 @@ pub(crate) mod gemm;
 #[cfg(feature = "cuda")]
 pub(crate) mod gemm_layer_norm;
 pub mod readback;
-pub mod segment_mean;
+pub mod segment_pool;
 #[cfg(feature = "cuda")]
 pub(crate) mod tma;
 pub mod upload;

@@ -616,7 +616,7 @@ impl Geneformer {
                 let p = Packed::new(&cells);
                 let hidden = m.forward(&p).map_err(&ctx)?; // tokens x h
                 let rows: Vec<(usize, usize)> = spans.iter().zip(&p.cu).map(|(&(first, count), &at)| (at as usize + first, count)).collect();
-                return PackedBert::mean_spans(&hidden, &rows).map_err(&ctx);
+                return crate::gpu::segment_pool::mean_spans(&hidden, &rows).map_err(&ctx);
             }
         };
         // pooling weights over the padded batch; divide after the sum, as upstream's

@@ -28,9 +28,11 @@
 //! concatenation of its last token (S), the one before (T), and the max and the mean over the
 //! other tokens (the genes). The Performer decoder, which gives gene-level outputs, is not read.
 //!
-//! Batching: upstream runs one cell at a time. We pad each batch to its longest cell and mask
-//! the padding keys (-inf), and pool each cell over its own tokens only, so a cell's embedding
-//! does not depend on its batch (up to float rounding).
+//! Batching: upstream runs one cell at a time. We pack a batch's cells end to end (no padding):
+//! each cell's tokens attend to that cell's tokens only and each cell pools its own tokens, so a
+//! cell's embedding does not depend on its batch (up to float rounding). On a GPU in bf16 the
+//! transformer is the fused encoder (`gpu::fused_encoder`: heads 64 wide, as the released 12 x
+//! 768 model's); the value and position embeddings, the final norm and the pooling run in f32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +40,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
+use crate::gpu::segment_pool;
+use crate::nn::transformer::{Act, TransformerLayer, TransformerStack};
 use crate::nn::random_init::{inverse_sqrt_last, Fill};
 use crate::error::{Error, Result};
 use crate::formats::pickle::Py;
@@ -49,10 +53,10 @@ pub const REQUIRED_ENTRIES: &[&str] = &["scfoundation-models-ckpt", "scfoundatio
 pub const CELL_KEY: &str = "cell";
 /// get_embedding.py's `--tgthighres` default `t4`: the T token's value is 4.
 pub const TGTHIGHRES: f64 = 4.0;
-/// Cells per forward pass (upstream: one; the result does not depend on it).
+/// Cells per forward pass of the longest cells, batched by tokens (shorter cells fill the same
+/// tokens, up to `gpu::backoff::BATCH_GROWTH` times as many; upstream runs one cell at a time,
+/// and the result does not depend on the batch: cells run packed, each attending to itself).
 pub const BATCH_SIZE: usize = 8;
-/// Attention scores per forward chunk (floats), to bound memory at long cells.
-const MAX_SCORES: usize = 1 << 28;
 
 fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
     move |e| Error::Model { context: context.into(), detail: e.to_string() }
@@ -343,61 +347,9 @@ fn open_checkpoint(path: &Path) -> Result<(TorchZip<std::io::BufReader<std::fs::
 
 // ------------------------------------------------------------------------------------ model
 
-struct Attention {
-    in_proj: Linear,
-    out_proj: Linear,
-    heads: usize,
-    head_dim: usize,
-}
-
-impl Attention {
-    fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Attention> {
-        let w = vb.get((3 * d, d), "in_proj_weight")?;
-        let b = vb.get(3 * d, "in_proj_bias")?;
-        Ok(Attention { in_proj: Linear::new(w, Some(b)), out_proj: candle_nn::linear(d, d, vb.pp("out_proj"))?, heads, head_dim: d / heads })
-    }
-
-    /// x: (b, L, d); mask: (b, 1, 1, L), 0 at tokens and -inf at padding keys.
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, l, d) = x.dims3()?;
-        let qkv = self.in_proj.forward(x)?;
-        let heads = |i: usize| qkv.narrow(2, i * d, d)?.reshape((b, l, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous();
-        let q = (heads(0)? * (1.0 / (self.head_dim as f64).sqrt()))?;
-        let (k, v) = (heads(1)?, heads(2)?);
-        let p = candle_nn::ops::softmax_last_dim(&q.matmul(&k.t()?)?.broadcast_add(mask)?)?;
-        self.out_proj.forward(&p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?)
-    }
-}
-
-/// nn.TransformerEncoderLayer(d_model=dim, nhead, dim_feedforward=4 dim, batch_first=True):
-/// post-norm, ReLU, eps 1e-5 (dropout is off in eval).
-struct EncoderLayer {
-    attn: Attention,
-    linear1: Linear,
-    linear2: Linear,
-    norm1: LayerNorm,
-    norm2: LayerNorm,
-}
-
-impl EncoderLayer {
-    fn new(d: usize, heads: usize, ff: usize, vb: VarBuilder) -> candle_core::Result<EncoderLayer> {
-        Ok(EncoderLayer {
-            attn: Attention::new(d, heads, vb.pp("self_attn"))?,
-            linear1: candle_nn::linear(d, ff, vb.pp("linear1"))?,
-            linear2: candle_nn::linear(ff, d, vb.pp("linear2"))?,
-            norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
-            norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm1.forward(&(x + self.attn.forward(x, mask)?)?)?;
-        let h = self.linear2.forward(&self.linear1.forward(&x)?.relu()?)?;
-        self.norm2.forward(&(x + h)?)
-    }
-}
-
-/// The encoder side of MaeAutobin: value embedding, position embedding, transformer.
+/// The encoder side of MaeAutobin: value embedding, position embedding, transformer. Cells run
+/// packed (end to end, no padding; `nn::transformer`), so each cell attends to its own tokens
+/// only, as upstream's one cell at a time.
 pub struct ScFoundation {
     pub config: Config,
     pub path: PathBuf,
@@ -407,9 +359,10 @@ pub struct ScFoundation {
     emb_mask: Tensor,
     emb_pad: Tensor,
     pos_emb: Embedding,
-    layers: Vec<EncoderLayer>,
+    /// pytorchTransformerModule's layers (nn.TransformerEncoderLayer: post-norm, ReLU, eps
+    /// 1e-5), in the run's precision: in bf16 on a GPU the fused encoder
+    stack: TransformerStack,
     norm: LayerNorm,
-    dtype: DType,
     device: Device,
 }
 
@@ -419,17 +372,19 @@ impl ScFoundation {
         Self::load_on(path, CELL_KEY, DType::F32, Device::Cpu)
     }
 
-    /// Load version `key` of a models.ckpt with its weights in `dtype` on `device`.
+    /// Load version `key` of a models.ckpt with its encoder layers in `dtype` on `device`.
     pub fn load_on(path: &Path, key: &str, dtype: DType, device: Device) -> Result<ScFoundation> {
         let (config, tensors) = read_checkpoint(path, key)?;
         Self::from_tensors(config, tensors, path, dtype, device)
     }
 
-    /// Build from a config and MaeAutobin-named tensors (a checkpoint's, or random ones).
+    /// Build from a config and MaeAutobin-named tensors (a checkpoint's, or random ones). The
+    /// encoder layers take `dtype`; the value and position embeddings, the final norm and the
+    /// pooling stay float32.
     pub fn from_tensors(config: Config, tensors: HashMap<String, Tensor>, path: &Path, dtype: DType, device: Device) -> Result<ScFoundation> {
         let bad = |detail: String| Error::BadWeights { path: path.into(), detail };
         let d = config.hidden_dim;
-        if d % config.heads != 0 {
+        if config.heads == 0 || d % config.heads != 0 {
             return Err(bad(format!("hidden_dim {d} is not divisible by {} heads", config.heads)));
         }
         for k in ["token_emb.emb.weight", "pos_emb.weight", "encoder.transformer_encoder.0.linear1.weight", "encoder.norm.weight"] {
@@ -449,7 +404,7 @@ impl ScFoundation {
         if depth != config.depth {
             return Err(bad(format!("the config says {} encoder layers but the state_dict has {depth}", config.depth)));
         }
-        let vb = VarBuilder::from_tensors(tensors, dtype, &device);
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
         let build = || -> candle_core::Result<_> {
             let te = vb.pp("token_emb");
             let mlp = candle_nn::linear(1, config.bin_num, te.pp("mlp"))?;
@@ -459,12 +414,13 @@ impl ScFoundation {
             let emb_pad = te.pp("emb_pad").get((1, d), "weight")?;
             let pos_emb = candle_nn::embedding(config.seq_len + 1, d, vb.pp("pos_emb"))?;
             let enc = vb.pp("encoder");
-            let layers = (0..config.depth).map(|i| EncoderLayer::new(d, config.heads, ff, enc.pp(format!("transformer_encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let layers = (0..config.depth).map(|i| encoder_layer(d, ff, enc.pp(format!("transformer_encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let stack = TransformerStack::new(layers, config.heads, 1e-5, Act::Relu).to_dtype(dtype)?;
             let norm = candle_nn::layer_norm(d, 1e-5, enc.pp("norm"))?;
-            Ok((mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, layers, norm))
+            Ok((mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, stack, norm))
         };
-        let (mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, layers, norm) = build().map_err(|e| bad(format!("is not a MaeAutobin model as its config describes: {e}")))?;
-        Ok(ScFoundation { config, path: path.into(), mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, layers, norm, dtype, device })
+        let (mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, stack, norm) = build().map_err(|e| bad(format!("is not a MaeAutobin model as its config describes: {e}")))?;
+        Ok(ScFoundation { config, path: path.into(), mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, stack, norm, device })
     }
 
     /// Width of the cell embedding (4 x hidden_dim).
@@ -477,30 +433,27 @@ impl ScFoundation {
         self.config.seq_len.saturating_sub(2)
     }
 
+    /// The encoder layers' dtype (bf16 takes the fused encoder on a GPU).
+    pub fn dtype(&self) -> DType {
+        self.stack.dtype()
+    }
+
     /// Cell embeddings (n x 4 hidden_dim, float32) of cells given as `CellInput`s.
     pub fn embed(&self, cells: &[&CellInput]) -> Result<Vec<f32>> {
         if cells.is_empty() {
             return Ok(vec![]);
         }
-        let l = cells.iter().map(|c| c.values.len()).max().unwrap_or(1);
-        let per_cell = self.config.heads * l * l;
-        let chunk = (MAX_SCORES / per_cell.max(1)).max(1);
-        let mut out = Vec::with_capacity(cells.len() * self.dim());
-        for part in cells.chunks(chunk) {
-            out.extend(self.forward(part)?);
-        }
-        Ok(out)
+        self.forward(cells)?.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the scFoundation encoder"))
     }
 
-    fn forward(&self, cells: &[&CellInput]) -> Result<Vec<f32>> {
+    /// The cells' embeddings (`cells x 4 hidden_dim`, f32) on the model's device, not read back.
+    pub fn forward(&self, cells: &[&CellInput]) -> Result<Tensor> {
         let ctx = model_err("running the scFoundation encoder");
-        let b = cells.len();
-        let l = cells.iter().map(|c| c.values.len()).max().unwrap_or(1);
-        let d = self.config.hidden_dim;
         let max_pos = self.config.seq_len as u32;
-        let (mut vals, mut pos, mut mask, mut is_mask, mut is_pad) = (Vec::with_capacity(b * l), Vec::with_capacity(b * l), Vec::with_capacity(b * l), Vec::with_capacity(b * l), Vec::with_capacity(b * l));
-        let (mut last, mut second, mut genes_keep, mut counts) = (Vec::with_capacity(b), Vec::with_capacity(b), Vec::with_capacity(b * l), Vec::with_capacity(b));
-        for (i, c) in cells.iter().enumerate() {
+        let total: usize = cells.iter().map(|c| c.values.len()).sum();
+        let (mut vals, mut pos, mut is_mask, mut is_pad) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
+        let (mut cu, mut last, mut second, mut genes) = (vec![0u32], Vec::with_capacity(cells.len()), Vec::with_capacity(cells.len()), Vec::with_capacity(cells.len()));
+        for c in cells {
             let n = c.values.len();
             if n < 3 {
                 return Err(Error::Model { context: "running the scFoundation encoder".into(), detail: format!("a cell of {n} tokens (at least 3 are needed)") });
@@ -508,53 +461,58 @@ impl ScFoundation {
             if let Some(&p) = c.positions.iter().find(|&&p| p > max_pos) {
                 return Err(Error::Model { context: "running the scFoundation encoder".into(), detail: format!("gene position {p} is past the checkpoint's position table ({} rows)", max_pos + 1) });
             }
-            for k in 0..l {
-                let real = k < n;
-                let v = if real { c.values[k] } else { self.config.pad_token_id as f32 };
+            let at = vals.len();
+            for (&v, &p) in c.values.iter().zip(&c.positions) {
                 vals.push(v);
-                pos.push(if real { c.positions[k] } else { 0 });
-                mask.push(if real { 0f32 } else { f32::NEG_INFINITY });
-                is_mask.push((real && v as f64 == self.config.mask_token_id) as u8 as f32);
-                is_pad.push((!real || v as f64 == self.config.pad_token_id) as u8 as f32);
-                genes_keep.push(if k + 2 < n { 0f32 } else { f32::NEG_INFINITY });
+                pos.push(p);
+                is_mask.push((v as f64 == self.config.mask_token_id) as u8 as f32);
+                is_pad.push((v as f64 == self.config.pad_token_id) as u8 as f32);
             }
-            last.push((i * l + n - 1) as u32);
-            second.push((i * l + n - 2) as u32);
-            counts.push((n - 2) as f32);
+            cu.push(vals.len() as u32);
+            last.push((at + n - 1) as u32);
+            second.push((at + n - 2) as u32);
+            genes.push((at, n - 2));
         }
         let dev = &self.device;
-        let run = || -> candle_core::Result<Vec<f32>> {
-            let v = Tensor::from_vec(vals, (b, l, 1), dev)?.to_dtype(self.dtype)?;
-            // AutoDiscretizationEmbedding2
-            let h = self.mlp.forward(&v)?;
-            let h = candle_nn::ops::leaky_relu(&h, 0.1)?;
+        let t = vals.len();
+        let run = || -> candle_core::Result<Tensor> {
+            // (from page-locked memory on a GPU: the host does not wait for the batch before)
+            let column = |v: &[f32]| crate::gpu::upload::upload_f32(v, dev)?.reshape((t, 1));
+            let v = column(&vals)?;
+            // AutoDiscretizationEmbedding2, in f32
+            let h = candle_nn::ops::leaky_relu(&self.mlp.forward(&v)?, 0.1)?;
             let cross = self.mlp2.forward(&h)?;
             let h = ((h * self.config.bin_alpha)? + cross)?;
-            let w = candle_nn::ops::softmax_last_dim(&h)?;
-            let x = w.broadcast_matmul(&self.bins)?;
-            let m = Tensor::from_vec(is_mask, (b, l, 1), dev)?.to_dtype(self.dtype)?;
-            let p = Tensor::from_vec(is_pad, (b, l, 1), dev)?.to_dtype(self.dtype)?;
+            let x = candle_nn::ops::softmax_last_dim(&h)?.matmul(&self.bins)?;
+            let (m, p) = (column(&is_mask)?, column(&is_pad)?);
             let keep = ((1.0 - &m)? - &p)?;
             let x = ((x.broadcast_mul(&keep)? + m.broadcast_mul(&self.emb_mask)?)? + p.broadcast_mul(&self.emb_pad)?)?;
-            let pos = Tensor::from_vec(pos, (b, l), dev)?;
-            let mut x = (x + self.pos_emb.forward(&pos)?)?;
-            let mask = Tensor::from_vec(mask, (b, 1, 1, l), dev)?.to_dtype(self.dtype)?;
-            for layer in &self.layers {
-                x = layer.forward(&x, &mask)?;
-            }
-            let x = self.norm.forward(&x)?.to_dtype(DType::F32)?;
+            let x = (x + self.pos_emb.forward(&crate::gpu::upload::upload_u32(&pos, dev)?)?)?;
+            let x = self.stack.forward(&x.to_dtype(self.stack.dtype())?, &cu)?;
+            let x = self.norm.forward(&x.to_dtype(DType::F32)?)?;
             // pooling: last token (S), the one before (T), max and mean over the genes
-            let flat = x.reshape((b * l, d))?;
-            let s_tok = flat.index_select(&Tensor::from_vec(last, b, dev)?, 0)?;
-            let t_tok = flat.index_select(&Tensor::from_vec(second, b, dev)?, 0)?;
-            let keep = Tensor::from_vec(genes_keep, (b, l, 1), dev)?;
-            let max = x.broadcast_add(&keep)?.max(1)?;
-            let on = keep.exp()?; // 1 at genes, 0 elsewhere
-            let mean = x.broadcast_mul(&on)?.sum(1)?.broadcast_div(&Tensor::from_vec(counts, (b, 1), dev)?)?;
-            Tensor::cat(&[s_tok, t_tok, max, mean], D::Minus1)?.flatten_all()?.to_vec1::<f32>()
+            let s_tok = x.index_select(&crate::gpu::upload::upload_u32(&last, dev)?, 0)?;
+            let t_tok = x.index_select(&crate::gpu::upload::upload_u32(&second, dev)?, 0)?;
+            let max = segment_pool::max_spans(&x, &genes)?;
+            let mean = segment_pool::mean_spans(&x, &genes)?;
+            Tensor::cat(&[s_tok, t_tok, max, mean], D::Minus1)
         };
         run().map_err(ctx)
     }
+}
+
+/// nn.TransformerEncoderLayer(d_model=dim, nhead, dim_feedforward=ff, batch_first=True)'s
+/// tensors (`self_attn.in_proj_*` hold the query, key and value projections stacked).
+fn encoder_layer(d: usize, ff: usize, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
+    let a = vb.pp("self_attn");
+    Ok(TransformerLayer {
+        qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
+        out: candle_nn::linear(d, d, a.pp("out_proj"))?,
+        norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
+        ff1: candle_nn::linear(d, ff, vb.pp("linear1"))?,
+        ff2: candle_nn::linear(ff, d, vb.pp("linear2"))?,
+        norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
+    })
 }
 
 /// The files of a run under a weights folder: (models.ckpt, gene index).

@@ -45,7 +45,7 @@ use serde_json::Value;
 
 use crate::formats::numpy_rng::Mt19937;
 use crate::error::{Error, Result};
-use crate::nn::post_norm::{Act, PostNormLayer, PostNormStack};
+use crate::nn::transformer::{Act, TransformerLayer, TransformerStack};
 
 /// The weights entries embedding reads (weights.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["scgpt-whole-human-model", "scgpt-whole-human-vocab", "scgpt-whole-human-args"];
@@ -418,8 +418,8 @@ impl EncoderLayer {
     }
 
     /// The same layer for packed cells (in_proj's rows are already q | k | v).
-    fn post_norm(&self) -> PostNormLayer {
-        PostNormLayer { qkv: self.attn.in_proj.clone(), out: self.attn.out_proj.clone(), norm1: self.norm1.clone(), ff1: self.linear1.clone(), ff2: self.linear2.clone(), norm2: self.norm2.clone() }
+    fn post_norm(&self) -> TransformerLayer {
+        TransformerLayer { qkv: self.attn.in_proj.clone(), out: self.attn.out_proj.clone(), norm1: self.norm1.clone(), ff1: self.linear1.clone(), ff2: self.linear2.clone(), norm2: self.norm2.clone() }
     }
 }
 
@@ -446,9 +446,9 @@ pub struct Model {
     pub unused_keys: Vec<String>,
     /// The first layer being fine-tuned (run with differentiable kernels); usize::MAX for none.
     first_trained: usize,
-    /// The layers as packed inference runs them (`methods::post_norm`), in `set_precision`'s
+    /// The layers as packed inference runs them (`nn::transformer`), in `set_precision`'s
     /// dtype (float32 unless asked).
-    packed: PostNormStack,
+    packed: TransformerStack,
     /// In bf16 on a GPU: the gene table and enc_norm in bf16 for `gpu::embedding::norm_add`.
     bf16_input: Option<Bf16Input>,
 }
@@ -867,8 +867,8 @@ fn tensor_shapes(args: &Args, genes: usize) -> Vec<(String, Vec<usize>)> {
 }
 
 /// The layers as one post-norm stack (the same tensors, float32).
-fn packed_stack(layers: &[EncoderLayer], heads: usize) -> PostNormStack {
-    PostNormStack::new(layers.iter().map(EncoderLayer::post_norm).collect(), heads, 1e-5, Act::Relu)
+fn packed_stack(layers: &[EncoderLayer], heads: usize) -> TransformerStack {
+    TransformerStack::new(layers.iter().map(EncoderLayer::post_norm).collect(), heads, 1e-5, Act::Relu)
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {

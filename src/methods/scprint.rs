@@ -51,6 +51,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 pub use crate::formats::numpy_rng::RandomState;
 use crate::nn::random_init::{inverse_sqrt_last, Fill};
+use crate::nn::transformer::{Act, TransformerLayer, TransformerStack};
 use crate::error::{Error, Result};
 use crate::formats::pickle::Py;
 use crate::formats::torch_zip::{TorchZip, TorchZipError};
@@ -66,8 +67,6 @@ const MAX_VALUE: f64 = 100_000.0;
 /// Globals a Lightning checkpoint may hold outside the weights (optimizer, callbacks, loops):
 /// kept as opaque data, never run.
 const OPAQUE: &[&str] = &["torch.", "lightning.", "lightning_fabric.", "pytorch_lightning.", "pathlib.", "omegaconf.", "builtins.slice", "datetime.", "functools.partial"];
-/// Attention scores per forward chunk (floats), to bound memory at long cells.
-const MAX_SCORES: usize = 1 << 28;
 
 fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
     move |e| Error::Model { context: context.into(), detail: e.to_string() }
@@ -459,69 +458,43 @@ impl ValueEncoder {
     }
 }
 
-/// simpler-flash MHA without flash: Wqkv packs q (nhead) then k and v (num_heads_kv each).
-struct Attention {
-    wqkv: Linear,
-    out_proj: Linear,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-}
-
-impl Attention {
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
-        let (b, l, d) = x.dims3()?;
-        let (h, hk, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = self.wqkv.forward(x)?;
-        let part = |start: usize, n: usize| qkv.narrow(2, start * hd, n * hd)?.reshape((b, l, n, hd))?.transpose(1, 2)?.contiguous();
-        let q = part(0, h)?;
-        let (mut k, mut v) = (part(h, hk)?, part(h + hk, hk)?);
-        if hk != h {
-            // einops repeat "... hkv d -> ... (hkv g) d": query head i reads kv head i / g
-            let g = h / hk;
-            k = k.unsqueeze(2)?.expand((b, hk, g, l, hd))?.reshape((b, h, l, hd))?;
-            v = v.unsqueeze(2)?.expand((b, hk, g, l, hd))?.reshape((b, h, l, hd))?;
-        }
-        let k = (k * (1.0 / (hd as f64).sqrt()))?;
-        let mut s = q.matmul(&k.t()?)?;
-        if let Some(m) = mask {
-            s = s.broadcast_add(m)?;
-        }
-        let p = candle_nn::ops::softmax_last_dim(&s)?;
-        self.out_proj.forward(&p.matmul(&v)?.transpose(1, 2)?.reshape((b, l, d))?)
-    }
-}
-
-/// simpler-flash Block with prenorm: x + mixer(LN1(x)), then x + mlp(LN2(x)).
-struct Block {
-    norm1: LayerNorm,
-    attn: Attention,
-    norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
-}
-
-impl Block {
-    fn new(cfg: &Config, ff: usize, vb: VarBuilder) -> candle_core::Result<Block> {
-        let d = cfg.d_model;
-        let hd = d / cfg.nhead;
-        let qkv = hd * (cfg.nhead + 2 * cfg.num_heads_kv);
-        let m = vb.pp("mixer");
-        let attn = Attention { wqkv: candle_nn::linear(d, qkv, m.pp("Wqkv"))?, out_proj: candle_nn::linear(d, d, m.pp("out_proj"))?, heads: cfg.nhead, kv_heads: cfg.num_heads_kv, head_dim: hd };
-        Ok(Block {
-            norm1: candle_nn::layer_norm(d, 1e-6, vb.pp("norm1"))?,
-            attn,
-            norm2: candle_nn::layer_norm(d, 1e-6, vb.pp("norm2"))?,
-            fc1: candle_nn::linear(d, ff, vb.pp("mlp.fc1"))?,
-            fc2: candle_nn::linear(ff, d, vb.pp("mlp.fc2"))?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> candle_core::Result<Tensor> {
-        let x = (x + self.attn.forward(&self.norm1.forward(x)?, mask)?)?;
-        let h = self.fc2.forward(&self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?)?;
-        x + h
-    }
+/// simpler-flash Block with prenorm (x + mixer(LN1(x)), then x + mlp(LN2(x))) as a
+/// `nn::transformer` layer. MHA's Wqkv packs q (nhead heads) then k and v (num_heads_kv each);
+/// with grouped-query attention (num_heads_kv < nhead: query head i reads kv head i / g, einops
+/// "... hkv d -> ... (hkv g) d") the k and v rows are repeated into nhead heads here, which gives
+/// the same attention.
+fn block(cfg: &Config, ff: usize, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
+    let d = cfg.d_model;
+    let (h, hk) = (cfg.nhead, cfg.num_heads_kv);
+    let hd = d / h;
+    let m = vb.pp("mixer");
+    let qkv = candle_nn::linear(d, hd * (h + 2 * hk), m.pp("Wqkv"))?;
+    let qkv = if hk == h {
+        qkv
+    } else {
+        let g = h / hk;
+        let (w, b) = (qkv.weight(), qkv.bias().ok_or_else(|| candle_core::Error::Msg("Wqkv without bias".into()))?);
+        // rows of kv head j (start `at`), each repeated g times
+        let heads = |t: &Tensor, at: usize| -> candle_core::Result<Tensor> {
+            let mut parts = Vec::with_capacity(h);
+            for j in 0..hk {
+                for _ in 0..g {
+                    parts.push(t.narrow(0, (at + j) * hd, hd)?);
+                }
+            }
+            Tensor::cat(&parts, 0)
+        };
+        let full = |t: &Tensor| -> candle_core::Result<Tensor> { Tensor::cat(&[t.narrow(0, 0, h * hd)?, heads(t, h)?, heads(t, h + hk)?], 0) };
+        Linear::new(full(w)?, Some(full(b)?))
+    };
+    Ok(TransformerLayer {
+        qkv,
+        out: candle_nn::linear(d, d, m.pp("out_proj"))?,
+        norm1: candle_nn::layer_norm(d, 1e-6, vb.pp("norm1"))?,
+        ff1: candle_nn::linear(d, ff, vb.pp("mlp.fc1"))?,
+        ff2: candle_nn::linear(ff, d, vb.pp("mlp.fc2"))?,
+        norm2: candle_nn::layer_norm(d, 1e-6, vb.pp("norm2"))?,
+    })
 }
 
 /// scPrint's encoder side, as Embedder runs it.
@@ -533,7 +506,8 @@ pub struct ScPrint {
     pos_pe: Option<Tensor>,
     class_emb: Tensor,
     depth_encoder: Option<ValueEncoder>,
-    blocks: Vec<Block>,
+    /// the blocks (pre-norm; in bf16 on a GPU the fused encoder)
+    stack: TransformerStack,
     norm: LayerNorm,
     pred: Vec<usize>,
     dtype: DType,
@@ -593,12 +567,16 @@ impl ScPrint {
             let class_emb = vb.get((config.classes.len() + 1, d), "class_encoder.embedding.weight")?;
             let depth_encoder = if config.depth_atinput { Some(ValueEncoder::new(d, &keys, vb.pp("depth_encoder"), "depth_encoder")?) } else { None };
             let t = vb.pp("transformer");
-            let blocks = (0..config.nlayers).map(|i| Block::new(&config, ff, t.pp(format!("blocks.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let blocks = (0..config.nlayers).map(|i| block(&config, ff, t.pp(format!("blocks.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let stack = TransformerStack::pre_norm(blocks, config.nhead, 1e-6, Act::GeluErf);
             let norm = candle_nn::layer_norm(d, 1e-6, t.pp("norm"))?;
-            Ok((gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, blocks, norm))
+            Ok((gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm))
         };
-        let (gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, blocks, norm) = build().map_err(|e| bad(format!("is not an scPrint model as its hyper_parameters describe: {e}")))?;
-        Ok(ScPrint { config, path: path.into(), gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, blocks, norm, pred, dtype, device })
+        if config.nhead == 0 || config.num_heads_kv == 0 || d % config.nhead != 0 || config.nhead % config.num_heads_kv != 0 {
+            return Err(bad(format!("d_model {d}, nhead {} and num_heads_kv {} do not divide (d_model by nhead, nhead by num_heads_kv)", config.nhead, config.num_heads_kv)));
+        }
+        let (gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm) = build().map_err(|e| bad(format!("is not an scPrint model as its hyper_parameters describe: {e}")))?;
+        Ok(ScPrint { config, path: path.into(), gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm, pred, dtype, device })
     }
 
     /// Width of the cell embedding (d_model).
@@ -611,77 +589,67 @@ impl ScPrint {
         if cells.is_empty() {
             return Ok(vec![]);
         }
-        let l = cells.iter().map(|c| c.genes.len()).max().unwrap_or(1) + self.config.cell_tokens();
-        let per_cell = self.config.nhead * l * l;
-        let budget = if self.device.is_cuda() { MAX_SCORES * 4 } else { MAX_SCORES };
-        let chunk = (budget / per_cell.max(1)).max(1);
-        let mut out = Vec::with_capacity(cells.len() * self.dim());
-        for part in cells.chunks(chunk) {
-            out.extend(self.forward(part)?);
-        }
-        Ok(out)
+        self.forward(cells)?.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the scPRINT transformer"))
     }
 
-    fn forward(&self, cells: &[&CellTokens]) -> Result<Vec<f32>> {
+    /// The cells' embeddings (`cells x d_model`, f32) on the model's device, not read back. The
+    /// cells run packed (each cell's depth and class tokens, then its genes, cells end to end):
+    /// each cell attends to its own tokens only, whatever its length.
+    pub fn forward(&self, cells: &[&CellTokens]) -> Result<Tensor> {
         let ctx = model_err("running the scPRINT transformer");
         let b = cells.len();
-        let t = cells.iter().map(|c| c.genes.len()).max().unwrap_or(1);
         let n_genes = self.config.genes.len() as u32;
-        let (mut ids, mut vals, mut keep, mut depth) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t), Vec::with_capacity(b * t), Vec::with_capacity(b));
-        let ragged = cells.iter().any(|c| c.genes.len() != t);
+        let genes: usize = cells.iter().map(|c| c.genes.len()).sum();
+        let (mut ids, mut vals, mut depth) = (Vec::with_capacity(genes), Vec::with_capacity(genes), Vec::with_capacity(b));
         for c in cells {
             if let Some(&g) = c.genes.iter().find(|&&g| g >= n_genes) {
                 return Err(Error::Model { context: "running the scPRINT transformer".into(), detail: format!("gene id {g} is past the checkpoint's {n_genes} genes") });
             }
             let sum: f64 = c.counts.iter().map(|&v| v as f64).sum();
-            for k in 0..t {
-                let real = k < c.genes.len();
-                ids.push(if real { c.genes[k] } else { 0 });
-                let x = if real { c.counts[k] as f64 } else { 0.0 };
+            ids.extend_from_slice(&c.genes);
+            vals.extend(c.counts.iter().map(|&x| {
                 let v = match self.config.normalization {
-                    Normalization::Sum => x / sum,
-                    Normalization::Log => (1.0 + x).log2(),
+                    Normalization::Sum => x as f64 / sum,
+                    Normalization::Log => (1.0 + x as f64).log2(),
                 };
-                vals.push(v.clamp(0.0, MAX_VALUE) as f32);
-                keep.push(if real { 0f32 } else { f32::NEG_INFINITY });
-            }
+                v.clamp(0.0, MAX_VALUE) as f32
+            }));
             depth.push((1.0 + c.depth as f64).log2().clamp(0.0, MAX_VALUE) as f32);
         }
+        // row `order[r]` of [genes' encodings | class rows | depth tokens] is packed row r
+        let classes = self.config.classes.len() + 1;
+        let has_depth = self.depth_encoder.is_some();
+        let (mut order, mut cu, mut pred_rows) = (Vec::with_capacity(genes + b * self.config.cell_tokens()), vec![0u32], Vec::with_capacity(b * self.pred.len()));
+        let mut at = 0u32;
+        for (i, c) in cells.iter().enumerate() {
+            let start = order.len() as u32;
+            if has_depth {
+                order.push((genes + classes + i) as u32);
+            }
+            order.extend((0..classes).map(|k| (genes + k) as u32));
+            order.extend(at..at + c.genes.len() as u32);
+            at += c.genes.len() as u32;
+            cu.push(order.len() as u32);
+            pred_rows.extend(self.pred.iter().map(|&p| start + p as u32));
+        }
         let dev = &self.device;
-        let nc = self.config.cell_tokens();
         let d = self.config.d_model;
-        let run = || -> candle_core::Result<Vec<f32>> {
-            let ids = Tensor::from_vec(ids, (b, t), dev)?;
-            let v = Tensor::from_vec(vals, (b, t), dev)?.to_dtype(self.dtype)?;
+        let run = || -> candle_core::Result<Tensor> {
+            let ids = crate::gpu::upload::upload_u32(&ids, dev)?;
+            let v = crate::gpu::upload::upload_f32(&vals, dev)?.to_dtype(self.dtype)?;
             let mut enc = (self.gene_emb.forward(&ids)? + self.expr_encoder.forward(&v)?)?;
             if let Some(pe) = &self.pos_pe {
-                enc = (enc + pe.index_select(&ids.flatten_all()?, 0)?.reshape((b, t, d))?)?;
+                enc = (enc + pe.index_select(&ids, 0)?)?;
             }
-            let mut front = vec![];
+            let mut table = vec![enc, self.class_emb.clone()];
             if let Some(de) = &self.depth_encoder {
-                let dv = Tensor::from_vec(depth, (b, 1), dev)?.to_dtype(self.dtype)?;
-                front.push(de.forward(&dv)?);
+                table.push(de.forward(&crate::gpu::upload::upload_f32(&depth, dev)?.to_dtype(self.dtype)?)?);
             }
-            front.push(self.class_emb.unsqueeze(0)?.expand((b, self.config.classes.len() + 1, d))?.contiguous()?);
-            front.push(enc);
-            let mut x = Tensor::cat(&front, 1)?;
-            let mask = if ragged {
-                let mut m = vec![0f32; b * (nc + t)];
-                for i in 0..b {
-                    for k in 0..t {
-                        m[i * (nc + t) + nc + k] = keep[i * t + k];
-                    }
-                }
-                Some(Tensor::from_vec(m, (b, 1, 1, nc + t), dev)?.to_dtype(self.dtype)?)
-            } else {
-                None
-            };
-            for blk in &self.blocks {
-                x = blk.forward(&x, mask.as_ref())?;
-            }
-            let x = self.norm.forward(&x.narrow(1, 0, nc)?)?.to_dtype(DType::F32)?;
-            let idx = Tensor::from_vec(self.pred.iter().map(|&i| i as u32).collect::<Vec<_>>(), self.pred.len(), dev)?;
-            x.index_select(&idx, 1)?.mean(1)?.flatten_all()?.to_vec1::<f32>()
+            let x = Tensor::cat(&table, 0)?.index_select(&crate::gpu::upload::upload_u32(&order, dev)?, 0)?;
+            let x = self.stack.forward(&x, &cu)?;
+            // the final norm at the class tokens averaged into the embedding (a per-token op)
+            let p = x.index_select(&crate::gpu::upload::upload_u32(&pred_rows, dev)?, 0)?;
+            self.norm.forward(&p)?.to_dtype(DType::F32)?.reshape((b, self.pred.len(), d))?.mean(1)
         };
         run().map_err(ctx)
     }

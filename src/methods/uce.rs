@@ -47,7 +47,7 @@
 //! `1 - mask` as `src_key_padding_mask`, which PyTorch adds to the attention scores (+1 at
 //! padding keys, not -inf), so a cell's embedding depends on the other cells of its batch. We
 //! pack the sentences (their tokens end to end, each attending to its own tokens, no padding
-//! computed; `methods::post_norm`, on a GPU in bf16 through `gpu::fused_encoder`): each cell's
+//! computed; `nn::transformer`, on a GPU in bf16 through `gpu::fused_encoder`): each cell's
 //! embedding is upstream's for that cell alone (a batch of one), whatever the batch size.
 //! scripts/uce_reference.py measures the difference.
 
@@ -59,7 +59,7 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::error::{Error, Result};
 use crate::nn::packed_bert::Packed;
-use crate::nn::post_norm::{Act, PostNormLayer, PostNormStack};
+use crate::nn::transformer::{Act, TransformerLayer, TransformerStack};
 use crate::formats::numpy_rng::Mt19937;
 use crate::methods::scgpt::cell_rng;
 
@@ -425,9 +425,9 @@ pub fn sentence(genes: &[u32], counts: &[i64], map: &GeneMap, cfg: &Config, seed
 
 /// One `nn.TransformerEncoderLayer(d_model, nhead, d_hid)` (post-norm, ReLU, eps 1e-5) as the
 /// packed stack runs it; `self_attn.in_proj_weight` rows are already q | k | v.
-fn encoder_layer(d: usize, d_hid: usize, vb: VarBuilder) -> candle_core::Result<PostNormLayer> {
+fn encoder_layer(d: usize, d_hid: usize, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
     let a = vb.pp("self_attn");
-    Ok(PostNormLayer {
+    Ok(TransformerLayer {
         qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
         out: candle_nn::linear(d, d, a.pp("out_proj"))?,
         norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
@@ -460,7 +460,7 @@ pub struct Uce {
     enc_linear: Linear,
     enc_norm: LayerNorm,
     /// the transformer's layers over packed sentences (on a GPU in bf16, `gpu::fused_encoder`)
-    encoder: PostNormStack,
+    encoder: TransformerStack,
     decoder: Vec<(Linear, LayerNorm)>,
     dec_out: Linear,
     device: Device,
@@ -547,7 +547,7 @@ impl Uce {
             Ok((table, enc_linear, enc_norm, layers, decoder, dec_out))
         };
         let (table, enc_linear, enc_norm, layers, decoder, dec_out) = build().map_err(|e| bad(format!("is not a UCE TransformerModel state_dict: {e}")))?;
-        let encoder = PostNormStack::new(layers, cfg.nhead, 1e-5, Act::Relu);
+        let encoder = TransformerStack::new(layers, cfg.nhead, 1e-5, Act::Relu);
         Ok(Uce { cfg, dims, path: path.into(), table, pe, enc_linear, enc_norm, encoder, decoder, dec_out, device })
     }
 

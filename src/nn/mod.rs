@@ -13,7 +13,7 @@ pub mod layer_norm;
 pub mod lean_linear;
 pub mod knn_transfer;
 pub mod packed_bert;
-pub mod post_norm;
+pub mod transformer;
 pub mod optim;
 pub mod outside_graph;
 pub mod random_init;

@@ -14,7 +14,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{Config, HiddenAct};
 
-use crate::nn::post_norm::{layer_norm_to_dtype, Act, PostNormLayer, PostNormStack};
+use crate::nn::transformer::{layer_norm_to_dtype, Act, TransformerLayer, TransformerStack};
 
 pub struct PackedBert {
     word: Embedding,
@@ -22,7 +22,7 @@ pub struct PackedBert {
     token_type: Tensor,
     emb_norm: LayerNorm,
     /// the encoder layers (on a GPU in bf16, `gpu::fused_encoder`)
-    pub encoder: PostNormStack,
+    pub encoder: TransformerStack,
     max_positions: usize,
     eps: f64,
 }
@@ -84,7 +84,7 @@ impl PackedBert {
             let (q, k, v) = (s.pp("query"), s.pp("key"), s.pp("value"));
             let w = Tensor::cat(&[q.get((d, d), "weight")?, k.get((d, d), "weight")?, v.get((d, d), "weight")?], 0)?;
             let b = Tensor::cat(&[q.get(d, "bias")?, k.get(d, "bias")?, v.get(d, "bias")?], 0)?;
-            layers.push(PostNormLayer {
+            layers.push(TransformerLayer {
                 qkv: Linear::new(w, Some(b)),
                 out: candle_nn::linear(d, d, a.pp("output.dense"))?,
                 norm1: candle_nn::layer_norm(d, cfg.layer_norm_eps, a.pp("output.LayerNorm"))?,
@@ -98,7 +98,7 @@ impl PackedBert {
             HiddenAct::GeluApproximate => Act::GeluTanh,
             HiddenAct::Relu => Act::Relu,
         };
-        let encoder = PostNormStack::new(layers, cfg.num_attention_heads, cfg.layer_norm_eps, act);
+        let encoder = TransformerStack::new(layers, cfg.num_attention_heads, cfg.layer_norm_eps, act);
         Ok(PackedBert { word, position, token_type, emb_norm, encoder, max_positions: cfg.max_position_embeddings, eps: cfg.layer_norm_eps })
     }
 
@@ -149,31 +149,7 @@ impl PackedBert {
     /// `cells x hidden`; a cell with nothing in its range gets zeros.
     pub fn mean_pool(hidden: &Tensor, cu: &[u32], lo: usize, hi: usize) -> Result<Tensor> {
         let spans: Vec<(usize, usize)> = cu.windows(2).map(|w| (w[0] as usize + lo, ((w[1] - w[0]) as usize).saturating_sub(lo + hi))).collect();
-        Self::mean_spans(hidden, &spans)
-    }
-
-    /// The mean of `hidden`'s rows `start..start + count` for each (start, count), as f32
-    /// `spans x hidden`; an empty span gives zeros. On a GPU one kernel pools them all
-    /// (`gpu::segment_mean`); elsewhere candle's ops, a span at a time.
-    pub fn mean_spans(hidden: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor> {
-        if crate::gpu::segment_mean::applies(hidden) {
-            return crate::gpu::segment_mean::mean_spans(hidden, spans);
-        }
-        Self::mean_spans_candle(hidden, spans)
-    }
-
-    /// [`Self::mean_spans`] in candle's ops, a span at a time (the CPU's path, and the GPU
-    /// kernel's reference in `__bench-encoder --check`).
-    pub fn mean_spans_candle(hidden: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor> {
-        let d = hidden.dims2()?.1;
-        let mut rows = Vec::with_capacity(spans.len());
-        for &(s, count) in spans {
-            rows.push(if count == 0 { Tensor::zeros((1, d), DType::F32, hidden.device())? } else { hidden.narrow(0, s, count)?.to_dtype(DType::F32)?.mean_keepdim(0)? });
-        }
-        if rows.is_empty() {
-            return Tensor::zeros((0, d), DType::F32, hidden.device());
-        }
-        Tensor::cat(&rows, 0)
+        crate::gpu::segment_pool::mean_spans(hidden, &spans)
     }
 }
 

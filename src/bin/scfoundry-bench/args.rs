@@ -119,8 +119,7 @@ pub struct BenchEncoderArgs {
     /// `tokens` batches by tokens, as `embed` does (`--batch` cells of the longest length make
     /// the budget; shorter cells fill it, up to `--batch-growth` x `--batch` cells, see
     /// gpu/backoff.rs TokenBudget); `cells`: `--batch` cells a batch (before). Every arch but
-    /// scprint (whose cells all have the same length), scfoundation (by cells, as its embed)
-    /// and gemm.
+    /// scprint (whose cells all have the same length) and gemm.
     #[arg(long, default_value = "tokens", value_parser = ["cells", "tokens"])]
     pub batching: String,
     /// With `--batching tokens`: most cells a batch, as a multiple of `--batch` (`embed` uses

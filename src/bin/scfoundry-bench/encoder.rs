@@ -305,6 +305,20 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// Cell embeddings `got` (rows of `dim`) against `want` computed in f32: the lowest cosine and
+/// the largest relative error (||a - b|| / ||b||) of a row.
+fn against_f32(got: &[f32], want: &[f32], dim: usize) -> serde_json::Value {
+    let (mut low, mut worst) = (1f64, 0f64);
+    for (a, b) in got.chunks(dim).zip(want.chunks(dim)) {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let (na, nb) = (a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt(), b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt());
+        let diff = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum::<f64>().sqrt();
+        low = low.min(dot / (na * nb).max(f64::MIN_POSITIVE));
+        worst = worst.max(diff / nb.max(f64::MIN_POSITIVE));
+    }
+    json!({"cells": got.len() / dim.max(1), "lowest_cosine": low, "largest_rel_error": worst})
+}
+
 /// The synthetic input of bench cell `i` with `s` genes (bench/scfoundation_torch.py builds the
 /// same): genes spread evenly over the 19,264 positions, log1p-scale values, then T = 4 and S.
 pub fn scfoundation_cell(i: usize, s: usize, n_genes: usize) -> scfoundry::methods::scfoundation::CellInput {
@@ -334,25 +348,33 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let (genes, order) = lengths(a, a.max_len.unwrap_or(n_genes).min(n_genes))?;
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| scfoundation_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.values.len()).collect();
-    // by cells, as embed batches scFoundation (by tokens padded more and ran 1.5% slower)
-    let batches: Vec<Vec<usize>> = order.chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    // by tokens, as embed batches scFoundation (cells packed: nothing is padded)
+    let batches = plan_batches(a, &order, &lens);
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
     })?;
+    // below f32: the first batch against the same weights in f32 on the same device
+    let check = match (dtype, batches.first()) {
+        (DType::F32, _) | (_, None) => None,
+        (_, Some(first)) => {
+            let f32_model = ScFoundation::from_tensors(cfg.clone(), scfoundation::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
+            let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
+            Some(against_f32(&model.embed(&refs)?, &f32_model.embed(&refs)?, model.dim()))
+        }
+    };
     let (l, d) = (cfg.depth, cfg.hidden_dim);
     let real: usize = lens.iter().sum();
-    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
     let flops: f64 = lens.iter().map(|&s| cell_flops(l, d, 4 * d, s)).sum();
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scfoundation",
-        "encoder": "scfoundry ScFoundation (methods/scfoundation.rs): value + gene embedding, post-norm transformer, S/T/max/mean pooling",
+        "encoder": "scfoundry ScFoundation (methods/scfoundation.rs): value + gene embedding, packed post-norm transformer (fused in bf16 on a GPU), S/T/max/mean pooling",
         "layers": l, "hidden": d, "heads": cfg.heads, "ffn": 4 * d, "embedding_dim": model.dim(),
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
-        "batching": "cells", "batches": batches.len(),
+        "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
-        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+        "padding_share": 0.0, "against_f32": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -394,6 +416,15 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
     })?;
+    // below f32: the first batch against the same weights in f32 on the same device
+    let check = match (dtype, batches.first()) {
+        (DType::F32, _) | (_, None) => None,
+        (_, Some(first)) => {
+            let f32_model = ScPrint::from_tensors(cfg.clone(), scprint::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
+            let refs: Vec<&CellTokens> = first.iter().map(|&i| &cells[i]).collect();
+            Some(against_f32(&model.embed(&refs)?, &f32_model.embed(&refs)?, model.dim()))
+        }
+    };
     let (l, d) = (cfg.nlayers, cfg.d_model);
     let s = max_len + cfg.cell_tokens();
     let flops = a.cells as f64 * cell_flops(l, d, 4 * d, s);
@@ -405,7 +436,7 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_expressed": expressed.iter().sum::<usize>() as f64 / a.cells as f64,
-        "padding_share": 0.0,
+        "padding_share": 0.0, "against_f32": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -731,7 +762,11 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         check.insert("check_embedding_kernel_vs_candle".into(), json!(rel(&packed_model.embed(&p)?, &packed_model.embed_candle(&p)?)?));
         // the cell embeddings' pooling (one kernel on a GPU) against candle's ops a cell at a time
         let spans: Vec<(usize, usize)> = p.cu.windows(2).map(|w| (w[0] as usize, (w[1] - w[0]) as usize)).collect();
-        check.insert("check_pool_vs_candle".into(), json!(rel(&PackedBert::mean_spans(&h, &spans)?, &PackedBert::mean_spans_candle(&h, &spans)?)?));
+        {
+            use scfoundry::gpu::segment_pool::{pool_spans, pool_spans_candle, Pool};
+            check.insert("check_pool_vs_candle".into(), json!(rel(&pool_spans(&h, &spans, Pool::Mean)?, &pool_spans_candle(&h, &spans, Pool::Mean)?)?));
+            check.insert("check_max_pool_vs_candle".into(), json!(rel(&pool_spans(&h, &spans, Pool::Max)?, &pool_spans_candle(&h, &spans, Pool::Max)?)?));
+        }
         // the attention alone, on random q, k, v of this batch's cells
         let qkv = Tensor::randn(0f32, 1f32, (p.tokens(), 3 * hidden), &device)?.to_dtype(dtype)?;
         let fused = scfoundry::gpu::varlen_attention::varlen_attention(&qkv, &p.cu, heads)?;

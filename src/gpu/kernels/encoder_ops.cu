@@ -3,11 +3,13 @@
 // whose epilogues already add the biases and the residuals):
 //   layer_norm_bf16   x <- (x - mean) / sqrt(var + eps) * w + b over each row of d values
 //                     (biased variance, as torch.nn.LayerNorm), f32 arithmetic;
+//   layer_norm_to_bf16  the same into another buffer (pre-norm layers' branches);
 //   embed_layer_norm_bf16  the same over BERT's summed embeddings (gpu/embedding.rs);
 //   norm_add_bf16     out <- LayerNorm(a[idx]) + b[idx2] (scGPT's gene and value encodings);
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
 //   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
+//   segment_max_*     out[s] = the same rows' column maxima (scFoundation's max pooling)
 //   dropout_f32       out[i] = x[i] * scale when element i is kept, else 0 (nn/dropout.rs: the
 //                     mask is a hash of (key, i), the same on the CPU)
 
@@ -32,8 +34,8 @@ struct __align__(16) Pack8 {
 // word[idx[r]] + position[idx[rows + r]] + token_type, then normalised into `out` (one kernel for
 // what candle's ops do in five: two gathers, two adds and a layer norm). With kNormAdd row r is
 // word[idx[r]] normalised, plus position[idx[rows + r]] after the norm. With kInPlace the rows
-// are read from and written back to `x` (`out` is `x`: no __restrict__ on either). The kernels:
-// layer_norm_bf16 (kInPlace), embed_layer_norm_bf16 (kEmbed), norm_add_bf16 (kNormAdd: scGPT's
+// are read from `x` and written to `out` (`out` may be `x`: no __restrict__ on either). The
+// kernels: layer_norm_bf16 and layer_norm_to_bf16 (kInPlace), embed_layer_norm_bf16 (kEmbed), norm_add_bf16 (kNormAdd: scGPT's
 // LayerNorm(gene embedding) + value encoding, gpu/embedding.rs).
 constexpr int kInPlace = 0, kEmbed = 1, kNormAdd = 2;
 
@@ -154,6 +156,12 @@ __device__ __forceinline__ void norm_rows(__nv_bfloat16 *out, const __nv_bfloat1
                                                     const float eps) {                                                   \
         norm_rows<P, kInPlace>(x, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                            \
     }                                                                                                                    \
+    extern "C" __global__ void layer_norm_to_bf16_p##P(const __nv_bfloat16 *x, __nv_bfloat16 *out,                       \
+                                                       const __nv_bfloat16 *__restrict__ w,                              \
+                                                       const __nv_bfloat16 *__restrict__ b, const int rows, const int d, \
+                                                       const float eps) {                                                \
+        norm_rows<P, kInPlace>(out, x, nullptr, nullptr, nullptr, nullptr, w, b, rows, d, eps);                          \
+    }                                                                                                                    \
     extern "C" __global__ void embed_layer_norm_bf16_p##P(                                                               \
         __nv_bfloat16 *__restrict__ out, const unsigned int *__restrict__ idx, const __nv_bfloat16 *__restrict__ word,   \
         const __nv_bfloat16 *__restrict__ position, const __nv_bfloat16 *__restrict__ token_type,                        \
@@ -263,6 +271,44 @@ extern "C" __global__ void segment_mean_bf16(const __nv_bfloat16 *__restrict__ x
 extern "C" __global__ void segment_mean_f32(const float *__restrict__ x, const unsigned int *__restrict__ start,
                                             const unsigned int *__restrict__ count, float *__restrict__ out, const int d) {
     segment_mean(x, start, count, out, d);
+}
+
+// Column maxima of x's rows start[s] .. start[s] + count[s] for every span s, as order-keeping
+// u32 keys (key(a) < key(b) exactly when a < b for non-NaN floats; 0 is below every float), so
+// that blocks of 64 rows can merge by atomicMax into a zeroed buffer; segment_max_decode turns the
+// keys back into floats (an empty span: 0). Grid as segment_mean's.
+__device__ __forceinline__ unsigned int max_key(const float v) {
+    const unsigned int b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+template <typename T>
+__device__ __forceinline__ void segment_max(const T *__restrict__ x, const unsigned int *__restrict__ start,
+                                            const unsigned int *__restrict__ count, unsigned int *__restrict__ keys, const int d) {
+    const int span = blockIdx.y;
+    const unsigned int c = count[span];
+    const unsigned int r0 = blockIdx.x * 64;
+    const int col = blockIdx.z * blockDim.x + threadIdx.x;
+    if (r0 >= c || col >= d) return;
+    const unsigned int r1 = min(c, r0 + 64);
+    const T *p = x + (size_t)(start[span] + r0) * d + col;
+    float m = (float)*p;
+    p += d;
+    for (unsigned int r = r0 + 1; r < r1; r++, p += d) m = fmaxf(m, (float)*p);
+    atomicMax(keys + (size_t)span * d + col, max_key(m));
+}
+extern "C" __global__ void segment_max_bf16(const __nv_bfloat16 *__restrict__ x, const unsigned int *__restrict__ start,
+                                            const unsigned int *__restrict__ count, unsigned int *__restrict__ keys, const int d) {
+    segment_max(x, start, count, keys, d);
+}
+extern "C" __global__ void segment_max_f32(const float *__restrict__ x, const unsigned int *__restrict__ start,
+                                           const unsigned int *__restrict__ count, unsigned int *__restrict__ keys, const int d) {
+    segment_max(x, start, count, keys, d);
+}
+extern "C" __global__ void segment_max_decode(const unsigned int *__restrict__ keys, float *__restrict__ out, const unsigned int n) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned int k = keys[i];
+    out[i] = k == 0u ? 0.f : __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
 // Counter-based dropout (src/nn/dropout.rs holds the CPU twin and the rule): element i is kept

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, Kind};
-use crate::tasks::runtime::{check_weights_or_folder, weights_or_folder, Batches, LengthStats, TaskDevice};
+use crate::tasks::runtime::{check_weights_or_folder, precision, weights_or_folder, Batches, LengthStats, TaskDevice};
 use crate::tasks::method::{one_step, Method, Preflight};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 use crate::anndata::AnnData;
@@ -50,7 +50,8 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     )];
 
     let dev = TaskDevice::start(spec)?;
-    let model = ScFoundation::load_on(&ckpt, scfoundation::CELL_KEY, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let dtype = precision(spec, &dev.device, &mut notes);
+    let model = ScFoundation::load_on(&ckpt, scfoundation::CELL_KEY, dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     if model.n_genes() != genes.len() {
         return Err(Error::BadWeights {
@@ -85,11 +86,12 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
             tokens.add(c.values.len());
             cells.push(c);
         }
-        // longest first, a fixed number of cells a batch: batches by tokens (more of the short
-        // cells a batch) padded more and ran 1.5% slower on the H200 (BENCHMARKS.md)
+        // longest first, by tokens (cells packed: no padding), each batch read back while the
+        // next one runs
+        let lens: Vec<usize> = cells.iter().map(|c| c.values.len()).collect();
         let mut order: Vec<usize> = (0..cells.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(cells[i].values.len()));
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+        let rows = batches.run_lagged(cells.len(), dim, &order, Some(&lens), 0.0, |idx| model.forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         out.write(s, &rows)?;
     }
     p.finish();
@@ -97,12 +99,13 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     batches.record(spec, &mut params);
+    params.insert("precision".into(), json!(if model.dtype() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("version".into(), json!(scfoundation::CELL_KEY));
     params.insert("input_type".into(), json!("singlecell"));
     params.insert("pre_normalized".into(), json!("F"));
     params.insert("tgthighres".into(), json!("t4"));
     params.insert("pool_type".into(), json!("all"));
-    params.insert("cell_embedding".into(), json!("concat(S token, T token, max over genes, mean over genes) of the encoder output; padding masked (each cell as alone, as upstream runs it)"));
+    params.insert("cell_embedding".into(), json!("concat(S token, T token, max over genes, mean over genes) of the encoder output; cells packed without padding (each cell as alone, as upstream runs it)"));
     params.insert("layers".into(), json!(model.config.depth));
     params.insert("hidden_dim".into(), json!(model.config.hidden_dim));
     params.insert("genes_in_model".into(), json!(genes.len()));

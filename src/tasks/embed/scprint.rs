@@ -150,7 +150,8 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
             cells.push(c);
         }
         let order: Vec<usize> = (0..cells.len()).collect();
-        let rows = batches.run(cells.len(), dim, &order, 0.0, |idx| model.embed(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
+        // each batch read back while the next one runs
+        let rows = batches.run_lagged(cells.len(), dim, &order, None, 0.0, |idx| model.forward(&idx.iter().map(|&i| &cells[i]).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         out.write(s, &rows)?;
     }
     p.finish();

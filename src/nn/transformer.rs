@@ -1,11 +1,16 @@
-//! The post-norm transformer encoder layer that BERT (Geneformer, scCello, LangCell) and
-//! PyTorch's `nn.TransformerEncoderLayer(norm_first=False)` (scGPT, UCE) share, run over packed
-//! cells (`tokens x d`, the cells end to end; `cu` holds their offsets):
+//! The transformer encoder layer, run over packed cells (`tokens x d`, the cells end to end;
+//! `cu` holds their offsets), in its two orders:
 //!
 //! ```text
+//! post-norm (BERT: Geneformer, scCello, LangCell; nn.TransformerEncoderLayer(norm_first=False):
+//! scGPT, UCE, scFoundation)
 //! a = attention(x Wqkv^T + bqkv)            each cell's tokens attend to that cell's tokens
 //! x = norm1(x + a Wo^T + bo)
 //! x = norm2(x + act(x W1^T + b1) W2^T + b2)
+//!
+//! pre-norm (scPRINT's simpler-flash blocks; norm_first=True)
+//! x = x + attention(norm1(x) Wqkv^T + bqkv) Wo^T + bo
+//! x = x + act(norm2(x) W1^T + b1) W2^T + b2
 //! ```
 //!
 //! Two paths with one answer: on a GPU in bf16 with heads 64 wide, `gpu::fused_encoder` (the
@@ -39,10 +44,19 @@ impl Act {
     }
 }
 
+/// Where a layer's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// after each residual sum (the original transformer, BERT)
+    PostNorm,
+    /// before attention and before the feed-forward, on the residual branch only
+    PreNorm,
+}
+
 /// One layer's modules; `qkv`'s rows are the query, key and value projections stacked (as
 /// PyTorch's `in_proj_weight`).
 #[derive(Clone)]
-pub struct PostNormLayer {
+pub struct TransformerLayer {
     pub qkv: Linear,
     pub out: Linear,
     pub norm1: LayerNorm,
@@ -51,21 +65,31 @@ pub struct PostNormLayer {
     pub norm2: LayerNorm,
 }
 
-impl PostNormLayer {
+impl TransformerLayer {
     /// The same layer with its weights in `dtype` (norms with `eps`); a no-op copy when they
     /// already are.
-    pub fn to_dtype(&self, dtype: candle_core::DType, eps: f64) -> Result<PostNormLayer> {
+    pub fn to_dtype(&self, dtype: candle_core::DType, eps: f64) -> Result<TransformerLayer> {
         let lin = |l: &Linear| -> Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
         let norm = |n: &LayerNorm| layer_norm_to_dtype(n, dtype, eps);
-        Ok(PostNormLayer { qkv: lin(&self.qkv)?, out: lin(&self.out)?, norm1: norm(&self.norm1)?, ff1: lin(&self.ff1)?, ff2: lin(&self.ff2)?, norm2: norm(&self.norm2)? })
+        Ok(TransformerLayer { qkv: lin(&self.qkv)?, out: lin(&self.out)?, norm1: norm(&self.norm1)?, ff1: lin(&self.ff1)?, ff2: lin(&self.ff2)?, norm2: norm(&self.norm2)? })
     }
 
     /// The unfused layer over packed cells.
-    pub fn forward_unfused(&self, x: &Tensor, cu: &[u32], heads: usize, act: Act) -> Result<Tensor> {
-        let a = varlen_attention(&self.qkv.forward(x)?, cu, heads)?;
-        let x = self.norm1.forward(&(self.out.forward(&a)? + x)?)?;
-        let h = act.apply(&self.ff1.forward(&x)?)?;
-        self.norm2.forward(&(self.ff2.forward(&h)? + x)?)
+    pub fn forward_unfused(&self, x: &Tensor, cu: &[u32], heads: usize, act: Act, order: Order) -> Result<Tensor> {
+        match order {
+            Order::PostNorm => {
+                let a = varlen_attention(&self.qkv.forward(x)?, cu, heads)?;
+                let x = self.norm1.forward(&(self.out.forward(&a)? + x)?)?;
+                let h = act.apply(&self.ff1.forward(&x)?)?;
+                self.norm2.forward(&(self.ff2.forward(&h)? + x)?)
+            }
+            Order::PreNorm => {
+                let a = varlen_attention(&self.qkv.forward(&self.norm1.forward(x)?)?, cu, heads)?;
+                let x = (x + self.out.forward(&a)?)?;
+                let h = act.apply(&self.ff1.forward(&self.norm2.forward(&x)?)?)?;
+                x + self.ff2.forward(&h)?
+            }
+        }
     }
 }
 
@@ -75,27 +99,34 @@ pub fn layer_norm_to_dtype(n: &LayerNorm, dtype: candle_core::DType, eps: f64) -
     Ok(LayerNorm::new(n.weight().to_dtype(dtype)?, b, eps))
 }
 
-/// A stack of post-norm layers. Every layer norm of the stack has the same `eps`.
+/// A stack of layers of one order. Every layer norm of the stack has the same `eps`.
 #[derive(Clone)]
-pub struct PostNormStack {
-    pub layers: Vec<PostNormLayer>,
+pub struct TransformerStack {
+    pub layers: Vec<TransformerLayer>,
     pub heads: usize,
     pub eps: f64,
     pub act: Act,
+    pub order: Order,
     /// Take the fused GPU path where it applies (on by default; benchmarks turn it off to
     /// compare).
     pub fused: bool,
 }
 
-impl PostNormStack {
-    pub fn new(layers: Vec<PostNormLayer>, heads: usize, eps: f64, act: Act) -> PostNormStack {
-        PostNormStack { layers, heads, eps, act, fused: true }
+impl TransformerStack {
+    /// A post-norm stack.
+    pub fn new(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act) -> TransformerStack {
+        TransformerStack { layers, heads, eps, act, order: Order::PostNorm, fused: true }
+    }
+
+    /// A pre-norm stack (no final norm: the caller applies its own).
+    pub fn pre_norm(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act) -> TransformerStack {
+        TransformerStack { order: Order::PreNorm, ..TransformerStack::new(layers, heads, eps, act) }
     }
 
     /// The stack with its weights in `dtype`.
-    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<PostNormStack> {
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<TransformerStack> {
         let layers = self.layers.iter().map(|l| l.to_dtype(dtype, self.eps)).collect::<Result<Vec<_>>>()?;
-        Ok(PostNormStack { layers, heads: self.heads, eps: self.eps, act: self.act, fused: self.fused })
+        Ok(TransformerStack { layers, ..self.clone() })
     }
 
     /// The dtype of the weights (float32 for an empty stack).
@@ -107,7 +138,7 @@ impl PostNormStack {
     pub fn forward_unfused(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
         let mut x = x.clone();
         for l in &self.layers {
-            x = l.forward_unfused(&x, cu, self.heads, self.act)?;
+            x = l.forward_unfused(&x, cu, self.heads, self.act, self.order)?;
         }
         Ok(x)
     }
@@ -118,7 +149,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    fn stack() -> PostNormStack {
+    fn stack() -> TransformerStack {
         let (d, f) = (8, 12);
         let mut state = 7u64;
         let mut t = |shape: &[usize], centre: f32| {
@@ -132,7 +163,7 @@ mod tests {
             Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
         };
         let layers = (0..2)
-            .map(|_| PostNormLayer {
+            .map(|_| TransformerLayer {
                 qkv: Linear::new(t(&[3 * d, d], 0.0), Some(t(&[3 * d], 0.0))),
                 out: Linear::new(t(&[d, d], 0.0), Some(t(&[d], 0.0))),
                 norm1: LayerNorm::new(t(&[d], 1.0), t(&[d], 0.0), 1e-5),
@@ -141,7 +172,7 @@ mod tests {
                 norm2: LayerNorm::new(t(&[d], 1.0), t(&[d], 0.0), 1e-5),
             })
             .collect();
-        PostNormStack::new(layers, 2, 1e-5, Act::GeluErf)
+        TransformerStack::new(layers, 2, 1e-5, Act::GeluErf)
     }
 
     #[test]
