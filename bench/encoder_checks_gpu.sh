@@ -19,7 +19,7 @@ for s in "geneformer_v1|--layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 20
          "geneformer_v2|--layers 12 --hidden 768 --heads 12 --ffn 3072 --max-len 4096 --lengths $L --batch 16" \
          "uce_33l|--layers 33 --hidden 1280 --heads 20 --ffn 5120 --max-len 1536 --lengths $U --batch 16"; do
   # shellcheck disable=SC2086
-  SCFOUNDRY_ATTENTION=$kernel timeout 120 dist/cuda/scfoundry __bench-encoder --arch bert ${s#*|} --cells 128 --dtype bf16 --order sorted --activation relu --check --repeat 1 2>>"$OUT/err.txt" | python3 -c "
+  SCFOUNDRY_ATTENTION=$kernel timeout 120 dist/cuda/scfoundry-bench __bench-encoder --arch bert ${s#*|} --cells 128 --dtype bf16 --order sorted --activation relu --check --repeat 1 2>>"$OUT/err.txt" | python3 -c "
 import json,sys; x=json.loads(sys.stdin.read()); print('${s%%|*}', x.get('attention_kernel'), round(x.get('useful_tflops', 0), 1), {k:v for k,v in x.items() if k.startswith('check')})"
 done
 done

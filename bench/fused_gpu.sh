@@ -4,13 +4,13 @@
 # fused (with each attention kernel) and unfused, at the four full-size encoder shapes (bf16,
 # random weights, real token lengths). No PyTorch here: bench/encoder_throughput.sh measures the comparison.
 #
-#   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry (scripts/build-cuda.sh)
+#   bash bench/fused_gpu.sh OUT_DIR     # needs dist/cuda/scfoundry-bench (scripts/build-cuda.sh)
 #   VARIANTS="fused sync" bash bench/fused_gpu.sh OUT_DIR   # the read-back A/B: one batch behind vs each batch
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: fused_gpu.sh OUT_DIR}
 mkdir -p "$OUT"
-B=$PWD/${BIN:-dist/cuda/scfoundry}; L=bench/token_lengths_wu2020.txt; export SCFOUNDRY_NO_PROGRESS=1
+B=$PWD/${BIN:-dist/cuda/scfoundry-bench}; L=bench/token_lengths_wu2020.txt; export SCFOUNDRY_NO_PROGRESS=1
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 U="$OUT/uce_lengths.txt"; yes 1072 | head -200 > "$U"
 timeout 60 "$B" __bench-encoder --arch bert --layers 2 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --lengths $L --cells 64 --batch 16 --check --repeat 1 2>&1 | tee "$OUT/quick.txt" | tail -3

@@ -5,7 +5,7 @@
 #
 #   bench/methods_vs_torch_gpu.sh [OUT_DIR] [MODEL...]     # models: scbert scfoundation cellplm novae scprint cellfm (default all)
 #
-# Needs: dist/cuda/scfoundry (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
+# Needs: dist/cuda/scfoundry-bench (scripts/build-cuda.sh) and python3 with torch (no numpy needed).
 # Each side prints one JSON line; they land in OUT_DIR/results.jsonl with a "side" field, and the
 # whole output in OUT_DIR/log.txt. A failing command is logged and the script goes on; each command
 # is stopped after STEP_TIMEOUT seconds (default 240) so one hang cannot eat a whole run.
@@ -16,7 +16,7 @@ shift || true
 MODELS=("$@")
 [[ ${#MODELS[@]} -eq 0 ]] && MODELS=(scbert scfoundation cellplm novae scprint cellfm)
 mkdir -p "$OUT"
-BIN=${BIN:-dist/cuda/scfoundry}
+BIN=${BIN:-dist/cuda/scfoundry-bench}
 export SCFOUNDRY_NO_PROGRESS=1
 G=$(mktemp -d /tmp/scfoundry-mg.XXXX)
 : >"$OUT/results.jsonl"

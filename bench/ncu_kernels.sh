@@ -5,7 +5,7 @@
 # against its wall time (run the same arguments without ncu for that). ncu serialises the
 # launches, so only the per-kernel times are meaningful, not the wall time of this run.
 #
-#   bash bench/ncu_kernels.sh OUT_DIR NAME [__bench-encoder args...]   # needs dist/cuda/scfoundry and ncu
+#   bash bench/ncu_kernels.sh OUT_DIR NAME [__bench-encoder args...]   # needs dist/cuda/scfoundry-bench and ncu
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ncu_kernels.sh OUT_DIR NAME ARGS...}; NAME=${2:?}; shift 2
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}" SCFOUNDRY_NO_PROGRESS=1
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 "$NCU" --metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base --log-file "$OUT/$NAME.csv" \
-  dist/cuda/scfoundry __bench-encoder "$@" --repeat 1 > "$OUT/$NAME.json" 2> "$OUT/$NAME.err"
+  dist/cuda/scfoundry-bench __bench-encoder "$@" --repeat 1 > "$OUT/$NAME.json" 2> "$OUT/$NAME.err"
 echo "ncu rc $? for $NAME"
 python3 - "$OUT/$NAME.csv" <<'PY'
 import csv, sys, collections, re

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bf16 against f32 on real cells, for the methods whose `--precision auto` (the default) runs
-# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello and LangCell at their released sizes with
-# random weights in the upstream file formats (bench/fullsize_checkpoints.py; the
+# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation and scPRINT at their
+# released sizes with random weights in the upstream file formats (bench/fullsize_checkpoints.py;
+# scFoundation's and scPRINT's: bench/random_models.py; the
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
@@ -17,7 +18,7 @@
 # is unpacked into a temporary folder), PY (default /opt/torch/.venv/bin/python, else python3;
 # needs torch, h5py, numpy), MODELS (default "geneformer scgpt uce sccello langcell"),
 # CHECKPOINTS (a folder kept between runs: models already in it are not written again, so the
-# five can be split over several runs, e.g. MODELS=uce alone), DEVICE (default
+# models can be split over several runs, e.g. MODELS=uce alone), DEVICE (default
 # cuda; `DEVICE=cpu BIN=<cpu build>` runs every step on the CPU, where auto resolves to f32:
 # for checking the script, not for figures).
 # Writes OUT_DIR/fidelity.tsv, and the logs, outputs' reports and benchmark folders beside it.
@@ -46,9 +47,17 @@ for m in $MODELS; do
   case $m in
     geneformer) f=geneformer_v1/pytorch_model.bin ;; scgpt) f=scgpt/whole_human/best_model.pt ;;
     uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
-    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell)" >&2; exit 1 ;;
+    scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint)" >&2; exit 1 ;;
   esac
-  [[ -f $W/$f ]] || only+=("$m")
+  [[ -f $W/$f ]] && continue
+  # scFoundation's and scPRINT's random models need no torch (bench/random_models.py)
+  if [[ $m == scfoundation || $m == scprint ]]; then
+    "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" | tee -a "$OUT/checkpoints.jsonl"
+    [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
+  else
+    only+=("$m")
+  fi
 done
 if [[ ${#only[@]} -gt 0 ]]; then
   "$PY" bench/fullsize_checkpoints.py "$W" --only "$(IFS=,; echo "${only[*]}")" --genes-from "$DATA:gene_ids" --symbols-from "$DATA" \
@@ -64,6 +73,8 @@ args_of() {
     sccello) echo "embed -m sccello --model-dir $W/sccello --gene-column gene_ids" ;;
     langcell) echo "embed -m langcell --model-dir $W/langcell --gene-column gene_ids" ;;
     scgpt|uce) echo "--weights-dir $W embed -m $1" ;;
+    scfoundation) echo "embed -m scfoundation --model-dir $W/scfoundation" ;;
+    scprint) echo "embed -m scprint --model-dir $W/scprint --gene-column gene_ids" ;;
   esac
 }
 

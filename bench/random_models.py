@@ -6,6 +6,8 @@
         [--latent 32] [--seed 0]
     python bench/random_models.py scfoundation DATA OUT_DIR [--hidden 768] [--depth 12]
         [--heads 12] [--seed 0]
+    python bench/random_models.py scprint DATA OUT_DIR [--genes 25000] [--gene-column gene_ids]
+        [--seed 0]
 
 genept: OUT_DIR/GenePT_gene_embedding_ada_text.pickle, a dict {gene: numpy float64 vector} over
 every var_name of DATA, as upstream's table (pickle protocol 4).
@@ -24,6 +26,12 @@ decoder is not written: cell embeddings do not read it). The gene list is DATA's
 var_names, those expressed in the most cells first, then placeholders, 19,264 in all, so that
 cells keep (nearly) their real length. Weights
 N(0, 1/fan_in), layer norms' weights 1, biases N(0, 0.02): random, for speed and precision runs.
+
+scprint: OUT_DIR/medium-v1.5.ckpt, a Lightning checkpoint ({"state_dict", "hyper_parameters"}) at
+medium-v1.5's shape as src/methods/scprint.rs Config::medium describes it (d_model 256, 8 layers,
+4 heads, 4 kv heads, log normalization, depth token, the 8 classes), the encoder side only. Genes:
+DATA's var[--gene-column] ids expressed in the most cells first, then placeholders, --genes in
+all. Weights as scfoundation's.
 """
 from __future__ import annotations
 
@@ -200,6 +208,61 @@ def scfoundation(args) -> None:
                       "genes_expressed_in_data": int(sum(c > 0 for c in cells)), "out": str(out)}))
 
 
+def scprint(args) -> None:
+    d, layers, heads, ff = 256, 8, 4, 1024
+    rng = np.random.default_rng(args.seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1])))
+
+    def b(n):
+        return (0.02 * rng.standard_normal(n, dtype=np.float32))
+
+    with h5py.File(args.data, "r") as f:
+        col = f["var"][args.gene_column]
+        if isinstance(col, h5py.Group):  # categorical
+            cats = [x.decode() if isinstance(x, bytes) else str(x) for x in col["categories"][:]]
+            ids = [cats[i] for i in col["codes"][:]]
+        else:
+            ids = [x.decode() if isinstance(x, bytes) else str(x) for x in col[:]]
+    cells = expressing_cells(args.data, len(ids))
+    ranked = sorted(range(len(ids)), key=lambda j: -cells[j])
+    genes = list(dict.fromkeys(ids[j] for j in ranked if cells[j]))[: args.genes]
+    genes += [f"ENSG9{i:010d}" for i in range(args.genes - len(genes))]
+    classes = ["cell_type_ontology_term_id", "tissue_ontology_term_id", "disease_ontology_term_id", "age_group",
+               "assay_ontology_term_id", "self_reported_ethnicity_ontology_term_id", "sex_ontology_term_id",
+               "organism_ontology_term_id"]
+    n = len(genes)
+    state: dict[str, np.ndarray] = {
+        "gene_encoder.embeddings.weight": w(n, d), "pos_encoder.pe": w(n, d),
+        "class_encoder.embedding.weight": w(len(classes) + 1, d),
+    }
+    for e in ("expr_encoder", "depth_encoder"):
+        state.update({f"{e}.encoder.0.weight": w(d, 1), f"{e}.encoder.0.bias": b(d),
+                      f"{e}.encoder.1.weight": np.ones(d, np.float32), f"{e}.encoder.1.bias": b(d),
+                      f"{e}.encoder.4.weight": w(d, d), f"{e}.encoder.4.bias": b(d)})
+    for i in range(layers):
+        p = f"transformer.blocks.{i}."
+        state.update({
+            p + "mixer.Wqkv.weight": w(3 * d, d), p + "mixer.Wqkv.bias": b(3 * d),
+            p + "mixer.out_proj.weight": w(d, d), p + "mixer.out_proj.bias": b(d),
+            p + "norm1.weight": np.ones(d, np.float32), p + "norm1.bias": b(d),
+            p + "norm2.weight": np.ones(d, np.float32), p + "norm2.bias": b(d),
+            p + "mlp.fc1.weight": w(ff, d), p + "mlp.fc1.bias": b(ff),
+            p + "mlp.fc2.weight": w(d, ff), p + "mlp.fc2.bias": b(d),
+        })
+    state["transformer.norm.weight"] = np.ones(d, np.float32)
+    state["transformer.norm.bias"] = b(d)
+    hp = {"genes": genes, "organisms": ["NCBITaxon:9606"], "d_model": d, "nhead": heads, "num_heads_kv": heads,
+          "nlayers": layers, "normalization": "log", "depth_atinput": True, "expr_emb_style": "continuous",
+          "attn_bias": "none", "label_counts": {c: 10 for c in classes}}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "medium-v1.5.ckpt", state, lambda sd: {"state_dict": sd, "hyper_parameters": hp})
+    print(json.dumps({"model": "scprint", "parameters": int(sum(v.size for v in state.values())), "genes": n,
+                      "genes_from_data": sum(not g.startswith("ENSG9") for g in genes), "out": str(out)}))
+
+
 def expressing_cells(data: str, n_var: int) -> np.ndarray:
     """Per var column of DATA's X (CSR or dense), the cells with a non-zero value."""
     with h5py.File(data, "r") as f:
@@ -222,12 +285,15 @@ def main() -> None:
     f.add_argument("--hidden", type=int, default=768)
     f.add_argument("--depth", type=int, default=12)
     f.add_argument("--heads", type=int, default=12)
-    for p in (g, s, f):
+    r = sub.add_parser("scprint")
+    r.add_argument("--genes", type=int, default=25000)
+    r.add_argument("--gene-column", default="gene_ids")
+    for p in (g, s, f, r):
         p.add_argument("data")
         p.add_argument("out_dir")
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation}[args.kind](args)
+    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint}[args.kind](args)
 
 
 if __name__ == "__main__":

@@ -510,7 +510,6 @@ pub struct ScPrint {
     stack: TransformerStack,
     norm: LayerNorm,
     pred: Vec<usize>,
-    dtype: DType,
     device: Device,
 }
 
@@ -520,6 +519,8 @@ impl ScPrint {
         Self::load_on(path, DType::F32, Device::Cpu)
     }
 
+    /// Load a checkpoint with its transformer blocks in `dtype` (bf16 takes the fused encoder on
+    /// a GPU); the embeddings, the final norm and the pooling stay float32.
     pub fn load_on(path: &Path, dtype: DType, device: Device) -> Result<ScPrint> {
         let (config, tensors) = read_checkpoint(path)?;
         Self::from_tensors(config, tensors, path, dtype, device)
@@ -559,7 +560,7 @@ impl ScPrint {
         let pred = config.pred_tokens().map_err(bad)?;
         let ff = tensors.get("transformer.blocks.0.mlp.fc1.weight").and_then(|w| w.dim(0).ok()).unwrap_or(4 * d);
         let keys: HashMap<String, Tensor> = tensors.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let vb = VarBuilder::from_tensors(tensors, dtype, &device);
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
         let build = || -> candle_core::Result<_> {
             let gene_emb = candle_nn::embedding(config.genes.len(), d, vb.pp("gene_encoder.embeddings"))?;
             let expr_encoder = ValueEncoder::new(d, &keys, vb.pp("expr_encoder"), "expr_encoder")?;
@@ -568,7 +569,7 @@ impl ScPrint {
             let depth_encoder = if config.depth_atinput { Some(ValueEncoder::new(d, &keys, vb.pp("depth_encoder"), "depth_encoder")?) } else { None };
             let t = vb.pp("transformer");
             let blocks = (0..config.nlayers).map(|i| block(&config, ff, t.pp(format!("blocks.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
-            let stack = TransformerStack::pre_norm(blocks, config.nhead, 1e-6, Act::GeluErf);
+            let stack = TransformerStack::pre_norm(blocks, config.nhead, 1e-6, Act::GeluErf).to_dtype(dtype)?;
             let norm = candle_nn::layer_norm(d, 1e-6, t.pp("norm"))?;
             Ok((gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm))
         };
@@ -576,7 +577,12 @@ impl ScPrint {
             return Err(bad(format!("d_model {d}, nhead {} and num_heads_kv {} do not divide (d_model by nhead, nhead by num_heads_kv)", config.nhead, config.num_heads_kv)));
         }
         let (gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm) = build().map_err(|e| bad(format!("is not an scPrint model as its hyper_parameters describe: {e}")))?;
-        Ok(ScPrint { config, path: path.into(), gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm, pred, dtype, device })
+        Ok(ScPrint { config, path: path.into(), gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm, pred, device })
+    }
+
+    /// The transformer blocks' dtype.
+    pub fn dtype(&self) -> DType {
+        self.stack.dtype()
     }
 
     /// Width of the cell embedding (d_model).
@@ -636,20 +642,20 @@ impl ScPrint {
         let d = self.config.d_model;
         let run = || -> candle_core::Result<Tensor> {
             let ids = crate::gpu::upload::upload_u32(&ids, dev)?;
-            let v = crate::gpu::upload::upload_f32(&vals, dev)?.to_dtype(self.dtype)?;
+            let v = crate::gpu::upload::upload_f32(&vals, dev)?;
             let mut enc = (self.gene_emb.forward(&ids)? + self.expr_encoder.forward(&v)?)?;
             if let Some(pe) = &self.pos_pe {
                 enc = (enc + pe.index_select(&ids, 0)?)?;
             }
             let mut table = vec![enc, self.class_emb.clone()];
             if let Some(de) = &self.depth_encoder {
-                table.push(de.forward(&crate::gpu::upload::upload_f32(&depth, dev)?.to_dtype(self.dtype)?)?);
+                table.push(de.forward(&crate::gpu::upload::upload_f32(&depth, dev)?)?);
             }
             let x = Tensor::cat(&table, 0)?.index_select(&crate::gpu::upload::upload_u32(&order, dev)?, 0)?;
-            let x = self.stack.forward(&x, &cu)?;
+            let x = self.stack.forward(&x.to_dtype(self.stack.dtype())?, &cu)?;
             // the final norm at the class tokens averaged into the embedding (a per-token op)
             let p = x.index_select(&crate::gpu::upload::upload_u32(&pred_rows, dev)?, 0)?;
-            self.norm.forward(&p)?.to_dtype(DType::F32)?.reshape((b, self.pred.len(), d))?.mean(1)
+            self.norm.forward(&p.to_dtype(DType::F32)?)?.reshape((b, self.pred.len(), d))?.mean(1)
         };
         run().map_err(ctx)
     }

@@ -116,9 +116,12 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let x = ad.matrix(spec.layer.as_deref())?;
 
     let dev = TaskDevice::start(spec)?;
-    let model = ScPrint::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut precision_notes = Vec::new();
+    let dtype = crate::tasks::runtime::precision(spec, &dev.device, &mut precision_notes);
+    let model = ScPrint::load_on(&ckpt, dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let (align, max_len, mut notes, gids, gmatch) = alignment(spec, &ad, &x, &model.config)?;
+    notes.extend(precision_notes);
     let p: Params = method::task_params(spec)?;
     let dim = model.dim();
     let batch = p.batch_size;
@@ -166,6 +169,7 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     batches.finish(&mut notes, true);
     let cfg = &model.config;
     batches.record(spec, &mut params);
+    params.insert("precision".into(), json!(if model.dtype() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
     params.insert("max_len".into(), json!(max_len));
     params.insert("how".into(), json!("random expr"));
     params.insert("add_zero_genes".into(), json!(0));
