@@ -51,8 +51,12 @@ pub(crate) fn longest(cu: &[u32]) -> usize {
     cu.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0)
 }
 
-/// The same attention from plain candle ops, one cell at a time, computed in f32:
-/// softmax(q k^T / sqrt(head_dim)) v per head.
+/// Attention scores one batched product of the reference path may hold (floats, 1 GiB in f32).
+const REFERENCE_SCORES: usize = 1 << 28;
+
+/// The same attention from plain candle ops, computed in f32: softmax(q k^T / sqrt(head_dim)) v
+/// per head. Consecutive cells of the same length run as one batched product (up to
+/// `REFERENCE_SCORES` scores: scPRINT's cells all have --max-len tokens), others one at a time.
 pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
     let (tokens, width) = qkv.dims2()?;
     check(tokens, width, cu, heads)?;
@@ -61,17 +65,25 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
     let x = qkv.to_dtype(DType::F32)?;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut parts = Vec::with_capacity(cu.len().saturating_sub(1));
-    for w in cu.windows(2) {
-        let (s, n) = (w[0] as usize, (w[1] - w[0]) as usize);
+    let mut c = 0;
+    while c + 1 < cu.len() {
+        let (s, n) = (cu[c] as usize, (cu[c + 1] - cu[c]) as usize);
+        // the run of following cells of this length, as many as the score budget holds
+        let most = (REFERENCE_SCORES / (heads * n * n).max(1)).max(1);
+        let mut k = 1;
+        while k < most && c + k + 1 < cu.len() && (cu[c + k + 1] - cu[c + k]) as usize == n {
+            k += 1;
+        }
+        c += k;
         if n == 0 {
             continue;
         }
-        let cell = x.narrow(0, s, n)?;
-        let split = |i: usize| cell.narrow(1, i * d, d)?.reshape((n, heads, hd))?.transpose(0, 1)?.contiguous(); // (heads, n, hd)
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = (q.matmul(&k.transpose(1, 2)?.contiguous()?)? * scale)?;
+        let cells = x.narrow(0, s, k * n)?;
+        let split = |i: usize| cells.narrow(1, i * d, d)?.reshape((k, n, heads, hd))?.transpose(1, 2)?.contiguous(); // (k, heads, n, hd)
+        let (q, kk, v) = (split(0)?, split(1)?, split(2)?);
+        let scores = (q.matmul(&kk.transpose(2, 3)?.contiguous()?)? * scale)?;
         let p = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        parts.push(p.matmul(&v)?.transpose(0, 1)?.contiguous()?.reshape((n, d))?);
+        parts.push(p.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((k * n, d))?);
     }
     if parts.is_empty() {
         return Tensor::zeros((0, d), qkv.dtype(), qkv.device());
@@ -246,6 +258,27 @@ mod tests {
         // one cell of all 8 tokens differs: the offsets matter
         let joint = varlen_attention(&qkv, &[0, 8], heads).unwrap().to_vec2::<f32>().unwrap();
         assert!(joint.iter().flatten().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3));
+    }
+
+    #[test]
+    fn cells_of_one_length_run_together_with_the_same_answer() {
+        let (heads, hd) = (2, 4);
+        let d = heads * hd;
+        // three cells of 3 tokens (one batched product), an empty one, two of 2, one of 3
+        let cu = [0u32, 3, 6, 9, 9, 11, 13, 16];
+        let tokens = 16;
+        let vals: Vec<f32> = (0..tokens * 3 * d).map(|i| ((i * 41 % 29) as f32 - 14.0) / 9.0).collect();
+        let qkv = Tensor::from_vec(vals.clone(), (tokens, 3 * d), &Device::Cpu).unwrap();
+        let got: Vec<f32> = varlen_attention(&qkv, &cu, heads).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let mut want = Vec::new();
+        for w in cu.windows(2) {
+            let (s, n) = (w[0] as usize, (w[1] - w[0]) as usize);
+            want.extend(by_hand(&vals[s * 3 * d..(s + n) * 3 * d], n, heads, hd));
+        }
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
     }
 
     #[test]
