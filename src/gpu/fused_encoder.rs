@@ -148,31 +148,30 @@ mod cuda {
         }
     }
 
+    /// `x = LayerNorm(x)` in place (`rows x d`).
     fn layer_norm(dev: &CudaDevice, x: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
-        const NAMES: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
-        let (instance, cfg) = norm_launch(rows, d);
-        let func = load_kernel!(dev, NAMES[instance], MODULE, PTX)?;
-        let (rows, d) = (rows as i32, d as i32);
-        let mut l = func.builder();
-        l.arg(x);
-        l.arg(w);
-        l.arg(b);
-        l.arg(&rows);
-        l.arg(&d);
-        l.arg(&eps);
-        unsafe { l.launch(cfg) }.w()?;
-        Ok(())
+        norm_into(dev, None, x, w, b, rows, d, eps)
     }
 
     /// `out = LayerNorm(x)` (`rows x d`), `x` unchanged.
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_to(dev: &CudaDevice, x: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
-        const NAMES: [&str; 8] = ["layer_norm_to_bf16_p1", "layer_norm_to_bf16_p2", "layer_norm_to_bf16_p3", "layer_norm_to_bf16_p4", "layer_norm_to_bf16_p5", "layer_norm_to_bf16_p6", "layer_norm_to_bf16_p7", "layer_norm_to_bf16_p8"];
+        norm_into(dev, Some(x), out, w, b, rows, d, eps)
+    }
+
+    /// The layer-norm kernel over `rows x d`: from `src` into `out` (`layer_norm_to_bf16`), or
+    /// `out` in place without a `src` (`layer_norm_bf16`).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_into(dev: &CudaDevice, src: Option<&CudaSlice<bf16>>, out: &mut CudaSlice<bf16>, w: &CudaView<bf16>, b: &CudaView<bf16>, rows: usize, d: usize, eps: f32) -> Result<()> {
+        const IN_PLACE: [&str; 8] = ["layer_norm_bf16_p1", "layer_norm_bf16_p2", "layer_norm_bf16_p3", "layer_norm_bf16_p4", "layer_norm_bf16_p5", "layer_norm_bf16_p6", "layer_norm_bf16_p7", "layer_norm_bf16_p8"];
+        const INTO: [&str; 8] = ["layer_norm_to_bf16_p1", "layer_norm_to_bf16_p2", "layer_norm_to_bf16_p3", "layer_norm_to_bf16_p4", "layer_norm_to_bf16_p5", "layer_norm_to_bf16_p6", "layer_norm_to_bf16_p7", "layer_norm_to_bf16_p8"];
         let (instance, cfg) = norm_launch(rows, d);
-        let func = load_kernel!(dev, NAMES[instance], MODULE, PTX)?;
+        let func = load_kernel!(dev, if src.is_some() { INTO[instance] } else { IN_PLACE[instance] }, MODULE, PTX)?;
         let (rows, d) = (rows as i32, d as i32);
         let mut l = func.builder();
-        l.arg(x);
+        if let Some(src) = src {
+            l.arg(src);
+        }
         l.arg(out);
         l.arg(w);
         l.arg(b);

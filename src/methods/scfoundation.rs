@@ -414,7 +414,7 @@ impl ScFoundation {
             let emb_pad = te.pp("emb_pad").get((1, d), "weight")?;
             let pos_emb = candle_nn::embedding(config.seq_len + 1, d, vb.pp("pos_emb"))?;
             let enc = vb.pp("encoder");
-            let layers = (0..config.depth).map(|i| encoder_layer(d, ff, enc.pp(format!("transformer_encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let layers = (0..config.depth).map(|i| TransformerLayer::from_torch_encoder_layer(d, ff, enc.pp(format!("transformer_encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
             let stack = TransformerStack::new(layers, config.heads, 1e-5, Act::Relu).to_dtype(dtype)?;
             let norm = candle_nn::layer_norm(d, 1e-5, enc.pp("norm"))?;
             Ok((mlp, mlp2, bins, emb_mask, emb_pad, pos_emb, stack, norm))
@@ -499,20 +499,6 @@ impl ScFoundation {
         };
         run().map_err(ctx)
     }
-}
-
-/// nn.TransformerEncoderLayer(d_model=dim, nhead, dim_feedforward=ff, batch_first=True)'s
-/// tensors (`self_attn.in_proj_*` hold the query, key and value projections stacked).
-fn encoder_layer(d: usize, ff: usize, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
-    let a = vb.pp("self_attn");
-    Ok(TransformerLayer {
-        qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
-        out: candle_nn::linear(d, d, a.pp("out_proj"))?,
-        norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
-        ff1: candle_nn::linear(d, ff, vb.pp("linear1"))?,
-        ff2: candle_nn::linear(ff, d, vb.pp("linear2"))?,
-        norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
-    })
 }
 
 /// The files of a run under a weights folder: (models.ckpt, gene index).

@@ -423,20 +423,6 @@ pub fn sentence(genes: &[u32], counts: &[i64], map: &GeneMap, cfg: &Config, seed
 
 // ------------------------------------------------------------------------------------- model
 
-/// One `nn.TransformerEncoderLayer(d_model, nhead, d_hid)` (post-norm, ReLU, eps 1e-5) as the
-/// packed stack runs it; `self_attn.in_proj_weight` rows are already q | k | v.
-fn encoder_layer(d: usize, d_hid: usize, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
-    let a = vb.pp("self_attn");
-    Ok(TransformerLayer {
-        qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
-        out: candle_nn::linear(d, d, a.pp("out_proj"))?,
-        norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
-        ff1: candle_nn::linear(d, d_hid, vb.pp("linear1"))?,
-        ff2: candle_nn::linear(d_hid, d, vb.pp("linear2"))?,
-        norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
-    })
-}
-
 /// The sizes read from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dims {
@@ -536,7 +522,7 @@ impl Uce {
             let table = candle_nn::embedding(tokens, token_dim, vb.pp("pe_embedding"))?;
             let enc_linear = candle_nn::linear(token_dim, d_model, vb.pp("encoder.0"))?;
             let enc_norm = candle_nn::layer_norm(d_model, 1e-5, vb.pp("encoder.2"))?;
-            let layers = (0..nlayers).map(|i| encoder_layer(d_model, d_hid, vb.pp(format!("transformer_encoder.layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+            let layers = (0..nlayers).map(|i| TransformerLayer::from_torch_encoder_layer(d_model, d_hid, vb.pp(format!("transformer_encoder.layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
             let widths = [(d_model, decoder_hidden), (decoder_hidden, output_dim), (output_dim, output_dim)];
             let decoder = widths
                 .iter()

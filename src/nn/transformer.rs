@@ -66,6 +66,22 @@ pub struct TransformerLayer {
 }
 
 impl TransformerLayer {
+    /// The tensors of one PyTorch `nn.TransformerEncoderLayer(d_model=d, dim_feedforward=ff)`
+    /// under `vb` (`self_attn.in_proj_*` hold the query, key and value rows stacked,
+    /// `self_attn.out_proj`, `linear1`, `linear2`, `norm1`, `norm2`; LayerNorm eps 1e-5): UCE's
+    /// and scFoundation's layers.
+    pub fn from_torch_encoder_layer(d: usize, ff: usize, vb: candle_nn::VarBuilder) -> Result<TransformerLayer> {
+        let a = vb.pp("self_attn");
+        Ok(TransformerLayer {
+            qkv: Linear::new(a.get((3 * d, d), "in_proj_weight")?, Some(a.get(3 * d, "in_proj_bias")?)),
+            out: candle_nn::linear(d, d, a.pp("out_proj"))?,
+            norm1: candle_nn::layer_norm(d, 1e-5, vb.pp("norm1"))?,
+            ff1: candle_nn::linear(d, ff, vb.pp("linear1"))?,
+            ff2: candle_nn::linear(ff, d, vb.pp("linear2"))?,
+            norm2: candle_nn::layer_norm(d, 1e-5, vb.pp("norm2"))?,
+        })
+    }
+
     /// The same layer with its weights in `dtype` (norms with `eps`); a no-op copy when they
     /// already are.
     pub fn to_dtype(&self, dtype: candle_core::DType, eps: f64) -> Result<TransformerLayer> {
