@@ -158,16 +158,24 @@ def scimilarity(args) -> None:
     print(f"scimilarity model: {len(genes)} genes -> {hidden} -> {args.latent} in {out}")
 
 
+def weight_makers(seed: int):
+    """Seeded makers of random weights, N(0, 1/fan_in) (fan_in: the last dimension), and biases,
+    N(0, 0.02), drawn from one generator in call order."""
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape):
+        return rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1]))
+
+    def bias(n):
+        return 0.02 * rng.standard_normal(n, dtype=np.float32)
+
+    return weight, bias
+
+
 def scfoundation(args) -> None:
     n_genes, bins, d, depth, heads = 19264, 100, args.hidden, args.depth, args.heads
     ff, seq_len = 4 * d, n_genes + 2
-    rng = np.random.default_rng(args.seed)
-
-    def w(*shape):
-        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1])))
-
-    def b(n):
-        return (0.02 * rng.standard_normal(n, dtype=np.float32))
+    w, b = weight_makers(args.seed)
 
     state: dict[str, np.ndarray] = {
         "model.token_emb.mlp.weight": w(bins, 1), "model.token_emb.mlp.bias": b(bins),
@@ -210,13 +218,7 @@ def scfoundation(args) -> None:
 
 def scprint(args) -> None:
     d, layers, heads, ff = 256, 8, 4, 1024
-    rng = np.random.default_rng(args.seed)
-
-    def w(*shape):
-        return (rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[-1])))
-
-    def b(n):
-        return (0.02 * rng.standard_normal(n, dtype=np.float32))
+    w, b = weight_makers(args.seed)
 
     with h5py.File(args.data, "r") as f:
         col = f["var"][args.gene_column]

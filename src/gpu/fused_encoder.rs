@@ -113,7 +113,7 @@ mod cuda {
 
     use crate::gpu::gemm_layer_norm;
     use crate::gpu::KernelImage;
-    use crate::nn::transformer::{Act, Order, TransformerStack};
+    use crate::nn::transformer::{Act, Order, TransformerLayer, TransformerStack};
 
     /// kernels/encoder_ops.cu (also holds gpu/segment_pool.rs's kernels)
     pub(crate) static PTX: KernelImage = kernel_image!("encoder_ops");
@@ -145,6 +145,47 @@ mod cuda {
                 Storage::Cuda(s) => Ok(s.as_cuda_slice::<bf16>()?.slice(self.start..self.start + self.len)),
                 _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
             }
+        }
+    }
+
+    /// One layer's weights and biases, held on the GPU while its kernels read them.
+    struct LayerWeights<'t> {
+        wq: Held<'t>,
+        bq: Held<'t>,
+        wo: Held<'t>,
+        bo: Held<'t>,
+        w1: Held<'t>,
+        b1: Held<'t>,
+        w2: Held<'t>,
+        b2: Held<'t>,
+        n1w: Held<'t>,
+        n1b: Held<'t>,
+        n2w: Held<'t>,
+        n2b: Held<'t>,
+    }
+
+    impl<'t> LayerWeights<'t> {
+        fn new(l: &'t TransformerLayer) -> Result<LayerWeights<'t>> {
+            fn bias(lin: &candle_nn::Linear) -> Result<&Tensor> {
+                lin.bias().ok_or_else(|| candle_core::Error::Msg("fused encoder: a linear layer without bias".into()))
+            }
+            fn norm_bias(n: &candle_nn::LayerNorm) -> Result<&Tensor> {
+                n.bias().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))
+            }
+            Ok(LayerWeights {
+                wq: Held::new(l.qkv.weight())?,
+                bq: Held::new(bias(&l.qkv)?)?,
+                wo: Held::new(l.out.weight())?,
+                bo: Held::new(bias(&l.out)?)?,
+                w1: Held::new(l.ff1.weight())?,
+                b1: Held::new(bias(&l.ff1)?)?,
+                w2: Held::new(l.ff2.weight())?,
+                b2: Held::new(bias(&l.ff2)?)?,
+                n1w: Held::new(l.norm1.weight())?,
+                n1b: Held::new(norm_bias(&l.norm1)?)?,
+                n2w: Held::new(l.norm2.weight())?,
+                n2b: Held::new(norm_bias(&l.norm2)?)?,
+            })
         }
     }
 
@@ -195,6 +236,16 @@ mod cuda {
         (packs - 1, LaunchConfig { grid_dim: (rows.div_ceil(8 * rows_a_warp) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
     }
 
+    /// The feed-forward activation over `x`'s first `n` values in place, after the first product:
+    /// ReLU rode in that product's epilogue, GELU is one pass.
+    fn activation(dev: &CudaDevice, x: &mut CudaSlice<bf16>, n: usize, act: Act) -> Result<()> {
+        match act {
+            Act::Relu => Ok(()),
+            Act::GeluErf => gelu(dev, x, n, true),
+            Act::GeluTanh => gelu(dev, x, n, false),
+        }
+    }
+
     fn gelu(dev: &CudaDevice, x: &mut CudaSlice<bf16>, n: usize, erf: bool) -> Result<()> {
         let func = load_kernel!(dev, if erf { "gelu_erf_bf16" } else { "gelu_tanh_bf16" }, MODULE, PTX)?;
         let packs = (n / 8) as u64;
@@ -216,28 +267,19 @@ mod cuda {
             let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
             let mut att = dev.alloc_zeros::<bf16>(t * d)?;
             let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
-            let missing = || candle_core::Error::Msg("fused encoder: a linear layer or layer norm without bias".into());
             for l in &s.layers {
-                let (qb, ob, b1, b2) = (l.qkv.bias().ok_or_else(missing)?, l.out.bias().ok_or_else(missing)?, l.ff1.bias().ok_or_else(missing)?, l.ff2.bias().ok_or_else(missing)?);
-                let (n1b, n2b) = (l.norm1.bias().ok_or_else(missing)?, l.norm2.bias().ok_or_else(missing)?);
-                let (wq, bq, wo, bo) = (Held::new(l.qkv.weight())?, Held::new(qb)?, Held::new(l.out.weight())?, Held::new(ob)?);
-                let (w1, bb1, w2, bb2) = (Held::new(l.ff1.weight())?, Held::new(b1)?, Held::new(l.ff2.weight())?, Held::new(b2)?);
-                let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(n1b)?, Held::new(l.norm2.weight())?, Held::new(n2b)?);
-                layer_norm_to(dev, h, &mut normed, &n1w.view()?, &n1b.view()?, t, d, eps)?;
-                lt.linear(&normed.as_view(), t, d, &wq.view()?, &bq.view()?, 3 * d, &mut qkv, false, false, None)?;
+                let lw = LayerWeights::new(l)?;
+                layer_norm_to(dev, h, &mut normed, &lw.n1w.view()?, &lw.n1b.view()?, t, d, eps)?;
+                lt.linear(&normed.as_view(), t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * d, &mut qkv, false, false, None)?;
                 if cells > 0 && self.longest > 0 {
                     crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells)?;
                 }
                 // qkv is free once attention has read it: the residual products time their candidates there
-                lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(&mut qkv))?;
-                layer_norm_to(dev, h, &mut normed, &n2w.view()?, &n2b.view()?, t, d, eps)?;
-                lt.linear(&normed.as_view(), t, d, &w1.view()?, &bb1.view()?, f, &mut ff, false, s.act == Act::Relu, None)?;
-                match s.act {
-                    Act::Relu => {}
-                    Act::GeluErf => gelu(dev, &mut ff, t * f, true)?,
-                    Act::GeluTanh => gelu(dev, &mut ff, t * f, false)?,
-                }
-                lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(&mut qkv))?;
+                lt.linear(&att.as_view(), t, d, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(&mut qkv))?;
+                layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
+                lt.linear(&normed.as_view(), t, d, &lw.w1.view()?, &lw.b1.view()?, f, &mut ff, false, s.act == Act::Relu, None)?;
+                activation(dev, &mut ff, t * f, s.act)?;
+                lt.linear(&ff.as_view(), t, f, &lw.w2.view()?, &lw.b2.view()?, d, h, true, false, Some(&mut qkv))?;
             }
             Ok(())
         }
@@ -293,21 +335,16 @@ mod cuda {
             // 256-wide layers on Hopper: each residual product and the norm after it in one kernel
             let norm_fused = (gemm_layer_norm::applies(&dev, d, d)?, gemm_layer_norm::applies(&dev, d, f)?);
             for l in &s.layers {
-                let bias = |lin: &candle_nn::Linear| lin.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a linear layer without bias".into()));
-                let (qb, ob, b1, b2) = (bias(&l.qkv)?, bias(&l.out)?, bias(&l.ff1)?, bias(&l.ff2)?);
-                let n1b = l.norm1.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))?;
-                let n2b = l.norm2.bias().cloned().ok_or_else(|| candle_core::Error::Msg("fused encoder: a layer norm without bias".into()))?;
-                let (wq, bq, wo, bo, w1, bb1, w2, bb2) = (Held::new(l.qkv.weight())?, Held::new(&qb)?, Held::new(l.out.weight())?, Held::new(&ob)?, Held::new(l.ff1.weight())?, Held::new(&b1)?, Held::new(l.ff2.weight())?, Held::new(&b2)?);
-                let (n1w, n1b, n2w, n2b) = (Held::new(l.norm1.weight())?, Held::new(&n1b)?, Held::new(l.norm2.weight())?, Held::new(&n2b)?);
+                let lw = LayerWeights::new(l)?;
                 // references, so that the steps' closures can take copies of them
-                let (dev, wo, bo, n1w, n1b, w2, bb2, n2w, n2b) = (&dev, &wo, &bo, &n1w, &n1b, &w2, &bb2, &n2w, &n2b);
+                let (dev, lw) = (&dev, &lw);
                 type Step<'s> = Box<dyn FnMut(&mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>, &mut CudaSlice<bf16>) -> Result<()> + 's>;
                 let mut steps: Vec<(&'static str, Step)> = vec![
                     (
                         "qkv_gemm",
                         Box::new(|h, qkv, _, _| {
                             let src = if h_ready.get() { h.as_view() } else { input()? };
-                            lt.linear(&src, t, d, &wq.view()?, &bq.view()?, 3 * d, qkv, false, false, None)
+                            lt.linear(&src, t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * d, qkv, false, false, None)
                         }),
                     ),
                     (
@@ -323,15 +360,15 @@ mod cuda {
                 // qkv is free once attention has read it: the residual products time their candidates there
                 let out_proj = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, att: &CudaSlice<bf16>| {
                     ready(h)?;
-                    lt.linear(&att.as_view(), t, d, &wo.view()?, &bo.view()?, d, h, true, false, Some(qkv))
+                    lt.linear(&att.as_view(), t, d, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(qkv))
                 };
-                let norm1 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &n1w.view()?, &n1b.view()?, t, d, eps);
+                let norm1 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &lw.n1w.view()?, &lw.n1b.view()?, t, d, eps);
                 if norm_fused.0 {
                     steps.push((
                         "out_gemm_residual_norm",
                         Box::new(move |h, qkv, att, _| {
                             let residual = if h_ready.get() { None } else { Some(input()?) };
-                            if gemm_layer_norm::launch(dev, &att.as_view(), &wo.view()?, &bo.view()?, &n1w.view()?, &n1b.view()?, h, residual.as_ref(), t, d, eps)? {
+                            if gemm_layer_norm::launch(dev, &att.as_view(), &lw.wo.view()?, &lw.bo.view()?, &lw.n1w.view()?, &lw.n1b.view()?, h, residual.as_ref(), t, d, eps)? {
                                 h_ready.set(true);
                             } else {
                                 out_proj(h, qkv, att)?;
@@ -344,22 +381,18 @@ mod cuda {
                     steps.push(("out_gemm_residual", Box::new(move |h, qkv, att, _| out_proj(h, qkv, att))));
                     steps.push(("layer_norm", Box::new(move |h, _, _, _| norm1(h))));
                 }
-                steps.push(("ffn1_gemm", Box::new(|h, _, _, ff| lt.linear(&h.as_view(), t, d, &w1.view()?, &bb1.view()?, f, ff, false, s.act == Act::Relu, None))));
+                steps.push(("ffn1_gemm", Box::new(|h, _, _, ff| lt.linear(&h.as_view(), t, d, &lw.w1.view()?, &lw.b1.view()?, f, ff, false, s.act == Act::Relu, None))));
                 steps.push((
                     "activation",
-                    Box::new(|_, _, _, ff| match s.act {
-                        Act::Relu => Ok(()),
-                        Act::GeluErf => gelu(dev, ff, t * f, true),
-                        Act::GeluTanh => gelu(dev, ff, t * f, false),
-                    }),
+                    Box::new(|_, _, _, ff| activation(dev, ff, t * f, s.act)),
                 ));
-                let ffn2 = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, ff: &CudaSlice<bf16>| lt.linear(&ff.as_view(), t, f, &w2.view()?, &bb2.view()?, d, h, true, false, Some(qkv));
-                let norm2 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &n2w.view()?, &n2b.view()?, t, d, eps);
+                let ffn2 = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, ff: &CudaSlice<bf16>| lt.linear(&ff.as_view(), t, f, &lw.w2.view()?, &lw.b2.view()?, d, h, true, false, Some(qkv));
+                let norm2 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps);
                 if norm_fused.1 {
                     steps.push((
                         "ffn2_gemm_residual_norm",
                         Box::new(move |h, qkv, _, ff| {
-                            if !gemm_layer_norm::launch(dev, &ff.as_view(), &w2.view()?, &bb2.view()?, &n2w.view()?, &n2b.view()?, h, None, t, f, eps)? {
+                            if !gemm_layer_norm::launch(dev, &ff.as_view(), &lw.w2.view()?, &lw.b2.view()?, &lw.n2w.view()?, &lw.n2b.view()?, h, None, t, f, eps)? {
                                 ffn2(h, qkv, ff)?;
                                 norm2(h)?;
                             }

@@ -478,6 +478,15 @@ pub(crate) fn precision(spec: &TaskSpec, device: &candle_core::Device, notes: &m
     }
 }
 
+/// The name a task records for the precision its model ran in (`parameters.precision`).
+pub(crate) fn precision_name(dtype: candle_core::DType) -> &'static str {
+    if dtype == candle_core::DType::BF16 {
+        "bf16"
+    } else {
+        "f32"
+    }
+}
+
 /// The GPU's compute capability; `None` on the CPU or when the driver does not say.
 fn compute_capability(device: &candle_core::Device) -> Option<(u32, u32)> {
     #[cfg(feature = "cuda")]

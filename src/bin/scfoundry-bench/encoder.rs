@@ -305,6 +305,18 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// Below f32, the first batch's embeddings against the same weights in f32 on the same device
+/// (`run` gives both for the batch's cells); `None` in f32 or without a batch.
+fn first_batch_against_f32(dtype: DType, batches: &[Vec<usize>], dim: usize, run: impl FnOnce(&[usize]) -> anyhow::Result<(Vec<f32>, Vec<f32>)>) -> anyhow::Result<Option<serde_json::Value>> {
+    match (dtype, batches.first()) {
+        (DType::F32, _) | (_, None) => Ok(None),
+        (_, Some(first)) => {
+            let (got, want) = run(first)?;
+            Ok(Some(against_f32(&got, &want, dim)))
+        }
+    }
+}
+
 /// Cell embeddings `got` (rows of `dim`) against `want` computed in f32: the lowest cosine and
 /// the largest relative error (||a - b|| / ||b||) of a row.
 fn against_f32(got: &[f32], want: &[f32], dim: usize) -> serde_json::Value {
@@ -354,15 +366,11 @@ fn run_scfoundation(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
     })?;
-    // below f32: the first batch against the same weights in f32 on the same device
-    let check = match (dtype, batches.first()) {
-        (DType::F32, _) | (_, None) => None,
-        (_, Some(first)) => {
-            let f32_model = ScFoundation::from_tensors(cfg.clone(), scfoundation::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
-            let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
-            Some(against_f32(&model.embed(&refs)?, &f32_model.embed(&refs)?, model.dim()))
-        }
-    };
+    let check = first_batch_against_f32(dtype, &batches, model.dim(), |first| {
+        let f32_model = ScFoundation::from_tensors(cfg.clone(), scfoundation::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
+        let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
+        Ok((model.embed(&refs)?, f32_model.embed(&refs)?))
+    })?;
     let (l, d) = (cfg.depth, cfg.hidden_dim);
     let real: usize = lens.iter().sum();
     let flops: f64 = lens.iter().map(|&s| cell_flops(l, d, 4 * d, s)).sum();
@@ -416,15 +424,11 @@ fn run_scprint(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
     })?;
-    // below f32: the first batch against the same weights in f32 on the same device
-    let check = match (dtype, batches.first()) {
-        (DType::F32, _) | (_, None) => None,
-        (_, Some(first)) => {
-            let f32_model = ScPrint::from_tensors(cfg.clone(), scprint::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
-            let refs: Vec<&CellTokens> = first.iter().map(|&i| &cells[i]).collect();
-            Some(against_f32(&model.embed(&refs)?, &f32_model.embed(&refs)?, model.dim()))
-        }
-    };
+    let check = first_batch_against_f32(dtype, &batches, model.dim(), |first| {
+        let f32_model = ScPrint::from_tensors(cfg.clone(), scprint::random_tensors(&cfg, 0, &device)?, std::path::Path::new("random weights"), DType::F32, device.clone())?;
+        let refs: Vec<&CellTokens> = first.iter().map(|&i| &cells[i]).collect();
+        Ok((model.embed(&refs)?, f32_model.embed(&refs)?))
+    })?;
     let (l, d) = (cfg.nlayers, cfg.d_model);
     let s = max_len + cfg.cell_tokens();
     let flops = a.cells as f64 * cell_flops(l, d, 4 * d, s);

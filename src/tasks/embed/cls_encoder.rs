@@ -121,7 +121,7 @@ pub(super) fn embed(spec: &TaskSpec, task_dir: &Path, arch: Arch) -> Result<Task
     let mut params = spec.params.clone();
     genes::record(&gene_match, &genes, &mut params);
     batches.record(spec, &mut params);
-    params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(model.precision())));
     params.insert("model_input_size".into(), json!(model.input_size));
     params.insert("cls_token".into(), json!(model.cls));
     params.insert("pooling".into(), json!(match arch {

@@ -120,7 +120,7 @@ fn embed_geneformer(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     batches.record(spec, &mut params);
     params.insert("emb_layer".into(), json!(emb_layer));
     params.insert("emb_mode".into(), json!(emb_mode.name()));
-    params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(dtype)));
     params.insert("model_input_size".into(), json!(model.input_size));
     params.insert("special_tokens".into(), json!(model.dict.specials.is_some()));
     params.insert("target_sum".into(), json!(geneformer::TARGET_SUM));

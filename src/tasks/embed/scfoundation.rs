@@ -99,7 +99,7 @@ pub(super) fn embed_scfoundation(spec: &TaskSpec, task_dir: &Path) -> Result<Tas
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     batches.record(spec, &mut params);
-    params.insert("precision".into(), json!(if model.dtype() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(model.dtype())));
     params.insert("version".into(), json!(scfoundation::CELL_KEY));
     params.insert("input_type".into(), json!("singlecell"));
     params.insert("pre_normalized".into(), json!("F"));

@@ -80,7 +80,7 @@ fn embed_scgpt(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     batches.finish(&mut notes, true);
     genes::record(&gene_match, &genes, &mut params);
     batches.record(spec, &mut params);
-    params.insert("precision".into(), json!(if model.precision() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(model.precision())));
     params.insert("genes_matched".into(), json!(matched));
     params.insert("n_bins".into(), json!(model.args.n_bins));
     params.insert("input_emb_style".into(), json!(model.args.input_emb_style));

@@ -169,7 +169,7 @@ pub(super) fn embed_scprint(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     batches.finish(&mut notes, true);
     let cfg = &model.config;
     batches.record(spec, &mut params);
-    params.insert("precision".into(), json!(if model.dtype() == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(model.dtype())));
     params.insert("max_len".into(), json!(max_len));
     params.insert("how".into(), json!("random expr"));
     params.insert("add_zero_genes".into(), json!(0));

@@ -191,7 +191,7 @@ pub(super) fn embed_uce(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     batches.finish(&mut notes, true);
     batches.record(spec, &mut params);
     params.insert("nlayers".into(), json!(model.dims.nlayers));
-    params.insert("precision".into(), json!(if dtype == candle_core::DType::BF16 { "bf16" } else { "f32" }));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(dtype)));
     params.insert("species".into(), json!(cfg.species));
     params.insert("sample_size".into(), json!(cfg.sample_size));
     params.insert("pad_length".into(), json!(cfg.pad_length));
