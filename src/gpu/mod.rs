@@ -69,6 +69,8 @@ pub mod cards;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+pub mod csr_dense;
+#[cfg(feature = "cuda")]
 pub mod dropout;
 #[cfg(feature = "cuda")]
 pub mod train_rows;

@@ -462,6 +462,12 @@ impl PretrainedScvi {
 
     /// q_m and q_v of the dense counts `x` (cells x genes, on the model's device).
     fn qz_of(&mut self, x: Tensor, codes: &[u32]) -> candle_core::Result<(Vec<f32>, Vec<f32>)> {
+        let (qm, qv) = self.qz_tensors(x, codes)?;
+        Ok((qm.flatten_all()?.to_vec1()?, qv.flatten_all()?.to_vec1()?))
+    }
+
+    /// q_m and q_v (`cells x n_latent` each, on the device) of the dense counts `x`.
+    fn qz_tensors(&mut self, x: Tensor, codes: &[u32]) -> candle_core::Result<(Tensor, Tensor)> {
         let b = x.dim(0)?;
         let x = if self.arch.log_variational { x.affine(1.0, 1.0)?.log()? } else { x };
         let onehot = if self.arch.uses_batch() {
@@ -475,18 +481,55 @@ impl PretrainedScvi {
             None
         };
         let mut rng = ChaCha8Rng::seed_from_u64(0); // unused in evaluation mode
-        let (qm, qv) = self.enc.forward(&x, onehot.as_ref(), false, &mut rng)?;
-        Ok((qm.flatten_all()?.to_vec1()?, qv.flatten_all()?.to_vec1()?))
+        self.enc.forward(&x, onehot.as_ref(), false, &mut rng)
     }
 
-    /// [`Self::embed`] of cells given as sparse counts (the model's genes as columns), made dense
-    /// on the device: only the non-zero counts travel.
-    pub fn embed_sparse(&mut self, rows: &SparseRows, codes: &[u32], seed: u64, first_rows: &[usize]) -> Result<Vec<f32>> {
-        let (qm, qv) = rows.to_dense(&self.device).and_then(|x| self.qz_of(x, codes)).map_err(model_err("running the scVI encoder"))?;
+    /// How wide [`Self::forward_sparse`]'s rows are: n_latent (q_m), or 2 n_latent (q_m, then
+    /// q_v) for the "ln" latent, whose embedding [`Self::finish_rows`] computes on the host.
+    pub fn raw_width(&self) -> usize {
         match self.arch.latent_distribution {
-            Latent::Normal => Ok(qm),
-            Latent::Ln => Ok(ln_mean(&qm, &qv, self.arch.n_latent, seed, first_rows, MC_SAMPLES)),
+            Latent::Normal => self.arch.n_latent,
+            Latent::Ln => 2 * self.arch.n_latent,
         }
+    }
+
+    /// The encoder's rows ([`Self::raw_width`] wide) of cells given as sparse counts (the model's
+    /// genes as columns), made dense on the device, left there: a caller reads them back while
+    /// the next batch runs (`gpu::readback`), then [`Self::finish_rows`] gives the embedding.
+    pub fn forward_sparse(&mut self, rows: &SparseRows, codes: &[u32]) -> Result<Tensor> {
+        let mut run = || -> candle_core::Result<Tensor> {
+            let (qm, qv) = self.qz_tensors(rows.to_dense(&self.device)?, codes)?;
+            match self.arch.latent_distribution {
+                Latent::Normal => Ok(qm),
+                Latent::Ln => Tensor::cat(&[qm, qv], 1),
+            }
+        };
+        run().map_err(model_err("running the scVI encoder"))
+    }
+
+    /// The embedding (`cells x n_latent`) of [`Self::forward_sparse`]'s rows read back (cells in
+    /// `first_rows`' order, as `embed` would give): q_m itself, or for the "ln" latent the mean
+    /// of softmax(z) as [`Self::embed`].
+    pub fn finish_rows(&self, raw: Vec<f32>, seed: u64, first_rows: &[usize]) -> Vec<f32> {
+        match self.arch.latent_distribution {
+            Latent::Normal => raw,
+            Latent::Ln => {
+                let d = self.arch.n_latent;
+                let (mut qm, mut qv) = (Vec::with_capacity(raw.len() / 2), Vec::with_capacity(raw.len() / 2));
+                for r in raw.chunks(2 * d) {
+                    qm.extend_from_slice(&r[..d]);
+                    qv.extend_from_slice(&r[d..]);
+                }
+                ln_mean(&qm, &qv, d, seed, first_rows, MC_SAMPLES)
+            }
+        }
+    }
+
+    /// [`Self::embed`] of cells given as sparse counts, read back at once.
+    pub fn embed_sparse(&mut self, rows: &SparseRows, codes: &[u32], seed: u64, first_rows: &[usize]) -> Result<Vec<f32>> {
+        let raw = self.forward_sparse(rows, codes)?;
+        let raw = raw.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("reading the scVI encoder's output"))?;
+        Ok(self.finish_rows(raw, seed, first_rows))
     }
 
     /// The embedding rows of `b` cells: q_m, or for the "ln" latent the mean of softmax(z)

@@ -1,85 +1,97 @@
-//! Sparse cells made dense on the model's device: a batch's non-zero values (column, value)
-//! travel to the device (through page-locked memory on a GPU, `gpu::upload`) and are scattered
-//! into a zeroed dense matrix there, instead of the host building and copying dense rows. For
-//! models whose input is every gene of a cell (SCimilarity's 28,231, scVI's): a cell with 5% of
-//! its genes non-zero moves a tenth of the bytes.
+//! Sparse cells made dense on the model's device: a batch's non-zero values travel to the device
+//! as CSR (row offsets, columns, values; through page-locked memory on a GPU, `gpu::upload`) and
+//! are written into a zeroed dense matrix there (`gpu::csr_dense`: a block a row, its threads
+//! over the row's values), instead of the host building and copying dense rows. For models whose
+//! input is every gene of a cell (SCimilarity's 28,231, scVI's): a cell with 5% of its genes
+//! non-zero moves a tenth of the bytes, and the host's work is a pass over the non-zero values.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
-use crate::gpu::upload::{upload_f32, upload_u32};
-
-/// A batch of cells laid out for a scatter: each cell's `n_cols` columns cut into `segments`
-/// ranges of `width` columns (the last one padded); segment r of cell i is row
-/// `i * segments + r` of `k` (column within the range, value) slots, unused slots holding
-/// column `u32::MAX` (skipped by the scatter). Several segments per cell give the scatter (a
-/// thread per row) enough threads on a GPU.
+/// A batch of `n` cells as CSR over `n_cols` columns: cell i's (column, value) pairs are
+/// `cols[offsets[i]..offsets[i + 1]]` and the same range of `vals`, each column at most once in
+/// a cell (the device writes a row's values in parallel; a repeated column would race).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseRows {
     pub n: usize,
     pub n_cols: usize,
-    pub segments: usize,
-    pub width: usize,
-    pub k: usize,
+    pub offsets: Vec<u32>,
     pub cols: Vec<u32>,
     pub vals: Vec<f32>,
 }
 
+/// Cells built a chunk at a time on each core (a chunk's pairs in its own buffers).
+const CHUNK: usize = 64;
+
 impl SparseRows {
-    /// `cells`: each cell's (column, value) entries, columns below `n_cols`; a column given
-    /// twice takes its last value (the scatter writes a row's slots in order).
-    pub fn new(cells: &[Vec<(u32, f32)>], n_cols: usize, segments: usize) -> SparseRows {
+    /// `n` cells, cell i's pairs written by `row(i, out)` into an emptied `out` (columns below
+    /// `n_cols`, each at most once), built on all cores. `Err((i, e))`: the lowest cell `i` whose
+    /// `row` failed, with its error (what a serial pass would report first).
+    pub fn build<E: Send>(n: usize, n_cols: usize, row: impl Fn(usize, &mut Vec<(u32, f32)>) -> Result<(), E> + Sync) -> Result<SparseRows, (usize, E)> {
         use rayon::prelude::*;
-        let segments = segments.clamp(1, n_cols.max(1));
-        let width = n_cols.div_ceil(segments).max(1);
-        // the fullest segment sets k; each cell then fills its own rows, on all cores
-        let k = cells
-            .par_iter()
+        type Part = (Vec<u32>, Vec<u32>, Vec<f32>);
+        let parts: Vec<Result<Part, (usize, E)>> = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
             .map(|c| {
-                let mut fill = vec![0usize; segments];
-                c.iter().for_each(|&(col, _)| fill[col as usize / width] += 1);
-                fill.into_iter().max().unwrap_or(0)
+                let (lo, hi) = (c * CHUNK, ((c + 1) * CHUNK).min(n));
+                let (mut lens, mut cols, mut vals) = (Vec::with_capacity(hi - lo), Vec::new(), Vec::new());
+                let mut e = Vec::new();
+                for i in lo..hi {
+                    e.clear();
+                    row(i, &mut e).map_err(|x| (i, x))?;
+                    lens.push(e.len() as u32);
+                    cols.extend(e.iter().map(|p| p.0));
+                    vals.extend(e.iter().map(|p| p.1));
+                }
+                Ok((lens, cols, vals))
             })
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut cols = vec![u32::MAX; cells.len() * segments * k];
-        let mut vals = vec![0f32; cells.len() * segments * k];
-        cols.par_chunks_mut(segments * k).zip(vals.par_chunks_mut(segments * k)).zip(cells.par_iter()).for_each(|((cs, vs), c)| {
-            let mut fill = vec![0usize; segments];
-            for &(col, v) in c {
-                let r = col as usize / width;
-                let at = r * k + fill[r];
-                cs[at] = (col as usize % width) as u32;
-                vs[at] = v;
-                fill[r] += 1;
+            .collect();
+        let mut parts_ok = Vec::with_capacity(parts.len());
+        for p in parts {
+            parts_ok.push(p?);
+        }
+        let total: usize = parts_ok.iter().map(|p| p.1.len()).sum();
+        let mut out = SparseRows { n, n_cols, offsets: Vec::with_capacity(n + 1), cols: Vec::with_capacity(total), vals: Vec::with_capacity(total) };
+        out.offsets.push(0);
+        let mut at = 0u64;
+        for (lens, cols, vals) in parts_ok {
+            for l in lens {
+                at += l as u64;
+                out.offsets.push(at as u32);
             }
+            out.cols.extend_from_slice(&cols);
+            out.vals.extend_from_slice(&vals);
+        }
+        Ok(out)
+    }
+
+    /// `cells`' (column, value) pairs as a batch (see [`Self::build`]).
+    pub fn new(cells: &[Vec<(u32, f32)>], n_cols: usize) -> SparseRows {
+        let built: Result<SparseRows, (usize, ())> = SparseRows::build(cells.len(), n_cols, |i, out| {
+            out.extend_from_slice(&cells[i]);
+            Ok(())
         });
-        SparseRows { n: cells.len(), n_cols, segments, width, k, cols, vals }
+        built.unwrap_or_else(|_| unreachable!("the rows are given"))
     }
 
-    /// How many segments to cut a batch of `n` cells into on `device`: one on the CPU; on a
-    /// GPU enough for some 16,000 scatter threads.
-    pub fn segments_for(device: &Device, n: usize) -> usize {
-        if device.is_cuda() {
-            (16_384 / n.max(1)).clamp(1, 64)
-        } else {
-            1
-        }
-    }
-
-    /// The dense `n x n_cols` f32 matrix on `device`: zeros with the values scattered in.
+    /// The dense `n x n_cols` f32 matrix on `device`: zeros with the values written in (one
+    /// kernel on a GPU, after three uploads from page-locked memory).
     pub fn to_dense(&self, device: &Device) -> candle_core::Result<Tensor> {
-        let rows = self.n * self.segments;
-        let cols = upload_u32(&self.cols, device)?.reshape((rows, self.k))?;
-        let vals = upload_f32(&self.vals, device)?.reshape((rows, self.k))?;
-        let dense = Tensor::zeros((rows, self.width), DType::F32, device)?;
-        dense.scatter_set(&cols, &vals, 1)?;
-        let x = dense.reshape((self.n, self.segments * self.width))?;
-        if self.segments * self.width == self.n_cols {
-            Ok(x)
-        } else {
-            x.narrow(1, 0, self.n_cols)?.contiguous()
+        if self.cols.len() > u32::MAX as usize {
+            candle_core::bail!("sparse rows: {} values in one batch, more than 2^32: use a smaller batch", self.cols.len());
         }
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            return crate::gpu::csr_dense::to_dense(&self.offsets, &self.cols, &self.vals, self.n, self.n_cols, dev);
+        }
+        let mut dense = vec![0f32; self.n * self.n_cols];
+        for i in 0..self.n {
+            let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+            let row = &mut dense[i * self.n_cols..(i + 1) * self.n_cols];
+            for (&c, &v) in self.cols[a..b].iter().zip(&self.vals[a..b]) {
+                row[c as usize] = v;
+            }
+        }
+        Tensor::from_vec(dense, (self.n, self.n_cols), device)
     }
 }
 
@@ -89,23 +101,26 @@ mod tests {
 
     #[test]
     fn scattered_rows_equal_the_dense_rows() {
-        let cells = vec![vec![(0u32, 1.5f32), (2, -2.0)], vec![], vec![(4, 3.0), (1, 0.25), (3, 7.0)]];
-        let mut want = vec![0f32; 3 * 5];
+        let cells: Vec<Vec<(u32, f32)>> = (0..150).map(|i| if i % 7 == 3 { vec![] } else { vec![(0u32, 1.5 + i as f32), (((i * 3) % 4 + 1) as u32, -2.0)] }).collect();
+        let mut want = vec![0f32; cells.len() * 5];
         for (i, c) in cells.iter().enumerate() {
             for &(j, v) in c {
                 want[i * 5 + j as usize] = v;
             }
         }
-        for segments in [1, 2, 3, 5, 9] {
-            let b = SparseRows::new(&cells, 5, segments);
-            let got = b.to_dense(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            assert_eq!(got, want, "{segments} segments");
-        }
-        // three segments of two columns: cell 0's columns 0 and 2 land in segments 0 and 1
-        let b = SparseRows::new(&cells, 5, 3);
-        assert_eq!((b.segments, b.width, b.k), (3, 2, 1));
-        assert_eq!(&b.cols[..3], &[0, 0, u32::MAX]);
-        assert_eq!(&b.cols[6..], &[1, 1, 0]);
-        assert_eq!(SparseRows::segments_for(&Device::Cpu, 8), 1);
+        let b = SparseRows::new(&cells, 5);
+        assert_eq!(b.offsets.len(), 151);
+        assert_eq!(*b.offsets.last().unwrap() as usize, b.cols.len());
+        assert_eq!(&b.offsets[..5], &[0, 2, 4, 6, 6]);
+        let got = b.to_dense(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(got, want);
+        assert_eq!(SparseRows::new(&[], 5).to_dense(&Device::Cpu).unwrap().dims(), &[0, 5]);
+    }
+
+    #[test]
+    fn a_failed_row_is_the_lowest_one() {
+        // rows 70 and 130 fail, in different chunks: the lowest is reported, as a serial pass would
+        let r = SparseRows::build(200, 3, |i, out| if i == 70 || i == 130 { Err(i * 10) } else { out.push((1, 1.0)); Ok(()) });
+        assert_eq!(r.unwrap_err(), (70, 700));
     }
 }

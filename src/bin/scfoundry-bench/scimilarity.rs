@@ -70,19 +70,14 @@ pub fn run(a: &BenchScimilarityArgs) -> anyhow::Result<ExitStatus> {
     let names: Vec<String> = (0..g).map(|j| format!("g{j}")).collect();
     let align = Alignment::new(&names, &names);
     let from_sparse = || -> anyhow::Result<f64> {
-        use rayon::prelude::*;
         let t = Instant::now();
         let mut lagged = scfoundry::gpu::readback::Lagged::new();
         for &(s, e) in &bounds {
-            let rows: Vec<Vec<(u32, f32)>> = sparse_counts[s..e]
-                .par_iter()
-                .map(|(idx, v)| {
-                    let mut out = Vec::new();
-                    align.lognorm_sparse(idx, v, &mut out).expect("non-negative counts");
-                    out
-                })
-                .collect();
-            let b = SparseRows::new(&rows, g, SparseRows::segments_for(&device, e - s));
+            let b = SparseRows::build(e - s, g, |k, out| {
+                let (idx, v) = &sparse_counts[s + k];
+                align.lognorm_sparse(idx, v, out)
+            })
+            .map_err(|(k, v)| anyhow::anyhow!("cell {}: count {v}", s + k))?;
             let _ = lagged.push((), &enc.forward_sparse(&b)?)?;
         }
         let _ = lagged.finish()?;

@@ -311,6 +311,16 @@ extern "C" __global__ void segment_max_decode(const unsigned int *__restrict__ k
     out[i] = k == 0u ? 0.f : __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// CSR rows into a zeroed dense n x n_cols matrix (src/gpu/csr_dense.rs): block r writes row r's
+// values, each column at most once a row.
+extern "C" __global__ void csr_to_dense_f32(const unsigned int *__restrict__ offsets, const unsigned int *__restrict__ cols,
+                                            const float *__restrict__ vals, float *__restrict__ out,
+                                            const unsigned long long n_cols) {
+    const unsigned int end = offsets[blockIdx.x + 1];
+    float *row = out + (unsigned long long)blockIdx.x * n_cols;
+    for (unsigned int k = offsets[blockIdx.x] + threadIdx.x; k < end; k += blockDim.x) row[cols[k]] = vals[k];
+}
+
 // Counter-based dropout (src/nn/dropout.rs holds the CPU twin and the rule): element i is kept
 // when the top 24 bits of SplitMix64(key + (i + 1) * golden) are below `threshold`.
 extern "C" __global__ void dropout_f32(const float *__restrict__ x, float *__restrict__ out, const unsigned long long key,

@@ -109,27 +109,19 @@ pub(super) fn embed_scimilarity(spec: &TaskSpec, task_dir: &Path) -> Result<Task
             None,
             0.0,
             |cells| {
-                use rayon::prelude::*;
-                let built: Vec<std::result::Result<Vec<(u32, f32)>, f32>> = cells
-                    .par_iter()
-                    .map(|&i| {
-                        let (idx, vals) = b.row(i);
-                        let mut e = Vec::new();
-                        align.lognorm_sparse(idx, vals, &mut e).map(|_| e)
-                    })
-                    .collect();
-                // the batch's first bad cell, as a serial pass would find it
-                let mut sparse = Vec::with_capacity(built.len());
-                for (k, r) in built.into_iter().enumerate() {
+                let sb = SparseRows::build(cells.len(), n_genes, |k, e| {
+                    let (idx, vals) = b.row(cells[k]);
+                    align.lognorm_sparse(idx, vals, e)
+                })
+                .map_err(|(k, v)| {
                     let i = cells[k];
-                    sparse.push(r.map_err(|v| Error::BadField {
+                    Error::BadField {
                         path: spec.data.clone(),
                         field: x.field.clone(),
                         detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
                         hint: Some("SCimilarity reads raw counts (non-negative, finite), as upstream's align_dataset requires; pass the counts layer with --layer".into()),
-                    })?);
-                }
-                let sb = SparseRows::new(&sparse, n_genes, SparseRows::segments_for(&enc.device, cells.len()));
+                    }
+                })?;
                 enc.forward_sparse(&sb).map_err(|e| Error::Model { context: "running the SCimilarity encoder".into(), detail: e.to_string() })
             },
             |k| p.inc(k as u64),

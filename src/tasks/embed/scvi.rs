@@ -169,48 +169,53 @@ pub(super) fn embed_scvi(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult>
     let (mut non_integer, mut empty) = (0usize, 0usize);
     for (s, e) in task_rows.blocks() {
         let b = x.read_rows(s, e)?;
-        for i in 0..b.n_rows() {
-            let (idx, vals) = b.row(i);
-            if !idx.iter().zip(vals).any(|(&j, &v)| v != 0.0 && genes.model_col[j as usize].is_some()) {
-                empty += 1;
-            }
-            if let Some(v) = vals.iter().find(|v| **v < 0.0 || !v.is_finite()) {
-                return Err(Error::BadField {
-                    path: spec.data.clone(),
-                    field: x.field.clone(),
-                    detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
-                    hint: Some("scVI reads raw counts; pass the counts layer with --layer".into()),
-                });
-            }
-            if vals.iter().any(|v| v.fract() != 0.0) {
-                non_integer += 1;
-            }
+        // the checks on all cores: (negative or non-finite value, non-integer, empty in the model's genes)
+        let flags: Vec<(Option<f32>, bool, bool)> = {
+            use rayon::prelude::*;
+            (0..b.n_rows())
+                .into_par_iter()
+                .map(|i| {
+                    let (idx, vals) = b.row(i);
+                    let bad = vals.iter().find(|v| **v < 0.0 || !v.is_finite()).copied();
+                    let frac = vals.iter().any(|v| v.fract() != 0.0);
+                    let empty = !idx.iter().zip(vals).any(|(&j, &v)| v != 0.0 && genes.model_col[j as usize].is_some());
+                    (bad, frac, empty)
+                })
+                .collect()
+        };
+        if let Some((i, v)) = flags.iter().enumerate().find_map(|(i, f)| f.0.map(|v| (i, v))) {
+            return Err(Error::BadField {
+                path: spec.data.clone(),
+                field: x.field.clone(),
+                detail: format!("cell {} ({}) has the value {v}", s + i, ad.obs_names[s + i]),
+                hint: Some("scVI reads raw counts; pass the counts layer with --layer".into()),
+            });
         }
+        non_integer += flags.iter().filter(|f| f.1).count();
+        empty += flags.iter().filter(|f| f.2).count();
         let order: Vec<usize> = (0..b.n_rows()).collect();
-        let rows = batches.run(
+        // each batch's counts as CSR (built on all cores), made dense on the device; read back
+        // while the next batch is built and runs
+        let raw = batches.run_lagged(
             b.n_rows(),
-            dim,
+            model.raw_width(),
             &order,
+            None,
             0.0,
             |idx| {
-                use rayon::prelude::*;
-                // the batch's counts as sparse rows (built on all cores), made dense on the device
-                let cells: Vec<Vec<(u32, f32)>> = idx
-                    .par_iter()
-                    .map(|&i| {
-                        let (ci, cv) = b.row(i);
-                        let mut e = Vec::new();
-                        genes.entries(ci, cv, &mut e);
-                        e
-                    })
-                    .collect();
-                let sparse = SparseRows::new(&cells, g, SparseRows::segments_for(model.device(), idx.len()));
+                let sparse = SparseRows::build(idx.len(), g, |k, e| {
+                    let (ci, cv) = b.row(idx[k]);
+                    genes.entries(ci, cv, e);
+                    Ok::<(), ()>(())
+                })
+                .unwrap_or_else(|_| unreachable!("entries do not fail"));
                 let c: Vec<u32> = idx.iter().map(|&i| codes[s + i]).collect();
-                let rows: Vec<usize> = idx.iter().map(|&i| s + i).collect();
-                model.embed_sparse(&sparse, &c, spec.seed, &rows)
+                model.forward_sparse(&sparse, &c)
             },
             |k| p.inc(k as u64),
         )?;
+        let first_rows: Vec<usize> = (s..e).collect();
+        let rows = model.finish_rows(raw, spec.seed, &first_rows);
         out.write(s, &rows)?;
     }
     p.finish();

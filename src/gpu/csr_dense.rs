@@ -1,0 +1,35 @@
+//! CSR rows written into a zeroed dense matrix on the GPU (`kernels/encoder_ops.cu`
+//! `csr_to_dense_f32`: a block a row, its threads over the row's values): how `nn::sparse_rows`
+//! makes a batch of sparse cells dense on the device.
+
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
+
+/// The dense `n x n_cols` f32 matrix of the CSR rows (`offsets`, n + 1 of them; `cols`, `vals`),
+/// each column at most once a row; uploaded through page-locked memory, so the host does not
+/// wait for the GPU.
+pub fn to_dense(offsets: &[u32], cols: &[u32], vals: &[f32], n: usize, n_cols: usize, dev: &CudaDevice) -> Result<Tensor> {
+    if offsets.len() != n + 1 || cols.len() != vals.len() || offsets[n] as usize != cols.len() {
+        candle_core::bail!("csr-to-dense: {} offsets for {n} rows, {} columns, {} values", offsets.len(), cols.len(), vals.len());
+    }
+    let mut out = dev.alloc_zeros::<f32>(n * n_cols)?;
+    if n > 0 && !cols.is_empty() {
+        let offs = crate::gpu::upload::upload_slice(offsets, dev)?;
+        let c = crate::gpu::upload::upload_slice(cols, dev)?;
+        let v = crate::gpu::upload::upload_slice(vals, dev)?;
+        let func = load_kernel!(dev, "csr_to_dense_f32", super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
+        let n_cols64 = n_cols as u64;
+        let mut b = func.builder();
+        b.arg(&offs);
+        b.arg(&c);
+        b.arg(&v);
+        b.arg(&mut out);
+        b.arg(&n_cols64);
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
+    Ok(Tensor::from_storage(Storage::Cuda(storage), (n, n_cols), BackpropOp::none(), false))
+}
