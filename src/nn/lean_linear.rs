@@ -46,9 +46,18 @@ pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: D
 /// `a b` in f32, through bf16 copies when `mixed`.
 fn product(a: &Tensor, b: &Tensor, mixed: bool) -> Result<Tensor> {
     if mixed {
-        a.to_dtype(DType::BF16)?.matmul(&b.to_dtype(DType::BF16)?)?.to_dtype(DType::F32)
+        as_bf16(a)?.matmul(&as_bf16(b)?)?.to_dtype(DType::F32)
     } else {
         a.matmul(b)
+    }
+}
+
+/// `t` in bf16 (itself when it is).
+fn as_bf16(t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::BF16 {
+        Ok(t.clone())
+    } else {
+        t.to_dtype(DType::BF16)
     }
 }
 
@@ -76,10 +85,20 @@ impl candle_core::CustomOp3 for Lean {
         let (n_out, n_in) = w.dims2()?;
         let rows = x.elem_count() / n_in.max(1);
         let x2 = x.detach().reshape((rows, n_in))?;
-        let dy = grad.detach().contiguous()?.to_dtype(DType::F32)?.reshape((rows, n_out))?;
-        let dx = product(&dy, &w.detach(), self.mixed)?.reshape(x.shape())?.to_dtype(x.dtype())?;
-        let dw = product(&dy.t()?, &x2, self.mixed)?;
-        let db = if self.has_bias { Some(dy.sum(0)?) } else { None };
+        let dy = grad.detach().contiguous()?.reshape((rows, n_out))?;
+        let db = if self.has_bias { Some(dy.to_dtype(DType::F32)?.sum(0)?) } else { None };
+        if self.mixed {
+            // each operand cast to bf16 once (not at all when it is bf16), and dy^T as a
+            // transposed view the product reads in place (a cast of the view would write a
+            // transposed copy of the activations' size)
+            let (dy, x2, w) = (as_bf16(&dy)?, as_bf16(&x2)?, as_bf16(&w.detach())?);
+            let dx = dy.matmul(&w)?.reshape(x.shape())?.to_dtype(x.dtype())?;
+            let dw = dy.t()?.matmul(&x2)?.to_dtype(DType::F32)?;
+            return Ok((Some(dx), Some(dw), db));
+        }
+        let dy = dy.to_dtype(DType::F32)?;
+        let dx = product(&dy, &w.detach(), false)?.reshape(x.shape())?.to_dtype(x.dtype())?;
+        let dw = product(&dy.t()?, &x2, false)?;
         Ok((Some(dx), Some(dw), db))
     }
 }
@@ -129,6 +148,16 @@ mod tests {
             let (a, t) = (g16.get(v.as_tensor()).unwrap(), g32.get(v.as_tensor()).unwrap());
             let rel = ((a - t).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() / t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()).sqrt();
             assert!(rel < 1e-2, "bf16 output: gradient off by {rel}");
+        }
+        // mixed (bf16 products, as autocast): the f32 graph's gradients within bf16's rounding
+        let om = linear(x.as_tensor(), w.as_tensor(), Some(b.as_tensor()), true).unwrap();
+        let gm = (&om * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in [("x", &x), ("w", &w), ("b", &b)] {
+            let (a, t) = (gm.get(v.as_tensor()).unwrap(), g32.get(v.as_tensor()).unwrap());
+            assert_eq!(a.dtype(), DType::F32);
+            let rel = ((a - t).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() / t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()).sqrt();
+            assert!(rel > 0.0 || name == "b", "d{name}: mixed equals f32 exactly, so no bf16 product ran");
+            assert!(rel < 1e-2, "mixed: d{name} off by {rel}");
         }
         // outside a graph it is the plain product
         let t = Tensor::ones((2, 8), DType::F32, &dev).unwrap();
