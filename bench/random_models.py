@@ -8,6 +8,8 @@
         [--heads 12] [--seed 0]
     python bench/random_models.py scprint DATA OUT_DIR [--genes 25000] [--gene-column gene_ids]
         [--seed 0]
+    python bench/random_models.py scvi DATA OUT_DIR [--genes 2000] [--hidden 128] [--latent 10]
+        [--layers 1] [--seed 0]
 
 genept: OUT_DIR/GenePT_gene_embedding_ada_text.pickle, a dict {gene: numpy float64 vector} over
 every var_name of DATA, as upstream's table (pickle protocol 4).
@@ -32,6 +34,12 @@ medium-v1.5's shape as src/methods/scprint.rs Config::medium describes it (d_mod
 4 heads, 4 kv heads, log normalization, depth token, the 8 classes), the encoder side only. Genes:
 DATA's var[--gene-column] ids expressed in the most cells first, then placeholders, --genes in
 all. Weights as scfoundation's.
+
+scvi: OUT_DIR/model.pt, what scvi-tools' `model.save(OUT_DIR)` writes for an SCVI model at its
+defaults (BatchNorm in the encoder, latent "normal", no covariate in the encoder): {"model_state_dict",
+"var_names", "attr_dict": {"registry_", "init_params_"}}, with the encoder's tensors only (embedding
+reads no other) over DATA's --genes var_names expressed in the most cells. Weights as scfoundation's;
+BatchNorm running means N(0, 0.1), variances U(0.5, 1.5).
 """
 from __future__ import annotations
 
@@ -265,6 +273,38 @@ def scprint(args) -> None:
                       "genes_from_data": sum(not g.startswith("ENSG9") for g in genes), "out": str(out)}))
 
 
+def scvi(args) -> None:
+    names = var_names(args.data)
+    counts = expressing_cells(args.data, len(names))
+    order = np.argsort(-counts, kind="stable")[: args.genes]
+    genes = [names[i] for i in sorted(order)]
+    weight, bias = weight_makers(args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    state: dict[str, np.ndarray] = {}
+    n_in = len(genes)
+    for i in range(args.layers):
+        p = f"z_encoder.encoder.fc_layers.Layer {i}"
+        state[f"{p}.0.weight"], state[f"{p}.0.bias"] = weight(args.hidden, n_in), bias(args.hidden)
+        state[f"{p}.1.weight"] = np.ones(args.hidden, dtype=np.float32)
+        state[f"{p}.1.bias"] = bias(args.hidden)
+        state[f"{p}.1.running_mean"] = rng.normal(0, 0.1, args.hidden).astype(np.float32)
+        state[f"{p}.1.running_var"] = rng.uniform(0.5, 1.5, args.hidden).astype(np.float32)
+        state[f"{p}.1.num_batches_tracked"] = np.array(1000, dtype=np.int64)
+        n_in = args.hidden
+    for k in ("mean_encoder", "var_encoder"):
+        state[f"z_encoder.{k}.weight"], state[f"z_encoder.{k}.bias"] = weight(args.latent, n_in), bias(args.latent)
+    attr = {
+        "registry_": {"model_name": "SCVI", "scvi_version": "1.3.3", "setup_args": {"batch_key": None}, "field_registries": {}},
+        "init_params_": {"non_kwargs": {"n_hidden": args.hidden, "n_latent": args.latent, "n_layers": args.layers,
+                                        "dropout_rate": 0.1, "dispersion": "gene", "gene_likelihood": "zinb",
+                                        "latent_distribution": "normal"}, "kwargs": {"kwargs": {}}},
+    }
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "model.pt", state, lambda sd: {"model_state_dict": sd, "var_names": genes, "attr_dict": attr})
+    print(json.dumps({"model": "scvi", "genes": len(genes), "hidden": args.hidden, "latent": args.latent, "layers": args.layers, "out": str(out)}))
+
+
 def expressing_cells(data: str, n_var: int) -> np.ndarray:
     """Per var column of DATA's X (CSR or dense), the cells with a non-zero value."""
     with h5py.File(data, "r") as f:
@@ -290,12 +330,17 @@ def main() -> None:
     r = sub.add_parser("scprint")
     r.add_argument("--genes", type=int, default=25000)
     r.add_argument("--gene-column", default="gene_ids")
-    for p in (g, s, f, r):
+    v = sub.add_parser("scvi")
+    v.add_argument("--genes", type=int, default=2000)
+    v.add_argument("--hidden", type=int, default=128)
+    v.add_argument("--latent", type=int, default=10)
+    v.add_argument("--layers", type=int, default=1)
+    for p in (g, s, f, r, v):
         p.add_argument("data")
         p.add_argument("out_dir")
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint}[args.kind](args)
+    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint, "scvi": scvi}[args.kind](args)
 
 
 if __name__ == "__main__":

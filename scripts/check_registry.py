@@ -64,7 +64,7 @@ FIDELITY_KEYS = {
     "date": (True, (str,)),
     "commit": (True, (str,)),
 }
-BATCH_KEYS = {"default": (True, (int,)), "source": (True, (str,))}
+BATCH_KEYS = {"default": (True, (int,)), "source": (True, (str,)), "gpu_default": (False, (int,)), "gpu_source": (False, (str,))}
 KNOB_KEYS = {
     "flag": (True, (str,)),
     "default": (True, (int, float, str, bool)),

@@ -420,7 +420,8 @@ pub struct TraceArgs {
 /// Batch options. Each method declares which it honours; others are accepted with a warning.
 #[derive(Debug, Args, Default)]
 pub struct BatchArgs {
-    /// Cells per batch for embedding (default: the method's, see `scfoundry methods`). The
+    /// Cells per batch for embedding (default: the method's, see `scfoundry methods`; on a GPU
+    /// its GPU default where it has one, see `scfoundry methods show`). The
     /// transformers that run cells longest first (geneformer, scgpt, sccello, langcell) batch by
     /// tokens: N of the longest cells make a batch, and a batch of shorter cells holds as many
     /// tokens, up to 8 x N cells.

@@ -26,6 +26,13 @@ pub enum Kind {
 pub struct Batch {
     pub default: u64,
     pub source: String,
+    /// the default on a GPU (`--device cuda`) where it differs: a method whose result does not
+    /// depend on the batch (eval-mode models) and whose GPU pace does
+    #[serde(default)]
+    pub gpu_default: Option<u64>,
+    /// what `gpu_default` stands on (a measurement)
+    #[serde(default)]
+    pub gpu_source: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -190,6 +197,13 @@ pub fn parse_method(stem: &str, text: &str) -> std::result::Result<Method, Strin
             }
         }
     }
+    if let Some(b) = &m.batch {
+        match (b.gpu_default, &b.gpu_source) {
+            (Some(_), None) | (None, Some(_)) => return Err("[batch] gpu_default and gpu_source go together".into()),
+            (Some(g), Some(_)) if g == 0 || !m.cuda => return Err(format!("[batch] gpu_default {g} needs cuda = true and a size of at least 1")),
+            _ => {}
+        }
+    }
     match (&m.precision, m.knob("--precision")) {
         (Some(_), None) => return Err("[precision] is given but the method has no --precision knob".into()),
         (None, Some(_)) => return Err("the --precision knob needs a [precision] table (gpu_default and its measured fidelity)".into()),
@@ -234,7 +248,14 @@ impl Registry {
 
     /// The default batch size in effect: a workspace override, else the method's own.
     pub fn default_batch(&self, m: &Method) -> Option<u64> {
-        self.overrides.get(&m.name).map(|(b, _)| *b).or(m.batch.as_ref().map(|b| b.default))
+        self.default_batch_on(m, false)
+    }
+
+    /// [`Self::default_batch`] for a run on a GPU (`on_gpu`): a workspace override, else the
+    /// method's `[batch] gpu_default` where it has one, else its default.
+    pub fn default_batch_on(&self, m: &Method, on_gpu: bool) -> Option<u64> {
+        let own = m.batch.as_ref().map(|b| if on_gpu { b.gpu_default.unwrap_or(b.default) } else { b.default });
+        self.overrides.get(&m.name).map(|(b, _)| *b).or(own)
     }
 
     /// Sorted cheapest first, then by name.
@@ -274,5 +295,19 @@ mod tests {
         assert!(e.contains("fp16"), "{e}");
         let e = geneformer(|t| t.replace("lowest_cosine = ", "lowest_cosine = 1.5 #")).unwrap_err();
         assert!(e.contains("lowest_cosine"), "{e}");
+    }
+
+    #[test]
+    fn a_gpu_batch_default_comes_with_its_source() {
+        let (_, text) = BUILTIN.iter().find(|(stem, _)| *stem == "scvi").expect("scvi.toml is built in");
+        let m = parse_method("scvi", text).unwrap();
+        let b = m.batch.as_ref().expect("scvi has a batch default");
+        assert_eq!((b.default, b.gpu_default), (128, Some(8192)));
+        let reg = Registry { methods: [("scvi".to_string(), m.clone())].into(), overrides: Default::default() };
+        assert_eq!((reg.default_batch(&m), reg.default_batch_on(&m, true)), (Some(128), Some(8192)));
+        let cut = text.lines().filter(|l| !l.starts_with("gpu_source")).collect::<Vec<_>>().join("\n");
+        assert!(parse_method("scvi", &cut).unwrap_err().contains("go together"));
+        let cpu_only = text.replace("cuda = true", "cuda = false");
+        assert!(parse_method("scvi", &cpu_only).unwrap_err().contains("cuda = true"));
     }
 }

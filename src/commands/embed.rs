@@ -18,13 +18,19 @@ pub use crate::paths::default_output;
 
 /// Warn about options the method does not honour; return the method parameters in effect.
 pub fn resolve_params(s: &Settings, m: &Method, args: &EmbedArgs) -> crate::error::Result<Map<String, Value>> {
-    resolve_method_params(&s.registry, m, "embed", &args.batch, &args.knobs)
+    resolve_method_params(&s.registry, m, "embed", &args.batch, &args.knobs, on_gpu(m, &args.device))
+}
+
+/// Whether `m` runs on a GPU with these device options (`--device cuda` and a CUDA method).
+pub fn on_gpu(m: &Method, device: &crate::cli::DeviceArgs) -> bool {
+    m.cuda && device.device == Some(crate::gpu::DeviceKind::Cuda)
 }
 
 /// As `resolve_params`, for any command (`embed`, `transfer`, `finetune`) and its batch and
-/// knob options. A `--model-dir` that is a Hugging Face cache entry (`models--ORG--NAME`)
-/// becomes the snapshot its `refs/main` names, for every method.
-pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs) -> crate::error::Result<Map<String, Value>> {
+/// knob options; `on_gpu`: the method's GPU batch default applies (`[batch] gpu_default`). A
+/// `--model-dir` that is a Hugging Face cache entry (`models--ORG--NAME`) becomes the snapshot
+/// its `refs/main` names, for every method.
+pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, command: &str, batch: &BatchArgs, knobs: &KnobArgs, on_gpu: bool) -> crate::error::Result<Map<String, Value>> {
     let mut params = Map::new();
     let honoured = m.honoured(command);
     let verb = match command { "embed" => "embedding", "transfer" => "transferring labels", other => other };
@@ -35,7 +41,7 @@ pub fn resolve_method_params(reg: &crate::registry::Registry, m: &Method, comman
             warn(&format!("{} does not honour --batch-size when {verb}; ignored", m.name));
         }
     } else if honoured.iter().any(|o| o == "--batch-size") {
-        if let Some(b) = reg.default_batch(m) {
+        if let Some(b) = reg.default_batch_on(m, on_gpu) {
             params.insert("batch_size".into(), json!(b));
         }
     }

@@ -229,7 +229,7 @@ pub fn run(s: &Settings, a: &FinetuneArgs) -> anyhow::Result<ExitStatus> {
     }
     let (method, data, label_key) = (a.method.clone().unwrap_or_default(), a.data.clone().unwrap_or_default(), a.label_key.clone().unwrap_or_default());
     let m = check_method(s, &method)?;
-    let mut params = resolve_method_params(&s.registry, &m, "finetune", &a.batch, &a.knobs)?;
+    let mut params = resolve_method_params(&s.registry, &m, "finetune", &a.batch, &a.knobs, crate::commands::embed::on_gpu(&m, &a.device))?;
     let honours = m.honoured("finetune");
     let batch_size = params.remove("batch_size").and_then(|v| v.as_u64()).unwrap_or(64);
     let predict_batch_size = match a.predict_batch_size {

@@ -95,7 +95,12 @@ pub fn show(reg: &Registry, m: &Method) -> String {
     }
     match (&m.batch, reg.overrides.get(&m.name)) {
         (_, Some((b, path))) => writeln!(o, "  batch size:  {b} (set by {}; the method's own default is {})", path.display(), m.batch.as_ref().map(|b| b.default.to_string()).unwrap_or("none".into())).unwrap(),
-        (Some(b), None) => writeln!(o, "  batch size:  {} (source: {})", b.default, b.source).unwrap(),
+        (Some(b), None) => {
+            writeln!(o, "  batch size:  {} (source: {})", b.default, b.source).unwrap();
+            if let (Some(g), Some(src)) = (b.gpu_default, &b.gpu_source) {
+                writeln!(o, "  on a GPU:    {g} (source: {src})").unwrap();
+            }
+        }
         (None, None) => writeln!(o, "  batch size:  none (the method has no batch option)").unwrap(),
     }
     writeln!(o, "  honours:").unwrap();

@@ -115,7 +115,7 @@ pub fn run(s: &Settings, a: &TransferArgs) -> anyhow::Result<ExitStatus> {
         }
     }
     let mut params = match &m {
-        Some(m) => resolve_method_params(&s.registry, m, "transfer", &a.batch, &a.knobs)?,
+        Some(m) => resolve_method_params(&s.registry, m, "transfer", &a.batch, &a.knobs, false)?,
         None => serde_json::Map::new(),
     };
     // With --embedding nothing is embedded: the vote runs here, on what both files hold.

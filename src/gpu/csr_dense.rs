@@ -7,18 +7,20 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
 
-/// The dense `n x n_cols` f32 matrix of the CSR rows (`offsets`, n + 1 of them; `cols`, `vals`),
-/// each column at most once a row; uploaded through page-locked memory, so the host does not
-/// wait for the GPU.
-pub fn to_dense(offsets: &[u32], cols: &[u32], vals: &[f32], n: usize, n_cols: usize, dev: &CudaDevice) -> Result<Tensor> {
-    if offsets.len() != n + 1 || cols.len() != vals.len() || offsets[n] as usize != cols.len() {
-        candle_core::bail!("csr-to-dense: {} offsets for {n} rows, {} columns, {} values", offsets.len(), cols.len(), vals.len());
+/// The dense `n x n_cols` f32 matrix of the CSR rows (`offsets`, n + 1 of them; the columns and
+/// the values, each given in parts that joined are the CSR arrays), each column at most once a
+/// row; uploaded through page-locked memory (the parts copied there on all cores), so the host
+/// does not wait for the GPU.
+pub fn to_dense(offsets: &[u32], cols: &[&[u32]], vals: &[&[f32]], n: usize, n_cols: usize, dev: &CudaDevice) -> Result<Tensor> {
+    let (nc, nv): (usize, usize) = (cols.iter().map(|c| c.len()).sum(), vals.iter().map(|v| v.len()).sum());
+    if offsets.len() != n + 1 || nc != nv || offsets[n] as usize != nc {
+        candle_core::bail!("csr-to-dense: {} offsets for {n} rows, {nc} columns, {nv} values", offsets.len());
     }
     let mut out = dev.alloc_zeros::<f32>(n * n_cols)?;
-    if n > 0 && !cols.is_empty() {
+    if n > 0 && nc > 0 {
         let offs = crate::gpu::upload::upload_slice(offsets, dev)?;
-        let c = crate::gpu::upload::upload_slice(cols, dev)?;
-        let v = crate::gpu::upload::upload_slice(vals, dev)?;
+        let c = crate::gpu::upload::upload_parts(cols, dev)?;
+        let v = crate::gpu::upload::upload_parts(vals, dev)?;
         let func = load_kernel!(dev, "csr_to_dense_f32", super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
         let n_cols64 = n_cols as u64;
         let mut b = func.builder();

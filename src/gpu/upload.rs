@@ -34,7 +34,7 @@ pub fn upload_f32(data: &[f32], device: &Device) -> Result<Tensor> {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::upload_slice;
+pub(crate) use cuda::{upload_parts, upload_slice};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -64,7 +64,7 @@ mod cuda {
     }
 
     /// The values a thread uploads, each type with its ring.
-    pub trait Staged: DeviceRepr + ValidAsZeroBits + CudaDType + Copy + 'static {
+    pub trait Staged: DeviceRepr + ValidAsZeroBits + CudaDType + Copy + Send + Sync + 'static {
         fn ring() -> &'static LocalKey<RefCell<Ring<Self>>>;
     }
     impl Staged for u32 {
@@ -87,8 +87,17 @@ mod cuda {
     /// `data` on the device's stream as a raw slice (for kernels that take their indices
     /// inside a custom op), through page-locked memory.
     pub fn upload_slice<T: Staged>(data: &[T], dev: &CudaDevice) -> Result<CudaSlice<T>> {
-        if data.is_empty() {
-            return dev.clone_htod(data);
+        upload_parts(&[data], dev)
+    }
+
+    /// `parts` one after another on the device's stream as one raw slice, copied into the
+    /// page-locked buffer on all cores (a batch built a chunk per core is never joined on the
+    /// host: joining and staging it on one core took longer than its copy to the GPU).
+    pub fn upload_parts<T: Staged>(parts: &[&[T]], dev: &CudaDevice) -> Result<CudaSlice<T>> {
+        use rayon::prelude::*;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return dev.clone_htod(&[] as &[T]);
         }
         let err = |e| candle_core::Error::Msg(format!("uploading a batch to the GPU: {e:?}"));
         let stream = dev.cuda_stream();
@@ -100,9 +109,23 @@ mod cuda {
                 *ring = Ring { stream: key, ..Ring::default() };
             }
             // the copy made from this buffer eight uploads ago is done before it is handed out
-            let (slot, src) = ring.buffers.take(&stream, data.len()).map_err(err)?;
-            src.copy_from_slice(data);
-            let mut dst = unsafe { stream.alloc::<T>(data.len()) }.map_err(err)?;
+            let (slot, src) = ring.buffers.take(&stream, len).map_err(err)?;
+            {
+                let mut pieces: Vec<(&mut [T], &[T])> = Vec::new();
+                let mut rest = &mut *src;
+                // pieces of at most 64 Ki values, so that one long part is copied on all cores too
+                for p in parts.iter().flat_map(|p| p.chunks(1 << 16)) {
+                    let (head, tail) = rest.split_at_mut(p.len());
+                    pieces.push((head, p));
+                    rest = tail;
+                }
+                if len >= 1 << 16 {
+                    pieces.into_par_iter().for_each(|(d, p)| d.copy_from_slice(p));
+                } else {
+                    pieces.into_iter().for_each(|(d, p)| d.copy_from_slice(p));
+                }
+            }
+            let mut dst = unsafe { stream.alloc::<T>(len) }.map_err(err)?;
             {
                 let (ptr, _synced) = dst.device_ptr_mut(&stream);
                 unsafe { result::memcpy_htod_async(ptr, &*src, stream.cu_stream()) }.map_err(err)?;

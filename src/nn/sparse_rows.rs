@@ -7,20 +7,23 @@
 
 use candle_core::{Device, Tensor};
 
-/// A batch of `n` cells as CSR over `n_cols` columns: cell i's (column, value) pairs are
-/// `cols[offsets[i]..offsets[i + 1]]` and the same range of `vals`, each column at most once in
-/// a cell (the device writes a row's values in parallel; a repeated column would race).
+/// A batch of `n` cells as CSR over `n_cols` columns, each column at most once in a cell (the
+/// device writes a row's values in parallel; a repeated column would race). The columns and
+/// values are held as built, a chunk of [`CHUNK`] cells a part (joined, the parts are the CSR
+/// arrays: the upload copies them into page-locked memory on all cores, never joined on the
+/// host); cell i's values are `offsets[i]..offsets[i + 1]` of the joined arrays ([`Self::row`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseRows {
     pub n: usize,
     pub n_cols: usize,
     pub offsets: Vec<u32>,
-    pub cols: Vec<u32>,
-    pub vals: Vec<f32>,
+    pub parts: Vec<(Vec<u32>, Vec<f32>)>,
+    /// the number of values (more than `offsets` can count past 2^32 - 1)
+    pub values: u64,
 }
 
 /// Cells built a chunk at a time on each core (a chunk's pairs in its own buffers).
-const CHUNK: usize = 64;
+pub const CHUNK: usize = 64;
 
 impl SparseRows {
     /// `n` cells, cell i's pairs written by `row(i, out)` into an emptied `out` (columns below
@@ -45,23 +48,32 @@ impl SparseRows {
                 Ok((lens, cols, vals))
             })
             .collect();
-        let mut parts_ok = Vec::with_capacity(parts.len());
-        for p in parts {
-            parts_ok.push(p?);
-        }
-        let total: usize = parts_ok.iter().map(|p| p.1.len()).sum();
-        let mut out = SparseRows { n, n_cols, offsets: Vec::with_capacity(n + 1), cols: Vec::with_capacity(total), vals: Vec::with_capacity(total) };
+        let mut out = SparseRows { n, n_cols, offsets: Vec::with_capacity(n + 1), parts: Vec::with_capacity(parts.len()), values: 0 };
         out.offsets.push(0);
         let mut at = 0u64;
-        for (lens, cols, vals) in parts_ok {
+        for p in parts {
+            let (lens, cols, vals) = p?;
             for l in lens {
                 at += l as u64;
-                out.offsets.push(at as u32);
+                out.offsets.push(at.min(u32::MAX as u64) as u32);
             }
-            out.cols.extend_from_slice(&cols);
-            out.vals.extend_from_slice(&vals);
+            out.parts.push((cols, vals));
         }
+        out.values = at;
         Ok(out)
+    }
+
+    /// The number of values (non-zero entries) of the batch.
+    pub fn nnz(&self) -> usize {
+        self.values as usize
+    }
+
+    /// Cell `i`'s columns and values.
+    pub fn row(&self, i: usize) -> (&[u32], &[f32]) {
+        let c = i / CHUNK;
+        let base = self.offsets[c * CHUNK];
+        let (a, b) = ((self.offsets[i] - base) as usize, (self.offsets[i + 1] - base) as usize);
+        (&self.parts[c].0[a..b], &self.parts[c].1[a..b])
     }
 
     /// `cells`' (column, value) pairs as a batch (see [`Self::build`]).
@@ -76,18 +88,20 @@ impl SparseRows {
     /// The dense `n x n_cols` f32 matrix on `device`: zeros with the values written in (one
     /// kernel on a GPU, after three uploads from page-locked memory).
     pub fn to_dense(&self, device: &Device) -> candle_core::Result<Tensor> {
-        if self.cols.len() > u32::MAX as usize {
-            candle_core::bail!("sparse rows: {} values in one batch, more than 2^32: use a smaller batch", self.cols.len());
+        if self.values > u32::MAX as u64 {
+            candle_core::bail!("sparse rows: {} values in one batch of {} cells, more than 2^32 - 1: use a smaller --batch-size", self.values, self.n);
         }
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
-            return crate::gpu::csr_dense::to_dense(&self.offsets, &self.cols, &self.vals, self.n, self.n_cols, dev);
+            let cols: Vec<&[u32]> = self.parts.iter().map(|p| p.0.as_slice()).collect();
+            let vals: Vec<&[f32]> = self.parts.iter().map(|p| p.1.as_slice()).collect();
+            return crate::gpu::csr_dense::to_dense(&self.offsets, &cols, &vals, self.n, self.n_cols, dev);
         }
         let mut dense = vec![0f32; self.n * self.n_cols];
         for i in 0..self.n {
-            let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
             let row = &mut dense[i * self.n_cols..(i + 1) * self.n_cols];
-            for (&c, &v) in self.cols[a..b].iter().zip(&self.vals[a..b]) {
+            let (cols, vals) = self.row(i);
+            for (&c, &v) in cols.iter().zip(vals) {
                 row[c as usize] = v;
             }
         }
@@ -110,7 +124,9 @@ mod tests {
         }
         let b = SparseRows::new(&cells, 5);
         assert_eq!(b.offsets.len(), 151);
-        assert_eq!(*b.offsets.last().unwrap() as usize, b.cols.len());
+        assert_eq!(b.nnz(), b.parts.iter().map(|p| p.0.len()).sum::<usize>());
+        assert_eq!(b.parts.len(), 3);
+        assert_eq!(b.row(100), (&[0u32, 1][..], &[101.5f32, -2.0][..]));
         assert_eq!(&b.offsets[..5], &[0, 2, 4, 6, 6]);
         let got = b.to_dense(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(got, want);

@@ -184,7 +184,7 @@ fn toml_defaults_reach_the_methods() {
     use scfoundry::commands::embed::resolve_method_params;
     use scfoundry::tasks::method::params;
     let reg = Registry::builtin();
-    let resolve = |name: &str| resolve_method_params(&reg, &reg.methods[name], "embed", &BatchArgs::default(), &KnobArgs::default()).unwrap();
+    let resolve = |name: &str| resolve_method_params(&reg, &reg.methods[name], "embed", &BatchArgs::default(), &KnobArgs::default(), false).unwrap();
     let uce: scfoundry::tasks::embed::uce::Params = params("uce", &resolve("uce")).unwrap();
     assert_eq!((uce.batch_size, uce.nlayers), (16, 33));
     let pca: scfoundry::tasks::embed::pca::Params = params("pca", &resolve("pca")).unwrap();
@@ -193,6 +193,14 @@ fn toml_defaults_reach_the_methods() {
     assert_eq!((scgpt.batch_size, scgpt.max_len), (64, 1200));
     let gf: scfoundry::tasks::embed::geneformer::Params = params("geneformer", &resolve("geneformer")).unwrap();
     assert_eq!((gf.batch_size, gf.emb_layer, gf.emb_mode.as_str()), (100, -1, "cell"));
+    // on a GPU, a method's [batch] gpu_default (scvi's result does not depend on the batch)
+    let on_gpu = resolve_method_params(&reg, &reg.methods["scvi"], "embed", &BatchArgs::default(), &KnobArgs::default(), true).unwrap();
+    let scvi_cpu: scfoundry::tasks::embed::scvi::Params = params("scvi", &resolve("scvi")).unwrap();
+    let scvi_gpu: scfoundry::tasks::embed::scvi::Params = params("scvi", &on_gpu).unwrap();
+    assert_eq!((scvi_cpu.batch_size, scvi_gpu.batch_size), (128, 8192));
+    let given = BatchArgs { batch_size: Some(300) };
+    let p = resolve_method_params(&reg, &reg.methods["scvi"], "embed", &given, &KnobArgs::default(), true).unwrap();
+    assert_eq!(p["batch_size"], 300, "--batch-size wins over the GPU default");
     // a parameter missing from the task is an error, never a constant in the adapter
     let mut p = resolve("uce");
     p.remove("batch_size");
