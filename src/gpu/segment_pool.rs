@@ -117,21 +117,13 @@ mod cuda {
             let out = match self.pool {
                 Pool::Mean => {
                     let mut out = dev.alloc_zeros::<f32>(n * d)?;
-                    match s.dtype() {
-                        candle_core::DType::BF16 => launch(&dev, "segment_mean_bf16", &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), &starts, &counts, &mut out, d32, cfg)?,
-                        candle_core::DType::F32 => launch(&dev, "segment_mean_f32", &s.as_cuda_slice::<f32>()?.slice(o0..o1), &starts, &counts, &mut out, d32, cfg)?,
-                        other => candle_core::bail!("segment-pool: {other:?} input"),
-                    }
+                    launch(&dev, "segment_mean", s, (o0, o1), &starts, &counts, &mut out, d32, cfg)?;
                     out
                 }
                 Pool::Max => {
                     // order-keeping keys merged by atomicMax, then turned back into floats
                     let mut keys = dev.alloc_zeros::<u32>(n * d)?;
-                    match s.dtype() {
-                        candle_core::DType::BF16 => launch(&dev, "segment_max_bf16", &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), &starts, &counts, &mut keys, d32, cfg)?,
-                        candle_core::DType::F32 => launch(&dev, "segment_max_f32", &s.as_cuda_slice::<f32>()?.slice(o0..o1), &starts, &counts, &mut keys, d32, cfg)?,
-                        other => candle_core::bail!("segment-pool: {other:?} input"),
-                    }
+                    launch(&dev, "segment_max", s, (o0, o1), &starts, &counts, &mut keys, d32, cfg)?;
                     let mut out = unsafe { dev.alloc::<f32>(n * d)? };
                     let func = load_kernel!(dev, "segment_max_decode", crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
                     let total = (n * d) as u32;
@@ -147,8 +139,19 @@ mod cuda {
         }
     }
 
+    /// Kernel `{kernel}_bf16` or `{kernel}_f32` (by `s`'s dtype) over `s`'s values `range`.
     #[allow(clippy::too_many_arguments)]
-    fn launch<T, O: DeviceRepr>(dev: &CudaDevice, name: &str, x: &CudaView<T>, starts: &CudaView<u32>, counts: &CudaView<u32>, out: &mut CudaSlice<O>, d: i32, cfg: LaunchConfig) -> Result<()> {
+    fn launch<O: DeviceRepr>(dev: &CudaDevice, kernel: &str, s: &CudaStorage, range: (usize, usize), starts: &CudaView<u32>, counts: &CudaView<u32>, out: &mut CudaSlice<O>, d: i32, cfg: LaunchConfig) -> Result<()> {
+        let (o0, o1) = range;
+        match s.dtype() {
+            candle_core::DType::BF16 => launch_typed(dev, &format!("{kernel}_bf16"), &s.as_cuda_slice::<half::bf16>()?.slice(o0..o1), starts, counts, out, d, cfg),
+            candle_core::DType::F32 => launch_typed(dev, &format!("{kernel}_f32"), &s.as_cuda_slice::<f32>()?.slice(o0..o1), starts, counts, out, d, cfg),
+            other => candle_core::bail!("segment-pool: {other:?} input"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_typed<T, O: DeviceRepr>(dev: &CudaDevice, name: &str, x: &CudaView<T>, starts: &CudaView<u32>, counts: &CudaView<u32>, out: &mut CudaSlice<O>, d: i32, cfg: LaunchConfig) -> Result<()> {
         let func = load_kernel!(dev, name, crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
         let mut b = func.builder();
         b.arg(x);
