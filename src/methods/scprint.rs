@@ -212,6 +212,13 @@ pub struct Config {
 }
 
 impl Config {
+    /// Why the head counts do not fit (none zero, d_model divisible by nhead, nhead by
+    /// num_heads_kv), if they do not.
+    pub fn heads_problem(&self) -> Option<String> {
+        let (d, h, hk) = (self.d_model, self.nhead, self.num_heads_kv);
+        (h == 0 || hk == 0 || d % h != 0 || h % hk != 0).then(|| format!("d_model {d}, nhead {h} and num_heads_kv {hk} do not divide (d_model by nhead, nhead by num_heads_kv)"))
+    }
+
     /// medium-v1.5's shape as the registry describes it (d_model 256, 8 layers, 4 heads; the
     /// gene count is unverified: 25,000 here), with `n_genes` genes, for benchmarks.
     pub fn medium(n_genes: usize) -> Config {
@@ -342,14 +349,12 @@ pub fn parse_config(path: &Path, hp: &Py) -> Result<Config> {
     }
     let nhead = int("nhead", Some(4))?;
     let d_model = int("d_model", Some(256))?;
-    if d_model % nhead != 0 {
-        return Err(bad(format!("d_model {d_model} is not divisible by nhead {nhead}")));
-    }
     let num_heads_kv = int("num_heads_kv", Some(nhead))?;
-    if nhead % num_heads_kv != 0 {
-        return Err(bad(format!("nhead {nhead} is not a multiple of num_heads_kv {num_heads_kv}")));
+    let config = Config { genes, organisms, d_model, nhead, num_heads_kv, nlayers: int("nlayers", Some(8))?, normalization, depth_atinput: flag("depth_atinput", true)?, classes };
+    match config.heads_problem() {
+        Some(p) => Err(bad(p)),
+        None => Ok(config),
     }
-    Ok(Config { genes, organisms, d_model, nhead, num_heads_kv, nlayers: int("nlayers", Some(8))?, normalization, depth_atinput: flag("depth_atinput", true)?, classes })
 }
 
 /// The tensors the embedding path reads (the decoders' are skipped).
@@ -573,8 +578,8 @@ impl ScPrint {
             let norm = candle_nn::layer_norm(d, 1e-6, t.pp("norm"))?;
             Ok((gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm))
         };
-        if config.nhead == 0 || config.num_heads_kv == 0 || d % config.nhead != 0 || config.nhead % config.num_heads_kv != 0 {
-            return Err(bad(format!("d_model {d}, nhead {} and num_heads_kv {} do not divide (d_model by nhead, nhead by num_heads_kv)", config.nhead, config.num_heads_kv)));
+        if let Some(p) = config.heads_problem() {
+            return Err(bad(p));
         }
         let (gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm) = build().map_err(|e| bad(format!("is not an scPrint model as its hyper_parameters describe: {e}")))?;
         Ok(ScPrint { config, path: path.into(), gene_emb, expr_encoder, pos_pe, class_emb, depth_encoder, stack, norm, pred, device })

@@ -7,7 +7,8 @@
 //! reverse order). Synchronising at every mark costs some overlap, so the sum is a little above
 //! an unprofiled step; the shares are what it is for. Names repeated across layers add up.
 //! Parts timed inside a region ([`StepProfile::part`], named "region: part") are also counted
-//! in the region.
+//! in the region. The first [`WARM_UP`] steps are left out of the tally (module loads, algorithm
+//! choices and the memory pool's growth happen there, and would dominate a short run).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,13 @@ use std::time::Instant;
 
 use candle_core::{CpuStorage, Device, Layout, Result, Shape, Tensor};
 
+/// Steps at the start that the tally leaves out.
+pub const WARM_UP: usize = 2;
+
 #[derive(Default)]
 struct Clock {
+    /// Steps started so far.
+    steps: usize,
     forward_from: Option<Instant>,
     backward_from: Option<(Instant, String)>,
     /// region -> (forward s, backward s)
@@ -46,8 +52,23 @@ impl StepProfile {
     /// Start of a step's forward pass.
     pub fn start(&self) -> Result<()> {
         self.device.synchronize()?;
-        self.lock().forward_from = Some(Instant::now());
+        let mut c = self.lock();
+        c.steps += 1;
+        if c.steps == WARM_UP + 1 {
+            c.seconds.clear();
+        }
+        c.forward_from = Some(Instant::now());
         Ok(())
+    }
+
+    /// Steps in the tally (those after the warm-up; all of them when there were no more).
+    pub fn steps_counted(&self) -> usize {
+        let n = self.lock().steps;
+        if n > WARM_UP {
+            n - WARM_UP
+        } else {
+            n
+        }
     }
 
     /// The end of region `name` in the forward pass: `x`, with a mark on its gradient.
@@ -119,9 +140,9 @@ impl StepProfile {
         v
     }
 
-    /// The table as TSV.
+    /// The table as TSV, after a comment line with the steps it counts.
     pub fn tsv(&self) -> String {
-        let mut s = String::from("region\tforward_s\tbackward_s\n");
+        let mut s = format!("# {} steps (the first {WARM_UP} left out when there were more)\nregion\tforward_s\tbackward_s\n", self.steps_counted());
         for (r, f, b) in self.table() {
             s += &format!("{r}\t{f:.3}\t{b:.3}\n");
         }
@@ -180,6 +201,23 @@ mod tests {
         for n in ["double", "square", "loss"] {
             assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");
         }
-        assert!(p.tsv().starts_with("region\tforward_s\tbackward_s\n"));
+        assert!(p.tsv().contains("\nregion\tforward_s\tbackward_s\n"));
+        assert_eq!(p.steps_counted(), 1);
+    }
+
+    #[test]
+    fn the_warm_up_steps_are_left_out() {
+        let dev = Device::Cpu;
+        let p = StepProfile { device: dev.clone(), clock: Arc::default() };
+        let x = Var::new(&[1f32], &dev).unwrap();
+        for step in 0..WARM_UP + 2 {
+            p.start().unwrap();
+            // a region only the warm-up steps have
+            let name = if step < WARM_UP { "warm-up only" } else { "later" };
+            let _ = p.mark(x.as_tensor(), name).unwrap();
+        }
+        let names: Vec<String> = p.table().into_iter().map(|r| r.0).collect();
+        assert_eq!(names, vec!["later".to_string()]);
+        assert_eq!(p.steps_counted(), 2);
     }
 }
