@@ -2,7 +2,11 @@
 # scgpt_integrated's training on a GPU: first the same small model trained on --device cuda and
 # cpu (the dropout kernel draws the CPU's masks, so the loss curves should differ only by
 # float rounding);
-# then ours (integrate --device cuda, --precision f32, tf32 and bf16)
+# then the fused training attention against the materialised scores on random inputs
+# (scfoundry-bench __bench-train-attention: each against f32, with and without dropout, and their
+# seconds at the whole-human shape);
+# then ours (integrate --device cuda, --precision f32, tf32 and bf16, and bf16 with
+# SCFOUNDRY_TRAIN_ATTENTION=materialized)
 # against upstream's training step in PyTorch (bench/scgpt_integrated_torch.py: bf16 autocast
 # with fp32 master weights, and f32) at the whole-human shape (embsize 512, 12 layers, 8 heads,
 # 1,201 tokens a cell, minibatch 64) with random weights, in the same run; peak GPU memory of
@@ -20,6 +24,7 @@ set -euo pipefail
 OUT=${1:?OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${SCFOUNDRY:-$ROOT/dist/cuda/scfoundry}
+BENCH_BIN=${SCFOUNDRY_BENCH:-$ROOT/dist/cuda/scfoundry-bench}
 PY=${PYTHON:-python3}
 TORCH_PYTHON=${TORCH_PYTHON:-python3}
 CELLS=${CELLS:-1280}
@@ -37,6 +42,7 @@ for D in cuda cpu; do
     --integration-batch-size 64 --device $D --model-dir "$OUT/small" --runs-dir "$OUT/runs"
 done
 paste <(cut -f1-9 "$OUT/small_cuda/losses.tsv") <(cut -f9 "$OUT/small_cpu/losses.tsv")   # total on cuda, then cpu
+"$BENCH_BIN" __bench-train-attention | tee "$OUT/train_attention.json"
 for P in bf16 f32; do
   "$TORCH_PYTHON" "$ROOT/bench/scgpt_integrated_torch.py" "$CK" 1200 64 20 "$OUT/torch_$P.json" "$P"
 done
@@ -48,6 +54,10 @@ for P in f32 tf32 bf16; do
   echo "ours $P:"; cat "$OUT/ours_$P/losses.tsv" || true
   grep -E "Elapsed|Maximum resident" "$OUT/ours_$P.time" || true
 done
+SCFOUNDRY_TRAIN_ATTENTION=materialized /usr/bin/time -v "$BIN" --weights-dir "$W" integrate -m scgpt_integrated -d "$DATA" \
+  -o "$OUT/ours_bf16_materialized.h5ad" --batch-key batch --epochs 2 --integration-batch-size 64 --device cuda --precision bf16 \
+  --runs-dir "$OUT/runs" 2> "$OUT/ours_bf16_materialized.time" || true
+echo "ours bf16, attention through the (l x l) scores:"; cat "$OUT/ours_bf16_materialized/losses.tsv" || true
 # where a bf16 step's time goes, by region of the model (the device synchronised at each mark)
 SCFOUNDRY_STEP_PROFILE=1 "$BIN" --weights-dir "$W" integrate -m scgpt_integrated -d "$DATA" -o "$OUT/profile_bf16.h5ad" \
   --batch-key batch --epochs 1 --integration-batch-size 64 --device cuda --precision bf16 --runs-dir "$OUT/runs" || true

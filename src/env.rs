@@ -66,6 +66,9 @@ impl EnvVars {
     pub const PROFILE: &'static str = "SCFOUNDRY_PROFILE";
     /// `portable`: the portable attention kernel even on a Hopper GPU (the path other GPUs take).
     pub const ATTENTION: &'static str = "SCFOUNDRY_ATTENTION";
+    /// `materialized`: training attention in bf16 on a GPU through the (l x l) score tensor
+    /// (`nn::recompute_attention`) instead of the fused kernels (`nn::flash_attention`).
+    pub const TRAIN_ATTENTION: &'static str = "SCFOUNDRY_TRAIN_ATTENTION";
     /// `0`: the matrix product and the layer norm as two kernels instead of the fused Hopper one.
     pub const FUSED_NORM: &'static str = "SCFOUNDRY_FUSED_NORM";
     /// The GPUs a task may take, as `--gpu` takes them (`0,1,2,3`, `0-3`, `all`): read by

@@ -8,6 +8,8 @@
 //! - `backoff.rs`: halve the batch on out-of-memory, retry down to 1, say what to pass next time.
 //! - `varlen_attention.rs`: attention over packed cells (no padding); a fused CUDA kernel
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
+//! - `train_attention.rs` (feature `cuda`): training attention in bf16 (FlashAttention-2's forward
+//!   with dropout and its backward pass) over cells of one length, for `nn/flash_attention.rs`.
 //! - `dropout.rs`: the kernel of `nn/dropout.rs`'s counter-based dropout mask.
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
@@ -74,6 +76,8 @@ pub mod csr_dense;
 pub mod dropout;
 #[cfg(feature = "cuda")]
 pub mod train_rows;
+#[cfg(feature = "cuda")]
+pub mod train_attention;
 #[cfg(feature = "cuda")]
 pub mod pairwise;
 pub mod options;

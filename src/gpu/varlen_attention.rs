@@ -97,7 +97,7 @@ pub use cuda::kernel_name;
 pub(crate) use cuda::launch as launch_fused;
 
 #[cfg(feature = "cuda")]
-mod cuda {
+pub(crate) mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
@@ -109,7 +109,8 @@ mod cuda {
     use crate::gpu::tma;
     use crate::gpu::KernelImage;
 
-    static PTX: KernelImage = kernel_image!("varlen_attention");
+    pub(crate) static PTX: KernelImage = kernel_image!("varlen_attention");
+    pub(crate) const MODULE: &str = "scfoundry_varlen_attention";
     /// Empty unless the binary was built for compute capability 9.0 (build.rs); runs on 9.0 alone (sm_90a).
     static PTX_SM90: KernelImage = kernel_image!("varlen_attention_sm90");
     /// The Hopper kernel's dynamic shared memory: 128 query rows and two buffers of 96 key and
@@ -164,7 +165,7 @@ mod cuda {
             b.arg(&scale_log2);
             unsafe { b.launch(cfg) }.w()?;
         } else {
-            let func = load_kernel!(dev, "varlen_attention_bf16_d64", "scfoundry_varlen_attention", PTX)?;
+            let func = load_kernel!(dev, "varlen_attention_bf16_d64", MODULE, PTX)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let mut b = func.builder();
             b.arg(qkv);

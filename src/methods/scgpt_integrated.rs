@@ -117,6 +117,10 @@ pub struct TrainModel {
     pub mixed: bool,
     /// Time by region of the model (`SCFOUNDRY_STEP_PROFILE=1`).
     pub profile: Option<StepProfile>,
+    /// Under mixed precision on a GPU, attention through the fused kernels
+    /// (`nn::flash_attention`); off, through the (l x l) scores (`nn::recompute_attention`,
+    /// `SCFOUNDRY_TRAIN_ATTENTION=materialized`). The CPU and f32 always take the latter.
+    pub fused_attention: bool,
 }
 
 /// The trained tensors' names and shapes (upstream's state_dict, less cls_decoder which the
@@ -241,7 +245,7 @@ impl TrainModel {
                 }
             }
         }
-        Ok((TrainModel { cfg, params, dsbn, device: device.clone(), mixed: false, profile: None }, drawn))
+        Ok((TrainModel { cfg, params, dsbn, device: device.clone(), mixed: false, profile: None, fused_attention: true }, drawn))
     }
 
     fn p(&self, name: &str) -> &Tensor {
@@ -334,10 +338,15 @@ impl TrainModel {
         let dt = if self.mixed { DType::BF16 } else { DType::F32 };
         let qkv = crate::nn::lean_linear::linear_as(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed, dt)?;
         let qkv = self.mark(qkv, "qkv projection")?;
-        let heads = qkv.reshape((b, l, 3, nh, hd))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let mask = if train { drop.next_mask() } else { None };
-        let scale = 1.0 / (hd as f32).sqrt();
-        let o = crate::nn::recompute_attention::attention(&heads, scale, mask, self.profile.as_ref())?.transpose(1, 2)?.reshape((b, l, d))?;
+        let o = if self.fused_attention && crate::nn::flash_attention::applies(&qkv, nh) {
+            // bf16 on a GPU with heads of 64: the fused kernels read qkv as it is
+            crate::nn::flash_attention::attention(&qkv, nh, mask)?
+        } else {
+            let heads = qkv.reshape((b, l, 3, nh, hd))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
+            let scale = 1.0 / (hd as f32).sqrt();
+            crate::nn::recompute_attention::attention(&heads, scale, mask, self.profile.as_ref())?.transpose(1, 2)?.reshape((b, l, d))?
+        };
         let o = self.mark(o, "attention")?;
         let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
         let o = if train { drop.apply(&o)? } else { o };

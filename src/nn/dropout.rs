@@ -28,6 +28,31 @@ impl Mask {
         ((mix(self.key.wrapping_add((i + 1).wrapping_mul(GOLDEN))) >> 40) as u32) < self.threshold
     }
 
+    /// Whether attention probability (query `q`, key `c`) of row block `bh` (cell x heads +
+    /// head) is kept, in sequences of `len` tokens. The attention rule differs from
+    /// [`Mask::keeps`]: the four elements (q, q + 8) x (c, c + 1) with q % 16 < 8 and c even
+    /// share one draw of 64 bits, 16 bits each, kept when below `threshold / 2^8` (the keep
+    /// ratio to 16 bits instead of 24). Those four are the values one GPU lane holds of a
+    /// matrix-product tile in the fused attention kernels, so each draws once for four
+    /// (`gpu/kernels/attention_common.cuh`, `attn_group_bits`, repeats this).
+    pub fn keeps_attention(&self, bh: u64, q: u64, c: u64, len: u64) -> bool {
+        let (len16, pairs) = (len.div_ceil(16) * 16, len.div_ceil(2));
+        let group = (bh * len16 + (q & !8)) * pairs + (c >> 1);
+        let bits = mix(self.key.wrapping_add((group + 1).wrapping_mul(GOLDEN)));
+        let draw = (bits >> (16 * (((q >> 3) & 1) * 2 + (c & 1)))) as u32 & 0xffff;
+        draw < self.threshold >> 8
+    }
+
+    /// The attention multiplier of (query `q`, key `c`) of row block `bh`: the scale when
+    /// kept, else 0.
+    pub fn attention_multiplier(&self, bh: u64, q: u64, c: u64, len: u64) -> f32 {
+        if self.keeps_attention(bh, q, c, len) {
+            self.scale
+        } else {
+            0.0
+        }
+    }
+
     /// `x` with the mask applied, differentiable (the gradient is masked the same way).
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         x.contiguous()?.apply_op1(*self)
@@ -36,6 +61,15 @@ impl Mask {
     /// `x` with the mask applied, outside the graph.
     pub fn apply_no_grad(&self, x: &Tensor) -> Result<Tensor> {
         x.contiguous()?.apply_op1_no_bwd(self)
+    }
+}
+
+/// The kernels' form of a mask (`gpu::train_rows::MaskArgs`): (has one, key, threshold, scale).
+#[cfg(feature = "cuda")]
+pub(crate) fn kernel_args(mask: Option<Mask>) -> crate::gpu::train_rows::MaskArgs {
+    match mask {
+        Some(m) => (1, m.key, m.threshold, m.scale),
+        None => (0, 0, 0, 1.0),
     }
 }
 
@@ -125,6 +159,31 @@ impl candle_core::CustomOp1 for Mask {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
+
+    #[test]
+    fn the_attention_rule_keeps_the_ratio_and_shares_a_draw_by_four() {
+        let m = Dropout::new(0.2, 7).next_mask().unwrap();
+        let len = 37u64;
+        let (mut kept, mut n) = (0usize, 0usize);
+        for bh in 0..6 {
+            for q in 0..len {
+                for c in 0..len {
+                    n += 1;
+                    kept += m.keeps_attention(bh, q, c, len) as usize;
+                }
+            }
+        }
+        let ratio = kept as f64 / n as f64;
+        assert!((ratio - 0.8).abs() < 0.01, "kept {ratio}");
+        // the four elements of a group are not all the same draw: over many groups, their
+        // keep decisions differ somewhere
+        let differ = (0..len / 2).any(|c2| m.keeps_attention(0, 0, 2 * c2, len) != m.keeps_attention(0, 8, 2 * c2 + 1, len));
+        assert!(differ);
+        // another row block or key draws another mask
+        let same = (0..len).all(|c| m.keeps_attention(0, 3, c, len) == m.keeps_attention(1, 3, c, len));
+        assert!(!same);
+        assert_eq!(m.attention_multiplier(0, 0, 0, len), if m.keeps_attention(0, 0, 0, len) { m.scale } else { 0.0 });
+    }
 
     #[test]
     fn keeps_the_ratio_and_scales_what_it_keeps() {

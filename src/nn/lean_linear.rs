@@ -5,6 +5,9 @@
 //! hand from x, W and dy: dx = dy W, dW = dy^T x, db = sum of dy over rows. With `mixed` (as
 //! `torch.autocast` with bf16) the products take bf16 copies of their operands and sum in f32,
 //! backward as forward; W, b and the output are f32, x f32 or bf16 (its gradient in its dtype).
+//! On a GPU the mixed forward pass is one cuBLASLt product whose epilogue adds the bias (in bf16,
+//! as autocast's `F.linear` does) and writes bf16, inside the op (no copy of the output is held
+//! aside for it); widths that are not multiples of 8 take candle's product.
 
 use std::sync::Arc;
 
@@ -22,6 +25,15 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result
 pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: DType) -> Result<Tensor> {
     let (n_out, n_in) = w.dims2()?;
     let x = x.contiguous()?;
+    if mixed && x.device().is_cuda() && n_in % 8 == 0 && n_out % 8 == 0 && cfg!(feature = "cuda") {
+        let bias = match b {
+            Some(b) => b.clone(),
+            None => Tensor::zeros(n_out, DType::F32, x.device())?,
+        };
+        let op = Lean { out: None, mixed, has_bias: b.is_some(), dtype: out };
+        let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
+        return if tracked { x.apply_op3_arc(w, &bias, Arc::new(Box::new(op))) } else { x.apply_op3_no_bwd(w, &bias, &op) };
+    }
     let rows = x.elem_count() / n_in.max(1);
     let mut out_shape = x.dims().to_vec();
     *out_shape.last_mut().ok_or_else(|| candle_core::Error::Msg("linear: x has no dimension".into()))? = n_out;
@@ -40,7 +52,7 @@ pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: D
         Some(b) => b.clone(),
         None => Tensor::zeros(n_out, DType::F32, x.device())?,
     };
-    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Computed::new(y, "lean-linear"), mixed, has_bias: b.is_some() })))
+    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Some(Computed::new(y, "lean-linear")), mixed, has_bias: b.is_some(), dtype: out })))
 }
 
 /// `a b` in f32, through bf16 copies when `mixed`.
@@ -62,9 +74,18 @@ fn as_bf16(t: &Tensor) -> Result<Tensor> {
 }
 
 struct Lean {
-    out: Computed,
+    /// The output computed before the op (None: the op's CUDA forward computes it).
+    out: Option<Computed>,
     mixed: bool,
     has_bias: bool,
+    /// The output's dtype.
+    dtype: DType,
+}
+
+impl Lean {
+    fn computed(&self) -> Result<&Computed> {
+        self.out.as_ref().ok_or_else(|| candle_core::Error::Msg("lean-linear: the output was to be computed on the GPU".into()))
+    }
 }
 
 impl candle_core::CustomOp3 for Lean {
@@ -73,12 +94,46 @@ impl candle_core::CustomOp3 for Lean {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.out.cpu()
+        self.computed()?.cpu()
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout, _: &candle_core::CudaStorage, _: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.out.cuda()
+    fn cuda_fwd(&self, x: &candle_core::CudaStorage, xl: &Layout, w: &candle_core::CudaStorage, wl: &Layout, b: &candle_core::CudaStorage, bl: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        if let Some(c) = &self.out {
+            return c.cuda();
+        }
+        // x W^T + b in one cuBLASLt product: bf16 operands (cast here when they are not),
+        // f32 sums, the bias added in the epilogue, bf16 out
+        let (n_out, n_in) = wl.shape().dims2()?;
+        let rows = xl.shape().elem_count() / n_in.max(1);
+        let dev = x.device().clone();
+        // a contiguous bf16 operand is read in place, any other cast to a bf16 copy
+        macro_rules! bf16_view {
+            ($s:expr, $l:expr, $owned:ident) => {
+                match ($s.dtype(), $l.contiguous_offsets()) {
+                    (DType::BF16, Some((o0, o1))) if o0 % 8 == 0 => $s.as_cuda_slice::<half::bf16>()?.slice(o0..o1),
+                    _ => {
+                        $owned = $s.to_dtype($l, DType::BF16)?;
+                        $owned.as_cuda_slice::<half::bf16>()?.slice(..)
+                    }
+                }
+            };
+        }
+        let (xo, wo, bo): (candle_core::CudaStorage, candle_core::CudaStorage, candle_core::CudaStorage);
+        let xv = bf16_view!(x, xl, xo);
+        let wv = bf16_view!(w, wl, wo);
+        let bv = bf16_view!(b, bl, bo);
+        // SAFETY: the product writes every element (beta 0).
+        let mut y = unsafe { dev.alloc::<half::bf16>(rows * n_out)? };
+        let lt = crate::gpu::gemm::Lt::for_stream(&dev.cuda_stream())?;
+        lt.linear(&xv, rows, n_in, &wv, &bv, n_out, &mut y, false, false, None)?;
+        let mut dims = xl.dims().to_vec();
+        *dims.last_mut().ok_or_else(|| candle_core::Error::Msg("lean-linear: x has no dimension".into()))? = n_out;
+        let shape = Shape::from(dims);
+        let y = candle_core::CudaStorage::wrap_cuda_slice(y, dev);
+        let y = if self.dtype == DType::BF16 { y } else { y.to_dtype(&Layout::contiguous(&shape), self.dtype)? };
+        Ok((y, shape))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {

@@ -1,7 +1,7 @@
 //! Building blocks shared by several models: encoder layers (BERT, packed BERT, post-norm
 //! stacks), the CLS encoder of scCello and LangCell, seeded random initialisation, the
 //! fine-tuning heads; for training, counter-based dropout, attention that recomputes in the
-//! backward pass, layer norm and linear layers that keep only their input, and the time of a
+//! backward pass (and its fused bf16 form on a GPU), layer norm and linear layers that keep only their input, and the time of a
 //! step by region; the kNN label transfer and sparse cells made dense on the device. Model files
 //! (`methods/`) build on these.
 
@@ -9,6 +9,7 @@ pub mod bert;
 pub mod cls_encoder;
 pub mod dropout;
 pub mod finetune;
+pub mod flash_attention;
 pub mod layer_norm;
 pub mod lean_linear;
 pub mod knn_transfer;

@@ -101,16 +101,16 @@ impl candle_core::CustomOp1 for Recompute {
 //
 // On each row of l scores s (f32 arithmetic whatever the storage): P = softmax(c s) with c the
 // scale (1 / sqrt(head size)), the dropout
-// multiplier k_i of element i = row x l + j (scale when kept, 0 when dropped, 1 without
-// dropout). Forward: Pd = P k. Backward, from dPd = dO v^T: dP = dPd k, r = sum(dP P),
+// multiplier k_j of element j of the row (Mask::keeps_attention's rule; scale when kept, 0 when
+// dropped, 1 without dropout). Forward: Pd = P k. Backward, from dPd = dO v^T: dP = dPd k, r = sum(dP P),
 // dS = c P (dP - r) (the gradient of the unscaled scores), and Pd again (for dV). The CUDA kernels (`gpu::train_rows`) do the same
 // with one warp a row.
 
-fn keep_mul(mask: Option<Mask>, i: u64) -> f32 {
+/// The multiplier of element j of score row `row` (query row % l of row block row / l).
+fn keep_mul(mask: Option<Mask>, row: usize, j: usize, l: usize) -> f32 {
     match mask {
         None => 1.0,
-        Some(m) if m.keeps(i) => m.scale,
-        Some(_) => 0.0,
+        Some(m) => m.attention_multiplier((row / l) as u64, (row % l) as u64, j as u64, l as u64),
     }
 }
 
@@ -125,9 +125,8 @@ fn rows_probs<T: WithDType>(s: &[T], l: usize, c: f32, mask: Option<Mask>) -> Ve
     out.par_chunks_mut(l).zip(s.par_chunks(l)).enumerate().for_each(|(r, (o, s))| {
         let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32 * c).collect();
         let (m, inv) = row_stats(&s);
-        let base = (r * l) as u64;
         for (j, o) in o.iter_mut().enumerate() {
-            *o = T::from_f64(((s[j] - m).exp() * inv * keep_mul(mask, base + j as u64)) as f64);
+            *o = T::from_f64(((s[j] - m).exp() * inv * keep_mul(mask, r, j, l)) as f64);
         }
     });
     out
@@ -141,9 +140,8 @@ fn rows_grads<T: WithDType>(s: &[T], dpd: &[T], l: usize, c: f32, mask: Option<M
     pd.par_chunks_mut(l).zip(ds.par_chunks_mut(l)).zip(s.par_chunks(l).zip(dpd.par_chunks(l))).enumerate().for_each(|(r, ((pd, ds), (s, dpd)))| {
         let s: Vec<f32> = s.iter().map(|x| x.to_f64() as f32 * c).collect();
         let (m, inv) = row_stats(&s);
-        let base = (r * l) as u64;
         let p: Vec<f32> = s.iter().map(|&x| (x - m).exp() * inv).collect();
-        let k: Vec<f32> = (0..l).map(|j| keep_mul(mask, base + j as u64)).collect();
+        let k: Vec<f32> = (0..l).map(|j| keep_mul(mask, r, j, l)).collect();
         let acc: f32 = (0..l).map(|j| dpd[j].to_f64() as f32 * k[j] * p[j]).sum();
         for j in 0..l {
             ds[j] = T::from_f64((c * p[j] * (dpd[j].to_f64() as f32 * k[j] - acc)) as f64);
@@ -190,7 +188,7 @@ impl candle_core::CustomOp1 for Probs {
         let dev = s.device().clone();
         let n = l.dims().last().copied().unwrap_or(1);
         let rows = (o1 - o0) / n.max(1);
-        let m = mask_args(self.mask);
+        let m = super::dropout::kernel_args(self.mask);
         let out = match s.dtype() {
             candle_core::DType::F32 => {
                 // SAFETY: the kernel writes every element.
@@ -247,7 +245,7 @@ impl candle_core::CustomOp2 for Grads {
         let n = sl.dims().last().copied().unwrap_or(1);
         let len = s1 - s0;
         let rows = len / n.max(1);
-        let m = mask_args(self.mask);
+        let m = super::dropout::kernel_args(self.mask);
         macro_rules! run {
             ($t:ty, $suffix:expr) => {{
                 // SAFETY: the kernel writes every element of both halves.
@@ -266,13 +264,6 @@ impl candle_core::CustomOp2 for Grads {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn mask_args(mask: Option<Mask>) -> crate::gpu::train_rows::MaskArgs {
-    match mask {
-        Some(m) => (1, m.key, m.threshold, m.scale),
-        None => (0, 0, 0, 1.0),
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -282,7 +273,13 @@ mod tests {
     fn plain(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Option<Mask>) -> Tensor {
         let p = candle_nn::ops::softmax(&(q * scale).unwrap().matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
         let p = match mask {
-            Some(m) => m.apply(&p).unwrap(),
+            Some(m) => {
+                let dims = p.dims().to_vec();
+                let l = dims[dims.len() - 1];
+                let rows = p.elem_count() / l;
+                let k: Vec<f32> = (0..rows * l).map(|i| keep_mul(Some(m), i / l, i % l, l)).collect();
+                (&p * Tensor::from_vec(k, dims, p.device()).unwrap()).unwrap()
+            }
             None => p,
         };
         p.matmul(v).unwrap()

@@ -225,3 +225,32 @@ pub struct BenchPairwiseArgs {
     #[arg(long)]
     pub gpu_only: bool,
 }
+
+#[derive(Debug, Args)]
+pub struct BenchTrainAttentionArgs {
+    /// Cells of the accuracy check (each path against f32 on the same bf16 inputs).
+    #[arg(long, default_value_t = 4)]
+    pub check_cells: usize,
+    /// Token lengths of the accuracy check (one run each; a length not a multiple of 64 checks
+    /// the tiles' tails).
+    #[arg(long, value_delimiter = ',', default_value = "1201,77")]
+    pub check_lengths: Vec<usize>,
+    /// Cells of the timed passes (scgpt_integrated's minibatch).
+    #[arg(long, default_value_t = 64)]
+    pub cells: usize,
+    /// Tokens a cell of the timed passes (scgpt_integrated's 1,200 genes and the cell token).
+    #[arg(long, default_value_t = 1201)]
+    pub len: usize,
+    /// Heads (of 64).
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Dropout on the probabilities (0: none).
+    #[arg(long, default_value_t = 0.1)]
+    pub dropout: f64,
+    /// Timed forward and backward passes of each path (after one untimed).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Seed of the inputs and the dropout masks.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}

@@ -15,8 +15,9 @@ mod encoder;
 mod pairwise;
 mod scimilarity;
 mod scvi;
+mod train_attention;
 
-use args::{BenchCellplmArgs, BenchEncoderArgs, BenchPairwiseArgs, BenchScimilarityArgs, BenchScviArgs};
+use args::{BenchCellplmArgs, BenchEncoderArgs, BenchPairwiseArgs, BenchScimilarityArgs, BenchScviArgs, BenchTrainAttentionArgs};
 
 #[derive(Debug, Parser)]
 #[command(name = "scfoundry-bench", version, about = "Throughput benchmarks of scfoundry's encoders (random weights)")]
@@ -46,6 +47,10 @@ enum Commands {
     /// distances) on the GPU against the CPU, agreement and seconds (bench/pairwise_gpu.sh).
     #[command(name = "__bench-pairwise")]
     BenchPairwise(BenchPairwiseArgs),
+    /// Internal (benchmarks): training attention in bf16 on a GPU, the fused kernels against the
+    /// materialised scores, each against f32, and their seconds at scgpt_integrated's shape.
+    #[command(name = "__bench-train-attention")]
+    BenchTrainAttention(BenchTrainAttentionArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +68,7 @@ fn main() -> ExitCode {
         Commands::BenchScimilarity(a) => scimilarity::run(a),
         Commands::BenchCellplm(a) => cellplm::run(a),
         Commands::BenchPairwise(a) => pairwise::run(a),
+        Commands::BenchTrainAttention(a) => train_attention::run(a),
     };
     match outcome {
         Ok(status) => ExitCode::from(status.code().clamp(0, 255) as u8),

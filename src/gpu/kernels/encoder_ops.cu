@@ -15,6 +15,8 @@
 
 #include <cuda_bf16.h>
 
+#include "attention_common.cuh"
+
 // 8 bf16 values in one 16-byte load
 struct __align__(16) Pack8 {
     __nv_bfloat162 h[4];
@@ -336,8 +338,8 @@ extern "C" __global__ void dropout_f32(const float *__restrict__ x, float *__res
 }
 
 // Training attention's row passes (src/nn/recompute_attention.rs holds the CPU twin and the
-// algebra): one warp a row of l scores, softmax in f32, the counter-based dropout mask of
-// element i = row * l + j (the rule of dropout_f32 above) applied on the way out.
+// algebra): one warp a row of l scores, softmax in f32, the attention dropout mask
+// (attention_common.cuh, attn_group_bits: a draw shared by four elements) applied on the way out.
 __device__ __forceinline__ float ld_f(const float *p) { return *p; }
 __device__ __forceinline__ float ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st_f(float *p, const float v) { *p = v; }
@@ -350,15 +352,12 @@ __device__ __forceinline__ float warp_sum_f(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-// the multiplier of element i: scale when kept, 0 when dropped, 1 without dropout
-__device__ __forceinline__ float keep_mul(const int has_mask, const unsigned long long key, const unsigned long long i,
-                                          const unsigned int threshold, const float scale) {
+// the attention multiplier of element j of score row `row` (query row % l of row block row / l)
+__device__ __forceinline__ float keep_mul_attn(const int has_mask, const unsigned long long key, const unsigned long long row, const int j,
+                                               const int l, const unsigned int threshold, const float scale) {
     if (!has_mask) return 1.f;
-    unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (unsigned int)(z >> 40) < threshold ? scale : 0.f;
+    const int q = (int)(row % (unsigned long long)l);
+    return attn_keep(attn_group_bits(key, row / (unsigned long long)l, q, j, l), q, j, threshold >> 8, scale);
 }
 // the row's max and 1 / sum(exp(c s - max)) of the scaled scores
 template <typename T>
@@ -381,7 +380,7 @@ __device__ void attn_probs(const T *s, T *pd, const unsigned long long rows, con
     float m, inv;
     row_softmax_stats(s + base, l, lane, c, m, inv);
     for (int j = lane; j < l; j += 32)
-        st_f(pd + base + j, expf(ld_f(s + base + j) * c - m) * inv * keep_mul(has_mask, key, base + j, threshold, scale));
+        st_f(pd + base + j, expf(ld_f(s + base + j) * c - m) * inv * keep_mul_attn(has_mask, key, row, j, l, threshold, scale));
 }
 // from the scores s and dPd = dO v^T: pd = dropout(P) and ds = c P * (dP - rowsum(dP * P)),
 // dP = dropout(dPd), P = softmax(c s)
@@ -397,12 +396,12 @@ __device__ void attn_ds(const T *s, const T *dpd, T *pd, T *ds, const unsigned l
     float acc = 0.f;
     for (int j = lane; j < l; j += 32) {
         const float p = expf(ld_f(s + base + j) * c - m) * inv;
-        acc += ld_f(dpd + base + j) * keep_mul(has_mask, key, base + j, threshold, scale) * p;
+        acc += ld_f(dpd + base + j) * keep_mul_attn(has_mask, key, row, j, l, threshold, scale) * p;
     }
     acc = warp_sum_f(acc);
     for (int j = lane; j < l; j += 32) {
         const float p = expf(ld_f(s + base + j) * c - m) * inv;
-        const float k = keep_mul(has_mask, key, base + j, threshold, scale);
+        const float k = keep_mul_attn(has_mask, key, row, j, l, threshold, scale);
         st_f(ds + base + j, c * p * (ld_f(dpd + base + j) * k - acc));
         st_f(pd + base + j, p * k);
     }

@@ -1,6 +1,7 @@
 // Variable-length (packed) softmax attention for encoders, bf16 in and out, f32 softmax and
 // accumulation, head dimension 64, no mask inside a sequence (what BERT-style encoders need once
-// padding is gone). The algorithm is FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention
+// padding is gone). At the end of the file, training's forward pass (dropout, the rows' lse) and
+// FlashAttention-2's backward pass, which share this file's matrix-product helpers. The algorithm is FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention
 // with Better Parallelism and Work Partitioning", arXiv:2307.08691): tiles of 64 keys stream
 // through shared memory, each query row keeps its running max and sum, and the
 // batch x heads x s x s score tensor is never written.
@@ -61,9 +62,21 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
 
 // MT m16 tiles of query rows a warp (16 MT rows; a block of 4 warps takes 64 MT rows): with
 // MT = 2 each key/value fragment read from shared memory feeds two matrix products.
-template <int MT, bool FIXED_MAX>
+// Training's extras (TRAIN): the dropout of the probabilities (attention_common.cuh's rule) and
+// each query row's log2-sum-exp2 of the scaled scores, lse[(cell x heads + head) x len + row],
+// which the backward pass recomputes the probabilities from.
+struct TrainArgs {
+    float *lse;
+    int has_mask;
+    unsigned long long key;
+    unsigned int threshold16;
+    float scale;
+};
+
+template <int MT, bool FIXED_MAX, bool TRAIN>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
-                                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+                                          const unsigned int *__restrict__ cu, const int heads, const float scale_log2,
+                                          const TrainArgs train) {
     constexpr int ROWS = BM * MT;
     const BlockWork work = block_work(cu, ROWS);
     if (work.q0 >= work.len) return;
@@ -238,6 +251,24 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                 }
             }
         }
+        if (TRAIN && train.has_mask) {
+            // dropout after the row sums took the whole probabilities: a lane's four values of
+            // an 8-key tile (rows g, g + 8; keys c, c + 1) share one draw
+            const unsigned long long bh = (unsigned long long)blockIdx.z * heads + head;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int r0 = q0 + (warp * MT + mt) * 16 + g;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int c = k0 + j * 8 + tig * 2;
+                    const unsigned long long bits = attn_group_bits(train.key, bh, r0, c, len);
+                    s[mt][j][0] *= attn_keep(bits, r0, c, train.threshold16, train.scale);
+                    s[mt][j][1] *= attn_keep(bits, r0, c + 1, train.threshold16, train.scale);
+                    s[mt][j][2] *= attn_keep(bits, r0 + 8, c, train.threshold16, train.scale);
+                    s[mt][j][3] *= attn_keep(bits, r0 + 8, c + 1, train.threshold16, train.scale);
+                }
+            }
+        }
         // O += P V: the probabilities of keys 16 kk .. 16 kk + 15 are the A operand
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -276,6 +307,11 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
         }
         const float i0 = 1.f / l0, i1 = 1.f / l1;
         const int r0 = q0 + (warp * MT + mt) * 16 + g, r1 = r0 + 8;
+        if (TRAIN && tig == 0) {
+            float *lse = train.lse + ((size_t)blockIdx.z * heads + head) * len;
+            if (r0 < len) lse[r0] = m[mt][0] + __log2f(l0);
+            if (r1 < len) lse[r1] = m[mt][1] + __log2f(l1);
+        }
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {
             if (r0 < len) *reinterpret_cast<uint32_t *>(dst + (size_t)r0 * out_stride + d * 8) = pack(o[mt][d][0] * i0, o[mt][d][1] * i0);
@@ -290,5 +326,274 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
 varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
-    attention<2, true>(qkv, out, cu, heads, scale_log2);
+    attention<2, true, false>(qkv, out, cu, heads, scale_log2, TrainArgs{});
+}
+
+// ------------------------------------------------------------------------------------ training
+// Training attention (src/gpu/train_attention.rs runs these; src/nn/flash_attention.rs is the op):
+// every cell of a batch has the same length `len` (cu holds c x len), dropout on the
+// probabilities, and FlashAttention-2's backward pass, so no len x len tensor is ever written.
+
+// The forward pass: the kernel above with the dropout and each row's lse kept.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
+train_attention_fwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                             const unsigned int *__restrict__ cu, const int heads, const float scale_log2, float *__restrict__ lse,
+                             const int has_mask, const unsigned long long key, const unsigned int threshold16, const float drop_scale) {
+    attention<2, true, true>(qkv, out, cu, heads, scale_log2, TrainArgs{lse, has_mask, key, threshold16, drop_scale});
+}
+
+// Before the backward pass: dsum[(cell x heads + head) x len + q] = sum over the head's 64 values
+// of dO * O at token (cell x len + q) (FlashAttention-2's D: with dropout, rowsum(dP * P) is
+// still dO . O, as O = (P * M) V and dP = (dO V^T) * M). One warp a (token, head).
+extern "C" __global__ void train_attention_dsum_bf16(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ out,
+                                                     float *__restrict__ dsum, const unsigned long long tokens, const int heads, const int len) {
+    const unsigned long long w = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= tokens * heads) return;
+    const unsigned long long token = w / heads;
+    const int head = (int)(w % heads);
+    const size_t at = token * (size_t)heads * HD + head * HD + lane * 2;
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(dout + at));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(out + at));
+    float v = a.x * b.x + a.y * b.y;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) {
+        const unsigned long long cell = token / len, q = token % len;
+        dsum[(cell * heads + head) * len + q] = v;
+    }
+}
+
+// dQ (f32, summed by the backward blocks) into its columns of dqkv (bf16): n = tokens x heads x 64
+extern "C" __global__ void train_attention_dq_bf16(const float *__restrict__ dq, __nv_bfloat16 *__restrict__ dqkv, const unsigned long long n,
+                                                   const int heads) {
+    const unsigned long long i = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (i >= n) return;
+    const unsigned long long width = (unsigned long long)heads * HD;
+    const unsigned long long token = i / width, col = i % width;
+    *reinterpret_cast<__nv_bfloat162 *>(dqkv + token * 3 * width + col) = __floats2bfloat162_rn(dq[i], dq[i + 1]);
+}
+
+// The backward pass (FlashAttention-2, Algorithm 2): a block takes 64 keys of one head of one cell
+// (grid: ceil(len / 64), heads, cells), a warp 16 of them, and walks every tile of 64 queries:
+//   S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse), dV += (P * M)^T dO, dP^T = V dO^T,
+//   dS^T = scale P^T * (dP^T * M - D), dK += dS^T Q, dQ += dS K (dS^T through shared memory;
+//   dQ added into f32 with atomics, as FlashAttention-2 does).
+// The warp holds S^T and its followers in registers, keys as rows, queries as columns. Key and
+// query rows are laid out in shared memory so that a lane's four values of an 8-column tile (rows
+// g, g + 8; columns 2 t, 2 t + 1) are keys (c, c + 1) and queries (q, q + 8): the group of the
+// dropout rule (attention_common.cuh), one draw for the four, as in the forward pass. Within each
+// 16 rows: key slot r holds key 2 r (r < 8) or 2 (r - 8) + 1; query slot r holds query r / 2 (r
+// even) or r / 2 + 8 (r odd).
+// dK and dV (scaled as the gradients of the unscaled q and k) go to their columns of dqkv; dq is
+// f32 (tokens x heads x 64), zeroed before.
+__device__ __forceinline__ int key_of_slot(int r) { return (r & ~15) + ((r & 15) < 8 ? 2 * (r & 7) : 2 * (r & 7) + 1); }
+__device__ __forceinline__ int query_of_slot(int r) { return (r & ~15) + ((r & 1) ? ((r & 15) >> 1) + 8 : (r & 15) >> 1); }
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_bfloat16 *__restrict__ dout, const float *__restrict__ lse,
+                             const float *__restrict__ dsum, float *__restrict__ dq, __nv_bfloat16 *__restrict__ dqkv, const int len,
+                             const int heads, const float scale_log2, const float scale, const int has_mask, const unsigned long long key,
+                             const unsigned int threshold16, const float drop_scale) {
+    constexpr int T = 64;  // keys a block, queries a tile
+    const int head = blockIdx.y, cell = blockIdx.z, k0 = blockIdx.x * T;
+    const unsigned long long bh = (unsigned long long)cell * heads + head;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tig = lane % 4;
+    const size_t row_stride = (size_t)3 * heads * HD, o_stride = (size_t)heads * HD;
+    const size_t start = (size_t)cell * len;
+    const __nv_bfloat16 *q_base = qkv + start * row_stride + head * HD;
+    const __nv_bfloat16 *o_base = dout + start * o_stride + head * HD;
+    const float *lse_bh = lse + bh * len, *d_bh = dsum + bh * len;
+
+    __shared__ __align__(128) __nv_bfloat16 sm[4 * T * LD];
+    __nv_bfloat16 *ks = sm, *qs = sm + T * LD, *os = sm + 2 * T * LD, *dss = sm + 3 * T * LD;
+    __shared__ float lse_s[T], d_s[T];
+
+    // K (its slots) into ks, V into dss for now
+    for (int i = tid; i < T * (HD / 8); i += WARPS * 32) {
+        const int r = i / (HD / 8), c = i % (HD / 8);
+        const int k = k0 + key_of_slot(r);
+        const bool ok = k < len;
+        const __nv_bfloat16 *row = q_base + (size_t)(ok ? k : 0) * row_stride + c * 8;
+        copy16(ks + r * LD + c * 8, row + heads * HD, ok);
+        copy16(dss + r * LD + c * 8, row + 2 * heads * HD, ok);
+    }
+    copy_commit();
+    copy_wait_all();
+    __syncthreads();
+    uint32_t kf[HD / 16][4], vf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        ldsm4(kf[kk], ks + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+        ldsm4(vf[kk], dss + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
+    }
+    // this lane's keys (rows g and g + 8 of the warp's 16): c0 and c0 + 1
+    const int c0 = k0 + key_of_slot(warp * 16 + g);
+    const bool key0 = c0 < len, key1 = c0 + 1 < len;
+
+    float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) dk[d][0] = dk[d][1] = dk[d][2] = dk[d][3] = dv[d][0] = dv[d][1] = dv[d][2] = dv[d][3] = 0.f;
+
+    const int tiles = (len + T - 1) / T;
+    for (int t = 0; t < tiles; t++) {
+        const int q0 = t * T;
+        __syncthreads();  // the previous tile's reads of qs, os, dss (and the V staging) are done
+        for (int i = tid; i < T * (HD / 8); i += WARPS * 32) {
+            const int r = i / (HD / 8), c = i % (HD / 8);
+            const int q = q0 + query_of_slot(r);
+            const bool ok = q < len;
+            copy16(qs + r * LD + c * 8, q_base + (size_t)(ok ? q : 0) * row_stride + c * 8, ok);
+            copy16(os + r * LD + c * 8, o_base + (size_t)(ok ? q : 0) * o_stride + c * 8, ok);
+        }
+        copy_commit();
+        if (tid < T) {
+            const int q = q0 + query_of_slot(tid);
+            lse_s[tid] = q < len ? lse_bh[q] : INFINITY;
+            d_s[tid] = q < len ? d_bh[q] : 0.f;
+        }
+        copy_wait_all();
+        __syncthreads();
+
+        // S^T (16 keys x 64 query slots), then P^T in place
+        float p[T / 8][4];
+#pragma unroll
+        for (int j = 0; j < T / 8; j++) p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < T / 8; j += 2) {
+                uint32_t b[4];
+                ldsm4(b, qs + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma(p[j], kf[kk], b[0], b[1]);
+                mma(p[j + 1], kf[kk], b[2], b[3]);
+            }
+        }
+        // the dropout multipliers of the four values (keys c0, c0 + 1; query slots 2 t, 2 t + 1)
+        float km[T / 8][4];
+#pragma unroll
+        for (int j = 0; j < T / 8; j++) {
+            const int slot = j * 8 + tig * 2;
+            const float l0 = lse_s[slot], l1 = lse_s[slot + 1];
+            p[j][0] = key0 ? exp2_ftz(fmaf(p[j][0], scale_log2, -l0)) : 0.f;
+            p[j][1] = key0 ? exp2_ftz(fmaf(p[j][1], scale_log2, -l1)) : 0.f;
+            p[j][2] = key1 ? exp2_ftz(fmaf(p[j][2], scale_log2, -l0)) : 0.f;
+            p[j][3] = key1 ? exp2_ftz(fmaf(p[j][3], scale_log2, -l1)) : 0.f;
+            if (has_mask) {
+                const int q = q0 + query_of_slot(slot);  // and q + 8 for slot + 1
+                const unsigned long long bits = attn_group_bits(key, bh, q, c0, len);
+                km[j][0] = attn_keep(bits, q, c0, threshold16, drop_scale);
+                km[j][1] = attn_keep(bits, q + 8, c0, threshold16, drop_scale);
+                km[j][2] = attn_keep(bits, q, c0 + 1, threshold16, drop_scale);
+                km[j][3] = attn_keep(bits, q + 8, c0 + 1, threshold16, drop_scale);
+            } else {
+                km[j][0] = km[j][1] = km[j][2] = km[j][3] = 1.f;
+            }
+        }
+        // dV += (P * M)^T dO: the dropped P^T is the A operand (k = query slots)
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint32_t a[4];
+            a[0] = pack(p[2 * kk][0] * km[2 * kk][0], p[2 * kk][1] * km[2 * kk][1]);
+            a[1] = pack(p[2 * kk][2] * km[2 * kk][2], p[2 * kk][3] * km[2 * kk][3]);
+            a[2] = pack(p[2 * kk + 1][0] * km[2 * kk + 1][0], p[2 * kk + 1][1] * km[2 * kk + 1][1]);
+            a[3] = pack(p[2 * kk + 1][2] * km[2 * kk + 1][2], p[2 * kk + 1][3] * km[2 * kk + 1][3]);
+#pragma unroll
+            for (int d = 0; d < HD / 8; d += 2) {
+                uint32_t b[4];
+                ldsm4_t(b, os + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + (d + lane / 16) * 8);
+                mma(dv[d], a, b[0], b[1]);
+                mma(dv[d + 1], a, b[2], b[3]);
+            }
+        }
+        // dP^T = V dO^T, then dS^T = scale P^T * (dP^T * M - D) in place
+        float ds[T / 8][4];
+#pragma unroll
+        for (int j = 0; j < T / 8; j++) ds[j][0] = ds[j][1] = ds[j][2] = ds[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < T / 8; j += 2) {
+                uint32_t b[4];
+                ldsm4(b, os + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma(ds[j], vf[kk], b[0], b[1]);
+                mma(ds[j + 1], vf[kk], b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < T / 8; j++) {
+            const int slot = j * 8 + tig * 2;
+            const float d0 = d_s[slot], d1 = d_s[slot + 1];
+            ds[j][0] = scale * p[j][0] * (ds[j][0] * km[j][0] - d0);
+            ds[j][1] = scale * p[j][1] * (ds[j][1] * km[j][1] - d1);
+            ds[j][2] = scale * p[j][2] * (ds[j][2] * km[j][2] - d0);
+            ds[j][3] = scale * p[j][3] * (ds[j][3] * km[j][3] - d1);
+        }
+        // dK += dS^T Q; dS^T to shared memory for dQ
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint32_t a[4];
+            a[0] = pack(ds[2 * kk][0], ds[2 * kk][1]);
+            a[1] = pack(ds[2 * kk][2], ds[2 * kk][3]);
+            a[2] = pack(ds[2 * kk + 1][0], ds[2 * kk + 1][1]);
+            a[3] = pack(ds[2 * kk + 1][2], ds[2 * kk + 1][3]);
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g) * LD + kk * 16 + tig * 2) = a[0];
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g + 8) * LD + kk * 16 + tig * 2) = a[1];
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g) * LD + kk * 16 + 8 + tig * 2) = a[2];
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g + 8) * LD + kk * 16 + 8 + tig * 2) = a[3];
+#pragma unroll
+            for (int d = 0; d < HD / 8; d += 2) {
+                uint32_t b[4];
+                ldsm4_t(b, qs + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + (d + lane / 16) * 8);
+                mma(dk[d], a, b[0], b[1]);
+                mma(dk[d + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+        // dQ for query slots 16 warp .. 16 warp + 15 = dS (slots x 64 keys) K: dS read back
+        // transposed from dss (keys x query slots)
+        float dqa[HD / 8][4];
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) dqa[d][0] = dqa[d][1] = dqa[d][2] = dqa[d][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < T / 16; kk++) {
+            uint32_t a[4];
+            ldsm4_t(a, dss + (kk * 16 + (lane / 16) * 8 + lane % 8) * LD + warp * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+            for (int d = 0; d < HD / 8; d += 2) {
+                uint32_t b[4];
+                ldsm4_t(b, ks + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + (d + lane / 16) * 8);
+                mma(dqa[d], a, b[0], b[1]);
+                mma(dqa[d + 1], a, b[2], b[3]);
+            }
+        }
+        const int qa = q0 + query_of_slot(warp * 16 + g), qb = q0 + query_of_slot(warp * 16 + g + 8);
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++) {
+            const int col = head * HD + d * 8 + tig * 2;
+            if (qa < len) {
+                atomicAdd(dq + (start + qa) * o_stride + col, dqa[d][0]);
+                atomicAdd(dq + (start + qa) * o_stride + col + 1, dqa[d][1]);
+            }
+            if (qb < len) {
+                atomicAdd(dq + (start + qb) * o_stride + col, dqa[d][2]);
+                atomicAdd(dq + (start + qb) * o_stride + col + 1, dqa[d][3]);
+            }
+        }
+    }
+    // dK and dV of this lane's keys (c0: rows g; c0 + 1: rows g + 8) into dqkv
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) {
+        const int col = head * HD + d * 8 + tig * 2;
+        if (key0) {
+            __nv_bfloat16 *row = dqkv + (start + c0) * row_stride + col;
+            *reinterpret_cast<uint32_t *>(row + heads * HD) = pack(dk[d][0], dk[d][1]);
+            *reinterpret_cast<uint32_t *>(row + 2 * heads * HD) = pack(dv[d][0], dv[d][1]);
+        }
+        if (key1) {
+            __nv_bfloat16 *row = dqkv + (start + c0 + 1) * row_stride + col;
+            *reinterpret_cast<uint32_t *>(row + heads * HD) = pack(dk[d][2], dk[d][3]);
+            *reinterpret_cast<uint32_t *>(row + 2 * heads * HD) = pack(dv[d][2], dv[d][3]);
+        }
+    }
 }

@@ -259,6 +259,7 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     let (mut model, drawn) = TrainModel::new(cfg, &tensors, spec.seed, &dev.device)?;
     model.mixed = precision == "bf16";
     model.profile = crate::nn::step_profile::StepProfile::from_env(&dev.device);
+    model.fused_attention = std::env::var(crate::env::EnvVars::TRAIN_ATTENTION).map_or(true, |v| v != "materialized");
     let opts = TrainOptions {
         epochs: so.epochs.unwrap_or(d.epochs) as usize,
         batch_size: so.integration_batch_size.unwrap_or(d.batch) as usize,
