@@ -35,6 +35,7 @@ pub fn attention(qkv: &Tensor, heads: usize, mask: Option<Mask>) -> Result<Tenso
     qkv.apply_op1_arc(std::sync::Arc::new(Box::new(Flash { heads, mask, lse: Mutex::new(None) })))
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Flash {
     heads: usize,
     mask: Option<Mask>,
@@ -45,6 +46,7 @@ struct Flash {
     lse: Mutex<Option<()>>,
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn dims(l: &Layout, heads: usize) -> Result<(usize, usize)> {
     let (cells, len, width) = l.shape().dims3()?;
     if width != 3 * heads * 64 {

@@ -77,8 +77,8 @@ impl candle_core::CustomOp3 for Forward {
         let d = w.elem_count();
         let both = x.apply_op3_no_bwd(&w, &dy, &Backward { eps: self.eps })?;
         let dx = both.get(0)?;
-        let dw = both.get(1)?.reshape(((), d))?.sum(0)?;
-        let db = dy.reshape(((), d))?.sum(0)?;
+        let dw = super::lean_linear::column_sums(&both.get(1)?.reshape(((), d))?)?;
+        let db = super::lean_linear::column_sums(&dy.reshape(((), d))?)?;
         Ok((Some(dx), Some(dw.reshape(w.shape())?), Some(db.reshape(w.shape())?)))
     }
 }

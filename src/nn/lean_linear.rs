@@ -64,6 +64,17 @@ fn product(a: &Tensor, b: &Tensor, mixed: bool) -> Result<Tensor> {
     }
 }
 
+/// The column sums of `dy` (`rows x n`) in f32: a bias gradient. On a GPU as the product
+/// `1^T dy` (one coalesced pass; candle's sum over the first dimension reads a column a block,
+/// strided); a bf16 dy sums in f32 and is rounded to bf16 once, as autocast's bias gradient is.
+pub fn column_sums(dy: &Tensor) -> Result<Tensor> {
+    let (rows, n) = dy.dims2()?;
+    if !dy.device().is_cuda() {
+        return dy.to_dtype(DType::F32)?.sum(0);
+    }
+    Tensor::ones((1, rows), dy.dtype(), dy.device())?.matmul(dy)?.to_dtype(DType::F32)?.reshape(n)
+}
+
 /// `t` in bf16 (itself when it is).
 fn as_bf16(t: &Tensor) -> Result<Tensor> {
     if t.dtype() == DType::BF16 {
@@ -78,7 +89,8 @@ struct Lean {
     out: Option<Computed>,
     mixed: bool,
     has_bias: bool,
-    /// The output's dtype.
+    /// The output's dtype (the CUDA forward's; the CPU's output is computed before the op).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     dtype: DType,
 }
 
@@ -141,7 +153,7 @@ impl candle_core::CustomOp3 for Lean {
         let rows = x.elem_count() / n_in.max(1);
         let x2 = x.detach().reshape((rows, n_in))?;
         let dy = grad.detach().contiguous()?.reshape((rows, n_out))?;
-        let db = if self.has_bias { Some(dy.to_dtype(DType::F32)?.sum(0)?) } else { None };
+        let db = if self.has_bias { Some(column_sums(&dy)?) } else { None };
         if self.mixed {
             // each operand cast to bf16 once (not at all when it is bf16), and dy^T as a
             // transposed view the product reads in place (a cast of the view would write a
