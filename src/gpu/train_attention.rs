@@ -3,7 +3,7 @@
 //! pass, over cells of one length read straight from the qkv projection's output. `nn/flash_attention.rs`
 //! is the op that runs them in candle's graph.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
 use half::bf16;
@@ -28,6 +28,28 @@ impl Shape {
     }
 }
 
+/// The dropout's kernel arguments in the kernels' order: has one, key, the keep threshold to
+/// 16 bits (the attention rule's draws are 16 bits), scale.
+struct KernelMask {
+    has: i32,
+    key: u64,
+    threshold16: u32,
+    scale: f32,
+}
+
+impl KernelMask {
+    fn new(m: MaskArgs) -> KernelMask {
+        KernelMask { has: m.0, key: m.1, threshold16: m.2 >> 8, scale: m.3 }
+    }
+
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.has);
+        b.arg(&self.key);
+        b.arg(&self.threshold16);
+        b.arg(&self.scale);
+    }
+}
+
 /// 1 / sqrt(64) and the same in base 2.
 fn scales() -> (f32, f32) {
     let scale = 1.0 / (HEAD_SIZE as f32).sqrt();
@@ -45,7 +67,7 @@ pub fn forward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &mut CudaSlice<bf16>
     let func = load_kernel!(dev, "train_attention_fwd_bf16_d64", MODULE, PTX)?;
     let (_, scale_log2) = scales();
     let heads = s.heads as i32;
-    let threshold16 = mask.2 >> 8;
+    let mask = KernelMask::new(mask);
     let mut b = func.builder();
     b.arg(qkv);
     b.arg(out);
@@ -53,10 +75,7 @@ pub fn forward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &mut CudaSlice<bf16>
     b.arg(&heads);
     b.arg(&scale_log2);
     b.arg(lse);
-    b.arg(&mask.0);
-    b.arg(&mask.1);
-    b.arg(&threshold16);
-    b.arg(&mask.3);
+    mask.push(&mut b);
     let cfg = LaunchConfig { grid_dim: (s.len.div_ceil(128) as u32, s.heads as u32, s.cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments match the kernel's signature; the buffers hold the sizes above.
     unsafe { b.launch(cfg) }.w()?;
@@ -94,7 +113,7 @@ pub fn backward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &CudaView<bf16>, do
     let mut dq = dev.alloc_zeros::<f32>(tokens * width)?;
     {
         let func = load_kernel!(dev, "train_attention_bwd_bf16_d64", MODULE, PTX)?;
-        let threshold16 = mask.2 >> 8;
+        let mask = KernelMask::new(mask);
         let mut b = func.builder();
         b.arg(qkv);
         b.arg(dout);
@@ -106,10 +125,7 @@ pub fn backward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &CudaView<bf16>, do
         b.arg(&heads);
         b.arg(&scale_log2);
         b.arg(&scale);
-        b.arg(&mask.0);
-        b.arg(&mask.1);
-        b.arg(&threshold16);
-        b.arg(&mask.3);
+        mask.push(&mut b);
         let cfg = LaunchConfig { grid_dim: (s.len.div_ceil(64) as u32, s.heads as u32, s.cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments match the kernel's signature; the buffers hold the sizes above.
         unsafe { b.launch(cfg) }.w()?;

@@ -431,6 +431,23 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
     const int c0 = k0 + key_of_slot(warp * 16 + g);
     const bool key0 = c0 < len, key1 = c0 + 1 < len;
 
+    // acc (the warp's 16 key rows x 64 query slots) = a (16 x 64, A fragments) times the tile's
+    // 64 slot rows (x 64) transposed: S^T = K Q^T and dP^T = V dO^T
+    auto by_slots = [&](float (&acc)[T / 8][4], const uint32_t (&a)[HD / 16][4], const __nv_bfloat16 *tile) {
+#pragma unroll
+        for (int j = 0; j < T / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < T / 8; j += 2) {
+                uint32_t b[4];
+                ldsm4(b, tile + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+                mma(acc[j], a[kk], b[0], b[1]);
+                mma(acc[j + 1], a[kk], b[2], b[3]);
+            }
+        }
+    };
+
     float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) dk[d][0] = dk[d][1] = dk[d][2] = dk[d][3] = dv[d][0] = dv[d][1] = dv[d][2] = dv[d][3] = 0.f;
@@ -457,18 +474,7 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
 
         // S^T (16 keys x 64 query slots), then P^T in place
         float p[T / 8][4];
-#pragma unroll
-        for (int j = 0; j < T / 8; j++) p[j][0] = p[j][1] = p[j][2] = p[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-            for (int j = 0; j < T / 8; j += 2) {
-                uint32_t b[4];
-                ldsm4(b, qs + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-                mma(p[j], kf[kk], b[0], b[1]);
-                mma(p[j + 1], kf[kk], b[2], b[3]);
-            }
-        }
+        by_slots(p, kf, qs);
         // the dropout multipliers of the four values (keys c0, c0 + 1; query slots 2 t, 2 t + 1)
         float km[T / 8][4];
 #pragma unroll
@@ -508,18 +514,7 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
         }
         // dP^T = V dO^T, then dS^T = scale P^T * (dP^T * M - D) in place
         float ds[T / 8][4];
-#pragma unroll
-        for (int j = 0; j < T / 8; j++) ds[j][0] = ds[j][1] = ds[j][2] = ds[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-            for (int j = 0; j < T / 8; j += 2) {
-                uint32_t b[4];
-                ldsm4(b, os + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-                mma(ds[j], vf[kk], b[0], b[1]);
-                mma(ds[j + 1], vf[kk], b[2], b[3]);
-            }
-        }
+        by_slots(ds, vf, os);
 #pragma unroll
         for (int j = 0; j < T / 8; j++) {
             const int slot = j * 8 + tig * 2;
