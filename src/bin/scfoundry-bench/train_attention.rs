@@ -3,7 +3,7 @@
 //! the (l x l) scores in bf16), each against f32 (the materialised path on the same bf16 inputs
 //! upcast) with and without dropout: relative (Frobenius) error of the output and of the
 //! gradient of qkv; then seconds of a forward and backward pass of each at scgpt_integrated's
-//! shape. One JSON line.
+//! shape, and of the fused forward pass alone. One JSON line.
 
 use std::time::Instant;
 
@@ -87,6 +87,18 @@ pub fn run(a: &BenchTrainAttentionArgs) -> anyhow::Result<ExitStatus> {
         sync()?;
         seconds.insert(format!("{name}_s"), json!(t.elapsed().as_secs_f64() / a.repeat.max(1) as f64));
     }
+    // the fused forward pass alone (outside a graph: no lse kept for a backward pass)
+    {
+        let f = || scfoundry::nn::flash_attention::attention(&qkv, a.heads, mask);
+        f()?;
+        sync()?;
+        let t = Instant::now();
+        for _ in 0..a.repeat {
+            f()?;
+        }
+        sync()?;
+        seconds.insert("fused_forward_s".into(), json!(t.elapsed().as_secs_f64() / a.repeat.max(1) as f64));
+    }
     // useful FLOPs of a forward and backward pass: 2 products forward, 4 backward (the
     // recomputed q k^T not counted), of 2 l^2 64 each, per cell and head
     let flops = 6.0 * 2.0 * (a.len * a.len * 64) as f64 * (a.cells * a.heads) as f64;
@@ -97,6 +109,7 @@ pub fn run(a: &BenchTrainAttentionArgs) -> anyhow::Result<ExitStatus> {
             "cells": a.cells, "len": a.len, "heads": a.heads, "dropout": a.dropout, "seed": a.seed, "repeat": a.repeat,
             "checks": checks, "seconds": seconds, "fused_tflops": flops / fused_s / 1e12,
             "materialised_over_fused": seconds["materialised_s"].as_f64().unwrap_or(f64::NAN) / fused_s,
+            "fused_forward_tflops": flops / 3.0 / seconds["fused_forward_s"].as_f64().unwrap_or(f64::NAN) / 1e12,
         })
     );
     Ok(ExitStatus::Success)
