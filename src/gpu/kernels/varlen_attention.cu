@@ -60,6 +60,32 @@ __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// acc[m] (16 rows x 8 NT columns, f32) = a[m] (16 x 64, A fragments in registers) times the first
+// 8 NT rows of `tile` (64 wide, rows LD apart in shared memory) transposed: the tile's rows are
+// the product's columns. Q K^T in the forward pass; K Q^T and V dO^T in the backward pass. Each
+// B fragment read from shared memory feeds all M row tiles.
+template <int M, int NT>
+__device__ __forceinline__ void times_rows_t(float (&acc)[M][NT][4], const uint32_t (&a)[M][HD / 16][4], const __nv_bfloat16 *tile,
+                                             const int lane) {
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {
+            uint32_t b[4];
+            ldsm4(b, tile + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                mma(acc[m][j], a[m][kk], b[0], b[1]);
+                mma(acc[m][j + 1], a[m][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
 // MT m16 tiles of query rows a warp (16 MT rows; a block of 4 warps takes 64 MT rows): with
 // MT = 2 each key/value fragment read from shared memory feeds two matrix products.
 // Training's extras (TRAIN): the dropout of the probabilities (attention_common.cuh's rule) and
@@ -140,23 +166,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
     // S = Q K^T for the keys of tile k0 in kb: 16 rows x 64 keys an m tile, eight 16 x 8
     // accumulators; keys past the cell's end (the last tile only) at -inf
     auto scores = [&](float (&s)[MT][BN / 8][4], const __nv_bfloat16 *kb, int k0) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-            for (int j = 0; j < BN / 8; j += 2) {
-                uint32_t b[4];
-                ldsm4(b, kb + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma(s[mt][j], qf[mt][kk], b[0], b[1]);
-                    mma(s[mt][j + 1], qf[mt][kk], b[2], b[3]);
-                }
-            }
-        }
+        times_rows_t<MT, BN / 8>(s, qf, kb, lane);
         if (k0 + BN > len) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -431,21 +441,10 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
     const int c0 = k0 + key_of_slot(warp * 16 + g);
     const bool key0 = c0 < len, key1 = c0 + 1 < len;
 
-    // acc (the warp's 16 key rows x 64 query slots) = a (16 x 64, A fragments) times the tile's
-    // 64 slot rows (x 64) transposed: S^T = K Q^T and dP^T = V dO^T
+    // acc (the warp's 16 key rows x 64 query slots) = a (its 16 rows, A fragments) times the
+    // tile's 64 slot rows transposed: S^T = K Q^T and dP^T = V dO^T (one row tile)
     auto by_slots = [&](float (&acc)[T / 8][4], const uint32_t (&a)[HD / 16][4], const __nv_bfloat16 *tile) {
-#pragma unroll
-        for (int j = 0; j < T / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-            for (int j = 0; j < T / 8; j += 2) {
-                uint32_t b[4];
-                ldsm4(b, tile + ((j + lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-                mma(acc[j], a[kk], b[0], b[1]);
-                mma(acc[j + 1], a[kk], b[2], b[3]);
-            }
-        }
+        times_rows_t<1, T / 8>(reinterpret_cast<float(&)[1][T / 8][4]>(acc), reinterpret_cast<const uint32_t(&)[1][HD / 16][4]>(a), tile, lane);
     };
 
     float dk[HD / 8][4], dv[HD / 8][4];
