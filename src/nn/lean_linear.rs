@@ -25,13 +25,15 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool) -> Result
 pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: DType) -> Result<Tensor> {
     let (n_out, n_in) = w.dims2()?;
     let x = x.contiguous()?;
+    let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
+    // the op's third operand: the bias, or zeros standing for none
+    let bias = || match b {
+        Some(b) => Ok(b.clone()),
+        None => Tensor::zeros(n_out, DType::F32, x.device()),
+    };
     if mixed && x.device().is_cuda() && n_in % 8 == 0 && n_out % 8 == 0 && cfg!(feature = "cuda") {
-        let bias = match b {
-            Some(b) => b.clone(),
-            None => Tensor::zeros(n_out, DType::F32, x.device())?,
-        };
         let op = Lean { out: None, mixed, has_bias: b.is_some(), dtype: out };
-        let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
+        let bias = bias()?;
         return if tracked { x.apply_op3_arc(w, &bias, Arc::new(Box::new(op))) } else { x.apply_op3_no_bwd(w, &bias, &op) };
     }
     let rows = x.elem_count() / n_in.max(1);
@@ -44,15 +46,10 @@ pub fn linear_as(x: &Tensor, w: &Tensor, b: Option<&Tensor>, mixed: bool, out: D
     }
     .reshape(out_shape)?
     .to_dtype(out)?;
-    let tracked = x.track_op() || w.track_op() || b.is_some_and(|b| b.track_op());
     if !tracked {
         return Ok(y);
     }
-    let bias = match b {
-        Some(b) => b.clone(),
-        None => Tensor::zeros(n_out, DType::F32, x.device())?,
-    };
-    x.apply_op3_arc(w, &bias, Arc::new(Box::new(Lean { out: Some(Computed::new(y, "lean-linear")), mixed, has_bias: b.is_some(), dtype: out })))
+    x.apply_op3_arc(w, &bias()?, Arc::new(Box::new(Lean { out: Some(Computed::new(y, "lean-linear")), mixed, has_bias: b.is_some(), dtype: out })))
 }
 
 /// `a b` in f32, through bf16 copies when `mixed`.
