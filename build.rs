@@ -55,7 +55,7 @@ fn cuda12_kernels() {
     println!("cargo:rerun-if-changed=src/gpu/kernels/attention_common.cuh");
     println!("cargo:rerun-if-changed=src/gpu/kernels/sm90_common.cuh");
     for (names, args) in [
-        (&["varlen_attention", "encoder_ops", "pairwise"][..], vec!["--sass", sass.as_str(), "--ptx", ptx.as_str()]),
+        (&["varlen_attention", "encoder_ops", "pairwise", "optim"][..], vec!["--sass", sass.as_str(), "--ptx", ptx.as_str()]),
         (&["varlen_attention_sm90", "gemm_layer_norm_sm90"][..], vec!["--sass", "90a"]),
     ] {
         let srcs: Vec<String> = names.iter().map(|n| format!("src/gpu/kernels/{n}.cu")).collect();
@@ -97,6 +97,7 @@ fn cuda_kernels() {
         ("varlen_attention", format!("sm_{cap}")),
         ("encoder_ops", format!("sm_{cap}")),
         ("pairwise", format!("sm_{cap}")),
+        ("optim", format!("sm_{cap}")),
         ("varlen_attention_sm90", "sm_90a".into()),
         ("gemm_layer_norm_sm90", "sm_90a".into()),
     ] {

@@ -1,9 +1,18 @@
-//! The CUDA side of `nn/dropout.rs`'s counter-based dropout: one grid-stride kernel
-//! (`kernels/encoder_ops.cu` `dropout_f32`) draws the mask and applies it in one pass.
+//! The CUDA side of counter-based dropout (`nn/dropout.rs`, the rule; `nn/train_ops.rs`, the
+//! training ops): grid-stride kernels of `kernels/encoder_ops.cu` that draw the mask of element i
+//! and apply it in the same pass: `dropout_f32`, and the residual and feed-forward steps
+//! `add_dropped_*`, `dropped_to_*`, `act_dropped_*`, `act_dropped_bwd_*` (f32 or bf16 branch).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
+
+use super::train_rows::MaskArgs;
+
+fn config(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).min(65_535 * 8) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
 
 /// `out[..n] = x[..n] * scale` where element i's 24-bit draw under `key` is below `threshold`,
 /// else 0 (the rule of `nn::dropout::Mask::keeps`).
@@ -12,8 +21,6 @@ pub fn launch(dev: &CudaDevice, x: &CudaView<f32>, out: &mut CudaSlice<f32>, n: 
         return Ok(());
     }
     let func = load_kernel!(dev, "dropout_f32", super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
-    let blocks = n.div_ceil(256).min(65_535 * 8) as u32;
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let n64 = n as u64;
     let mut b = func.builder();
     b.arg(x);
@@ -23,6 +30,92 @@ pub fn launch(dev: &CudaDevice, x: &CudaView<f32>, out: &mut CudaSlice<f32>, n: 
     b.arg(&scale);
     b.arg(&n64);
     // SAFETY: the arguments match the kernel's signature; x and out hold n values.
-    unsafe { b.launch(cfg) }.w()?;
+    unsafe { b.launch(config(n)) }.w()?;
+    Ok(())
+}
+
+/// `z = x + dropout(y)` over n elements (x, z f32; y of the kernel `suffix`, "f32" or "bf16").
+pub fn add_dropped<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, x: &CudaView<f32>, y: &CudaView<T>, z: &mut CudaSlice<f32>, n: usize, m: MaskArgs) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let func = load_kernel!(dev, &format!("add_dropped_{suffix}"), super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
+    let n64 = n as u64;
+    let mut b = func.builder();
+    b.arg(x);
+    b.arg(y);
+    b.arg(z);
+    b.arg(&m.0);
+    b.arg(&m.1);
+    b.arg(&m.2);
+    b.arg(&m.3);
+    b.arg(&n64);
+    // SAFETY: the arguments match the kernel's signature; x, y and z hold n values.
+    unsafe { b.launch(config(n)) }.w()?;
+    Ok(())
+}
+
+/// `dy = dropout(g)` over n elements, into T (`suffix`'s type): add_dropped's gradient of y.
+pub fn dropped_to<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, g: &CudaView<f32>, dy: &mut CudaSlice<T>, n: usize, m: MaskArgs) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let func = load_kernel!(dev, &format!("dropped_to_{suffix}"), super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
+    let n64 = n as u64;
+    let mut b = func.builder();
+    b.arg(g);
+    b.arg(dy);
+    b.arg(&m.0);
+    b.arg(&m.1);
+    b.arg(&m.2);
+    b.arg(&m.3);
+    b.arg(&n64);
+    // SAFETY: the arguments match the kernel's signature; g and dy hold n values.
+    unsafe { b.launch(config(n)) }.w()?;
+    Ok(())
+}
+
+/// `out = dropout(a(h))` over n elements of T, `a(v) = v > 0 ? v : slope v`.
+#[allow(clippy::too_many_arguments)]
+pub fn act_dropped<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, h: &CudaView<T>, out: &mut CudaSlice<T>, n: usize, slope: f32, m: MaskArgs) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let func = load_kernel!(dev, &format!("act_dropped_{suffix}"), super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
+    let n64 = n as u64;
+    let mut b = func.builder();
+    b.arg(h);
+    b.arg(out);
+    b.arg(&slope);
+    b.arg(&m.0);
+    b.arg(&m.1);
+    b.arg(&m.2);
+    b.arg(&m.3);
+    b.arg(&n64);
+    // SAFETY: the arguments match the kernel's signature; h and out hold n values.
+    unsafe { b.launch(config(n)) }.w()?;
+    Ok(())
+}
+
+/// act_dropped's gradient from its output `out` and the incoming gradient `g`.
+#[allow(clippy::too_many_arguments)]
+pub fn act_dropped_bwd<T: DeviceRepr>(dev: &CudaDevice, suffix: &str, out: &CudaView<T>, g: &CudaView<T>, dh: &mut CudaSlice<T>, n: usize, slope: f32, m: MaskArgs) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let func = load_kernel!(dev, &format!("act_dropped_bwd_{suffix}"), super::fused_encoder::MODULE, super::fused_encoder::PTX)?;
+    let n64 = n as u64;
+    let mut b = func.builder();
+    b.arg(out);
+    b.arg(g);
+    b.arg(dh);
+    b.arg(&slope);
+    b.arg(&m.0);
+    b.arg(&m.1);
+    b.arg(&m.2);
+    b.arg(&m.3);
+    b.arg(&n64);
+    // SAFETY: the arguments match the kernel's signature; out, g and dh hold n values.
+    unsafe { b.launch(config(n)) }.w()?;
     Ok(())
 }

@@ -10,7 +10,9 @@
 //!   (`kernels/varlen_attention.cu`) with a plain-candle reference path.
 //! - `train_attention.rs` (feature `cuda`): training attention in bf16 (FlashAttention-2's forward
 //!   with dropout and its backward pass) over cells of one length, for `nn/flash_attention.rs`.
-//! - `dropout.rs`: the kernel of `nn/dropout.rs`'s counter-based dropout mask.
+//! - `dropout.rs`: the kernels of `nn/dropout.rs`'s counter-based dropout mask and of the
+//!   training ops that apply it (`nn/train_ops.rs`).
+//! - `adam.rs` (feature `cuda`): Adam's step with gradient clipping in three kernels a parameter.
 //! - `embedding.rs`: BERT's input embedding (two gathers, the token type, layer norm) in one kernel.
 //! - `readback.rs`: batch results read back one batch behind, so the GPU does not wait between batches.
 //! - `upload.rs`: a batch's token ids sent up from page-locked memory (the host never waits there).
@@ -65,6 +67,8 @@ macro_rules! load_kernel {
 // (the macros reach the modules below by textual scope: they are defined before them)
 
 pub mod accounting;
+#[cfg(feature = "cuda")]
+pub mod adam;
 pub mod backoff;
 pub mod build;
 pub mod cards;

@@ -3,6 +3,7 @@
 //! pass, over cells of one length read straight from the qkv projection's output. `nn/flash_attention.rs`
 //! is the op that runs them in candle's graph.
 
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, Result};
@@ -13,6 +14,10 @@ use super::varlen_attention::cuda::{MODULE, PTX};
 
 /// The head size the kernels take.
 pub const HEAD_SIZE: usize = 64;
+
+/// The backward kernel's dynamic shared memory (`TRAIN_BWD_SHARED`): K, dS^T and two buffers of
+/// Q and dO tiles (64 rows padded to 72 bf16), two of the tile's lse and D (64 f32 each).
+const BWD_SHARED: u32 = 6 * 64 * 72 * 2 + 4 * 64 * 4;
 
 /// The shape of one call: `cells` cells of `len` tokens, `heads` heads of 64.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +118,7 @@ pub fn backward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &CudaView<bf16>, do
     let mut dq = dev.alloc_zeros::<f32>(tokens * width)?;
     {
         let func = load_kernel!(dev, "train_attention_bwd_bf16_d64", MODULE, PTX)?;
+        func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, BWD_SHARED as i32).w()?;
         let mask = KernelMask::new(mask);
         let mut b = func.builder();
         b.arg(qkv);
@@ -126,7 +132,7 @@ pub fn backward(dev: &CudaDevice, qkv: &CudaView<bf16>, out: &CudaView<bf16>, do
         b.arg(&scale_log2);
         b.arg(&scale);
         mask.push(&mut b);
-        let cfg = LaunchConfig { grid_dim: (s.len.div_ceil(64) as u32, s.heads as u32, s.cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (s.len.div_ceil(64) as u32, s.heads as u32, s.cells as u32), block_dim: (128, 1, 1), shared_mem_bytes: BWD_SHARED };
         // SAFETY: the arguments match the kernel's signature; the buffers hold the sizes above.
         unsafe { b.launch(cfg) }.w()?;
     }

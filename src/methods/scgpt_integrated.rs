@@ -34,6 +34,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
 use crate::nn::step_profile::StepProfile;
+use crate::nn::train_ops::{add_dropped, relu_dropped};
 pub use crate::nn::dropout::Dropout;
 
 /// Upstream's constants (finetune_integration.py).
@@ -179,7 +180,7 @@ pub fn grad_reverse(x: &Tensor, lambda: f64) -> candle_core::Result<Tensor> {
 }
 
 fn leaky_relu(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.relu()? - (x.neg()?.relu()? * LEAKY)?
+    crate::nn::train_ops::leaky_relu(x, LEAKY as f32)
 }
 
 fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
@@ -253,8 +254,13 @@ impl TrainModel {
     }
 
     fn lin(&self, x: &Tensor, name: &str) -> candle_core::Result<Tensor> {
+        self.lin_as(x, name, DType::F32)
+    }
+
+    /// [`Self::lin`] with its output stored as `out`.
+    fn lin_as(&self, x: &Tensor, name: &str, out: DType) -> candle_core::Result<Tensor> {
         let b = self.params.get(&format!("{name}.bias")).map(|v| v.as_tensor());
-        crate::nn::lean_linear::linear(x, self.p(&format!("{name}.weight")), b, self.mixed)
+        crate::nn::lean_linear::linear_as(x, self.p(&format!("{name}.weight")), b, self.mixed, out)
     }
 
     /// `x` at the end of profiled region `region` (itself when not profiling).
@@ -293,7 +299,7 @@ impl TrainModel {
         };
         let genes = self.mark(self.ln(&genes, "encoder.enc_norm")?, "gene embedding")?;
         let v = Tensor::from_vec(values.iter().map(|&x| x.min(512.0)).collect::<Vec<f32>>(), (b, l, 1), &dev)?;
-        let v = self.lin(&v, "value_encoder.linear1")?.relu()?;
+        let v = relu_dropped(&self.lin(&v, "value_encoder.linear1")?, None)?;
         let v = self.ln(&self.lin(&v, "value_encoder.linear2")?, "value_encoder.norm")?;
         let v = if train { drop.apply(&v)? } else { v };
         let v = self.mark(v, "value encoder")?;
@@ -335,7 +341,7 @@ impl TrainModel {
         let (b, l, d) = x.dims3()?;
         let (nh, hd) = (self.cfg.nheads, d / self.cfg.nheads);
         // q, k and v: bf16 under mixed precision, laid out by heads in one copy, (3, b, h, l, hd)
-        let dt = if self.mixed { DType::BF16 } else { DType::F32 };
+        let dt = self.branch_dtype();
         let qkv = crate::nn::lean_linear::linear_as(x, self.p(&format!("{p}.self_attn.in_proj_weight")), Some(self.p(&format!("{p}.self_attn.in_proj_bias"))), self.mixed, dt)?;
         let qkv = self.mark(qkv, "qkv projection")?;
         let mask = if train { drop.next_mask() } else { None };
@@ -348,14 +354,16 @@ impl TrainModel {
             crate::nn::recompute_attention::attention(&heads, scale, mask, self.profile.as_ref())?.transpose(1, 2)?.reshape((b, l, d))?
         };
         let o = self.mark(o, "attention")?;
-        let o = self.lin(&o, &format!("{p}.self_attn.out_proj"))?;
-        let o = if train { drop.apply(&o)? } else { o };
-        let x = self.mark(self.ln(&(x + o)?, &format!("{p}.norm1"))?, "out projection + norm1")?;
-        let h = self.lin(&x, &format!("{p}.linear1"))?.relu()?;
-        let h = if train { drop.apply(&h)? } else { h };
-        let h = self.lin(&h, &format!("{p}.linear2"))?;
-        let h = if train { drop.apply(&h)? } else { h };
-        self.mark(self.ln(&(x + h)?, &format!("{p}.norm2"))?, "feed-forward + norm2")
+        // the branches' linear outputs in bf16 under mixed precision (as autocast's), the
+        // residual sums and norms in f32; dropout applied inside the sum and the ReLU
+        let o = self.lin_as(&o, &format!("{p}.self_attn.out_proj"), dt)?;
+        let o = add_dropped(x, &o, if train { drop.next_mask() } else { None })?;
+        let x = self.mark(self.ln(&o, &format!("{p}.norm1"))?, "out projection + norm1")?;
+        let h = self.lin_as(&x, &format!("{p}.linear1"), dt)?;
+        let h = relu_dropped(&h, if train { drop.next_mask() } else { None })?;
+        let h = self.lin_as(&h, &format!("{p}.linear2"), dt)?;
+        let h = add_dropped(&x, &h, if train { drop.next_mask() } else { None })?;
+        self.mark(self.ln(&h, &format!("{p}.norm2"))?, "feed-forward + norm2")
     }
 
     /// The batch embeddings (BatchLabelEncoder) of the cells: (b, d).
@@ -365,9 +373,19 @@ impl TrainModel {
         self.ln(&e, "batch_encoder.enc_norm")
     }
 
+    /// The dtype of activations that only feed linear layers: bf16 under mixed precision.
+    fn branch_dtype(&self) -> DType {
+        if self.mixed {
+            DType::BF16
+        } else {
+            DType::F32
+        }
+    }
+
     fn mlp3(&self, x: &Tensor, p: &str) -> candle_core::Result<Tensor> {
-        let h = leaky_relu(&self.lin(x, &format!("{p}.0"))?)?;
-        let h = leaky_relu(&self.lin(&h, &format!("{p}.2"))?)?;
+        let dt = self.branch_dtype();
+        let h = leaky_relu(&self.lin_as(x, &format!("{p}.0"), dt)?)?;
+        let h = leaky_relu(&self.lin_as(&h, &format!("{p}.2"), dt)?)?;
         self.lin(&h, &format!("{p}.4"))?.squeeze(D::Minus1)
     }
 
@@ -667,10 +685,10 @@ pub fn train(model: &mut TrainModel, data: &TrainData, o: &TrainOptions, mut pro
                 drop(l); // the graph goes before the optimiser step
                 let mut grads: Vec<Option<Tensor>> = vars.iter().map(|v| gs.get(v.as_tensor()).cloned()).collect();
                 drop(gs);
-                crate::nn::optim::clip_grad_norm(&mut grads, o.max_grad_norm)?;
                 ph.backward += t.elapsed().as_secs_f64();
                 let t = std::time::Instant::now();
-                opt.step(&vars, &grads)?;
+                // clip_grad_norm_ then Adam (one pass of kernels on a GPU)
+                opt.step_clipped(&vars, &mut grads, o.max_grad_norm)?;
                 model.device.synchronize()?;
                 ph.optimizer += t.elapsed().as_secs_f64();
                 Ok(vals)

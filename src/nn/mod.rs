@@ -1,6 +1,7 @@
 //! Building blocks shared by several models: encoder layers (BERT, packed BERT, post-norm
 //! stacks), the CLS encoder of scCello and LangCell, seeded random initialisation, the
-//! fine-tuning heads; for training, counter-based dropout, attention that recomputes in the
+//! fine-tuning heads; for training, counter-based dropout (and the residual and feed-forward
+//! steps that apply it in one pass), attention that recomputes in the
 //! backward pass (and its fused bf16 form on a GPU), layer norm and linear layers that keep only their input, and the time of a
 //! step by region; the kNN label transfer and sparse cells made dense on the device. Model files
 //! (`methods/`) build on these.
@@ -21,6 +22,7 @@ pub mod random_init;
 pub mod recompute_attention;
 pub mod sparse_rows;
 pub mod step_profile;
+pub mod train_ops;
 
 /// FLOPs of one cell of `s` tokens through `layers` encoder layers of width `d` and
 /// feed-forward width `f`: the dense products and the attention scores.

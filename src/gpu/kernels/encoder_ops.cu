@@ -323,19 +323,84 @@ extern "C" __global__ void csr_to_dense_f32(const unsigned int *__restrict__ off
     for (unsigned int k = offsets[blockIdx.x] + threadIdx.x; k < end; k += blockDim.x) row[cols[k]] = vals[k];
 }
 
+// Element i is kept when the top 24 bits of SplitMix64(key + (i + 1) * golden) are below threshold.
+__device__ __forceinline__ bool dropout_keeps(const unsigned long long key, const unsigned long long i, const unsigned int threshold) {
+    unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (unsigned int)(z >> 40) < threshold;
+}
 // Counter-based dropout (src/nn/dropout.rs holds the CPU twin and the rule): element i is kept
 // when the top 24 bits of SplitMix64(key + (i + 1) * golden) are below `threshold`.
 extern "C" __global__ void dropout_f32(const float *__restrict__ x, float *__restrict__ out, const unsigned long long key,
                                        const unsigned int threshold, const float scale, const unsigned long long n) {
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        out[i] = (unsigned int)(z >> 40) < threshold ? x[i] * scale : 0.f;
+        out[i] = dropout_keeps(key, i, threshold) ? x[i] * scale : 0.f;
     }
 }
+
+__device__ __forceinline__ float to_f(const float v) { return v; }
+__device__ __forceinline__ float to_f(const __nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void from_f(float *p, const float v) { *p = v; }
+__device__ __forceinline__ void from_f(__nv_bfloat16 *p, const float v) { *p = __float2bfloat16(v); }
+
+// Training's residual and feed-forward steps with dropout (src/nn/train_ops.rs holds the CPU
+// twins; the mask is dropout_f32's rule, element i of the tensor; has_mask 0: nothing dropped):
+//   add_dropped_*      z[i] = x[i] + (kept ? y[i] * scale : 0)     (x, z f32; y the branch)
+//   dropped_to_*       dy[i] = kept ? g[i] * scale : 0             (its backward, into y's dtype)
+//   act_dropped_*      out[i] = kept ? a(h[i]) * scale : 0, a(v) = v > 0 ? v : slope v (ReLU: slope 0)
+//   act_dropped_bwd_*  dh[i] = kept ? g[i] a'(h[i]) scale : 0, from the output (out > 0 iff
+//                      kept and h > 0) and, for a leaky slope where out <= 0, the mask drawn again
+#define TRAIN_ELEMENTWISE(SUFFIX, T)                                                                                   \
+    extern "C" __global__ void add_dropped_##SUFFIX(const float *__restrict__ x, const T *__restrict__ y,               \
+                                                    float *__restrict__ z, const int has_mask,                          \
+                                                    const unsigned long long key, const unsigned int threshold,        \
+                                                    const float scale, const unsigned long long n) {                    \
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                  \
+             i += (unsigned long long)gridDim.x * blockDim.x) {                                                         \
+            const bool kept = !has_mask || dropout_keeps(key, i, threshold);                                            \
+            z[i] = kept ? x[i] + __fmul_rn(to_f(y[i]), scale) : x[i];                                                                \
+        }                                                                                                               \
+    }                                                                                                                   \
+    extern "C" __global__ void dropped_to_##SUFFIX(const float *__restrict__ g, T *__restrict__ dy, const int has_mask, \
+                                                   const unsigned long long key, const unsigned int threshold,         \
+                                                   const float scale, const unsigned long long n) {                     \
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                  \
+             i += (unsigned long long)gridDim.x * blockDim.x) {                                                         \
+            const bool kept = !has_mask || dropout_keeps(key, i, threshold);                                            \
+            from_f(dy + i, kept ? g[i] * scale : 0.f);                                                                  \
+        }                                                                                                               \
+    }                                                                                                                   \
+    extern "C" __global__ void act_dropped_##SUFFIX(const T *__restrict__ h, T *__restrict__ out, const float slope,    \
+                                                    const int has_mask, const unsigned long long key,                   \
+                                                    const unsigned int threshold, const float scale,                    \
+                                                    const unsigned long long n) {                                       \
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                  \
+             i += (unsigned long long)gridDim.x * blockDim.x) {                                                         \
+            const float v = to_f(h[i]);                                                                                 \
+            const float a = v > 0.f ? v : __fmul_rn(v, slope);                                                          \
+            const bool kept = !has_mask || dropout_keeps(key, i, threshold);                                            \
+            from_f(out + i, kept ? __fmul_rn(a, scale) : 0.f);                                                          \
+        }                                                                                                               \
+    }                                                                                                                   \
+    extern "C" __global__ void act_dropped_bwd_##SUFFIX(const T *__restrict__ out, const T *__restrict__ g,             \
+                                                        T *__restrict__ dh, const float slope, const int has_mask,      \
+                                                        const unsigned long long key, const unsigned int threshold,    \
+                                                        const float scale, const unsigned long long n) {                \
+        for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;                  \
+             i += (unsigned long long)gridDim.x * blockDim.x) {                                                         \
+            const float gv = to_f(g[i]);                                                                                \
+            float d;                                                                                                    \
+            if (to_f(out[i]) > 0.f) d = gv * scale;                                                                     \
+            else if (slope == 0.f || (has_mask && !dropout_keeps(key, i, threshold))) d = 0.f;                          \
+            else d = __fmul_rn(gv, slope) * scale;                                                                      \
+            from_f(dh + i, d);                                                                                          \
+        }                                                                                                               \
+    }
+TRAIN_ELEMENTWISE(f32, float)
+TRAIN_ELEMENTWISE(bf16, __nv_bfloat16)
 
 // Training attention's row passes (src/nn/recompute_attention.rs holds the CPU twin and the
 // algebra): one warp a row of l scores, softmax in f32, the attention dropout mask

@@ -388,7 +388,9 @@ extern "C" __global__ void train_attention_dq_bf16(const float *__restrict__ dq,
 // (grid: ceil(len / 64), heads, cells), a warp 16 of them, and walks every tile of 64 queries:
 //   S^T = K Q^T, P^T = 2^(S^T scale_log2 - lse), dV += (P * M)^T dO, dP^T = V dO^T,
 //   dS^T = scale P^T * (dP^T * M - D), dK += dS^T Q, dQ += dS K (dS^T through shared memory;
-//   dQ added into f32 with atomics, as FlashAttention-2 does).
+//   dQ added into f32 with atomics, as FlashAttention-2 does; two columns an atomic on Hopper).
+// The next tile's Q and dO rows, lse and D are copied with cp.async into a second buffer while the
+// current tile is used (dynamic shared memory, 55 KB: two blocks an SM at up to 255 registers).
 // The warp holds S^T and its followers in registers, keys as rows, queries as columns. Key and
 // query rows are laid out in shared memory so that a lane's four values of an 8-column tile (rows
 // g, g + 8; columns 2 t, 2 t + 1) are keys (c, c + 1) and queries (q, q + 8): the group of the
@@ -397,10 +399,25 @@ extern "C" __global__ void train_attention_dq_bf16(const float *__restrict__ dq,
 // even) or r / 2 + 8 (r odd).
 // dK and dV (scaled as the gradients of the unscaled q and k) go to their columns of dqkv; dq is
 // f32 (tokens x heads x 64), zeroed before.
+// dst[0] += a, dst[1] += b (dst 8-byte aligned): one vector atomic on Hopper, two before
+__device__ __forceinline__ void add2(float *dst, const float a, const float b) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(a, b));
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+#endif
+}
+// 4 bytes global -> shared, asynchronously; zero-filled when !valid
+__device__ __forceinline__ void copy4(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+// Shared memory of the backward kernel: K, dS^T, two Q and two dO tiles, two lse and two D rows.
+#define TRAIN_BWD_SHARED (6 * 64 * LD * 2 + 4 * 64 * 4)
 __device__ __forceinline__ int key_of_slot(int r) { return (r & ~15) + ((r & 15) < 8 ? 2 * (r & 7) : 2 * (r & 7) + 1); }
 __device__ __forceinline__ int query_of_slot(int r) { return (r & ~15) + ((r & 1) ? ((r & 15) >> 1) + 8 : (r & 15) >> 1); }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
 train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_bfloat16 *__restrict__ dout, const float *__restrict__ lse,
                              const float *__restrict__ dsum, float *__restrict__ dq, __nv_bfloat16 *__restrict__ dqkv, const int len,
                              const int heads, const float scale_log2, const float scale, const int has_mask, const unsigned long long key,
@@ -415,9 +432,35 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
     const __nv_bfloat16 *o_base = dout + start * o_stride + head * HD;
     const float *lse_bh = lse + bh * len, *d_bh = dsum + bh * len;
 
-    __shared__ __align__(128) __nv_bfloat16 sm[4 * T * LD];
-    __nv_bfloat16 *ks = sm, *qs = sm + T * LD, *os = sm + 2 * T * LD, *dss = sm + 3 * T * LD;
-    __shared__ float lse_s[T], d_s[T];
+    // dynamic shared memory (TRAIN_BWD_SHARED bytes): K, two buffers of Q and dO tiles, dS^T (V
+    // staged there first), and two buffers of the tile's lse and D
+    extern __shared__ __align__(128) unsigned char train_bwd_smem[];
+    __nv_bfloat16 *sm = reinterpret_cast<__nv_bfloat16 *>(train_bwd_smem);
+    __nv_bfloat16 *ks = sm, *dss = sm + T * LD;
+    // buffer b: Q at sm + (2 + b) T LD, dO at sm + (4 + b) T LD; lse at rows + b T, D at rows + (2 + b) T
+    float *rows = reinterpret_cast<float *>(sm + 6 * T * LD);
+    auto qs_buf = [&](const int b) { return sm + (2 + b) * T * LD; };
+    auto os_buf = [&](const int b) { return sm + (4 + b) * T * LD; };
+    // tile t's Q and dO rows (their slots) and its rows' lse and D into buffer t % 2, asynchronously;
+    // rows past the end are zeros (a zero lse there is harmless: those rows' Q and dO are zero, so
+    // they add nothing to dV, dS or dK, and their dQ is not written)
+    auto stage = [&](const int t) {
+        const int q0 = t * T, buf = t & 1;
+        for (int i = tid; i < T * (HD / 8); i += WARPS * 32) {
+            const int r = i / (HD / 8), c = i % (HD / 8);
+            const int q = q0 + query_of_slot(r);
+            const bool ok = q < len;
+            copy16(qs_buf(buf) + r * LD + c * 8, q_base + (size_t)(ok ? q : 0) * row_stride + c * 8, ok);
+            copy16(os_buf(buf) + r * LD + c * 8, o_base + (size_t)(ok ? q : 0) * o_stride + c * 8, ok);
+        }
+        if (tid < T) {
+            const int q = q0 + query_of_slot(tid);
+            const bool ok = q < len;
+            copy4(rows + buf * T + tid, lse_bh + (ok ? q : 0), ok);
+            copy4(rows + (2 + buf) * T + tid, d_bh + (ok ? q : 0), ok);
+        }
+        copy_commit();
+    };
 
     // K (its slots) into ks, V into dss for now
     for (int i = tid; i < T * (HD / 8); i += WARPS * 32) {
@@ -429,7 +472,8 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
         copy16(dss + r * LD + c * 8, row + 2 * heads * HD, ok);
     }
     copy_commit();
-    copy_wait_all();
+    stage(0);
+    copy_wait_all_but_one();
     __syncthreads();
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
 #pragma unroll
@@ -454,22 +498,13 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
     const int tiles = (len + T - 1) / T;
     for (int t = 0; t < tiles; t++) {
         const int q0 = t * T;
-        __syncthreads();  // the previous tile's reads of qs, os, dss (and the V staging) are done
-        for (int i = tid; i < T * (HD / 8); i += WARPS * 32) {
-            const int r = i / (HD / 8), c = i % (HD / 8);
-            const int q = q0 + query_of_slot(r);
-            const bool ok = q < len;
-            copy16(qs + r * LD + c * 8, q_base + (size_t)(ok ? q : 0) * row_stride + c * 8, ok);
-            copy16(os + r * LD + c * 8, o_base + (size_t)(ok ? q : 0) * o_stride + c * 8, ok);
-        }
-        copy_commit();
-        if (tid < T) {
-            const int q = q0 + query_of_slot(tid);
-            lse_s[tid] = q < len ? lse_bh[q] : INFINITY;
-            d_s[tid] = q < len ? d_bh[q] : 0.f;
-        }
+        // tile t has landed, and every warp is done with tile t - 1 (its buffer, and dss; the V
+        // staging on the first tile): stage tile t + 1 into the other buffer while computing
         copy_wait_all();
         __syncthreads();
+        if (t + 1 < tiles) stage(t + 1);
+        const __nv_bfloat16 *qs = qs_buf(t & 1), *os = os_buf(t & 1);
+        const float *lse_s = rows + (t & 1) * T, *d_s = rows + (2 + (t & 1)) * T;
 
         // S^T (16 keys x 64 query slots), then P^T in place
         float p[T / 8][4];
@@ -565,14 +600,8 @@ train_attention_bwd_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, const __nv_b
 #pragma unroll
         for (int d = 0; d < HD / 8; d++) {
             const int col = head * HD + d * 8 + tig * 2;
-            if (qa < len) {
-                atomicAdd(dq + (start + qa) * o_stride + col, dqa[d][0]);
-                atomicAdd(dq + (start + qa) * o_stride + col + 1, dqa[d][1]);
-            }
-            if (qb < len) {
-                atomicAdd(dq + (start + qb) * o_stride + col, dqa[d][2]);
-                atomicAdd(dq + (start + qb) * o_stride + col + 1, dqa[d][3]);
-            }
+            if (qa < len) add2(dq + (start + qa) * o_stride + col, dqa[d][0], dqa[d][1]);
+            if (qb < len) add2(dq + (start + qb) * o_stride + col, dqa[d][2], dqa[d][3]);
         }
     }
     // dK and dV of this lane's keys (c0: rows g; c0 + 1: rows g + 8) into dqkv
