@@ -19,7 +19,8 @@ fine-tuning examples: GEP (masked MSE) + its Bernoulli term + GEPC (MVC: the cel
 predicts each gene's value) + its Bernoulli term. No batch labels, no DAB, no DSBN (a
 pretrained model has none). Adam (lr 1e-3, a short run), StepLR(gamma 0.9), clip
 1.0, minibatches of 64 shuffled cells, 5% of cells held out; the epoch with the lowest
-held-out GEP MSE is saved. float32 on the CPU.
+held-out GEP MSE is saved. float32, on the CPU unless --device cuda. Where anndata or scanpy
+is missing, the preprocessing runs as the same steps in numpy (binned_with_numpy).
 """
 import argparse
 import json
@@ -42,28 +43,36 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     a = ap.parse_args()
 
-    import anndata
     from scgpt.loss import criterion_neg_log_bernoulli, masked_mse_loss
     from scgpt.model import TransformerModel
-    from scgpt.preprocess import Preprocessor
     from scgpt.tokenizer import random_mask_value, tokenize_and_pad_batch
 
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)
+    dev = torch.device(a.device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    adata = anndata.read_h5ad(a.data)
-    genes = list(adata.var_names)
+    try:
+        import anndata
+        from scgpt.preprocess import Preprocessor
+    except ImportError:  # no anndata/scanpy (a bare torch environment): the same steps in numpy
+        anndata = None
+    if anndata is not None:
+        adata = anndata.read_h5ad(a.data)
+        genes = list(adata.var_names)
+        Preprocessor(use_key="X", filter_gene_by_counts=False, filter_cell_by_counts=False, normalize_total=1e4,
+                     result_normed_key="X_normed", log1p=True, result_log1p_key="X_log1p", subset_hvg=False,
+                     binning=N_BINS, result_binned_key="X_binned")(adata)
+        x = adata.layers["X_binned"]
+        x = x.toarray() if hasattr(x, "toarray") else np.asarray(x)
+    else:
+        x, genes = binned_with_numpy(a.data)
     vocab = {g: i for i, g in enumerate(genes)}
     for s in [PAD, "<cls>", "<eoc>"]:
         vocab[s] = len(vocab)
-    Preprocessor(use_key="X", filter_gene_by_counts=False, filter_cell_by_counts=False, normalize_total=1e4,
-                 result_normed_key="X_normed", log1p=True, result_log1p_key="X_log1p", subset_hvg=False,
-                 binning=N_BINS, result_binned_key="X_binned")(adata)
-    x = adata.layers["X_binned"]
-    x = x.toarray() if hasattr(x, "toarray") else np.asarray(x)
     gene_ids = np.array([vocab[g] for g in genes], dtype=int)
     tok = tokenize_and_pad_batch(x, gene_ids, max_len=len(genes) + 1, vocab=vocab, pad_token=PAD, pad_value=PAD_VALUE,
                                  append_cls=True, include_zero_gene=True, cls_token="<cls>")
@@ -75,7 +84,8 @@ def main():
     model = TransformerModel(len(vocab), D, HEADS, D_HID, LAYERS, vocab=vocab, dropout=0.2, pad_token=PAD,
                              pad_value=PAD_VALUE, do_mvc=True, do_dab=False, use_batch_labels=False,
                              domain_spec_batchnorm=False, n_input_bins=N_BINS, input_emb_style="continuous",
-                             explicit_zero_prob=True, use_fast_transformer=False, pre_norm=False)
+                             explicit_zero_prob=True, use_fast_transformer=False, pre_norm=False).to(dev)
+    tok = {k: v.to(dev) for k, v in tok.items()}
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.9)
 
@@ -92,7 +102,7 @@ def main():
     best, log = math.inf, []
     for epoch in range(1, a.epochs + 1):
         t0 = time.time()
-        values = random_mask_value(tok["values"], mask_ratio=MASK_RATIO, mask_value=MASK_VALUE, pad_value=PAD_VALUE)
+        values = random_mask_value(tok["values"].cpu(), mask_ratio=MASK_RATIO, mask_value=MASK_VALUE, pad_value=PAD_VALUE).to(dev)
         model.train()
         sums, k = np.zeros(5), 0
         order = np.random.permutation(train)
@@ -115,7 +125,7 @@ def main():
         print(json.dumps(row), flush=True)
         if vm < best:
             best = vm
-            torch.save(model.state_dict(), out / "best_model.pt")
+            torch.save({k: v.cpu() for k, v in model.state_dict().items()}, out / "best_model.pt")
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "args.json").write_text(json.dumps({
         "embsize": D, "nheads": HEADS, "d_hid": D_HID, "nlayers": LAYERS, "n_layers_cls": 3,
@@ -124,6 +134,33 @@ def main():
     }, indent=1))
     (out / "pretrain_log.json").write_text(json.dumps({"data": a.data, "seed": a.seed, "lr": a.lr, "epochs": log,
                                                        "torch": torch.__version__}, indent=1))
+
+
+def binned_with_numpy(path):
+    """Preprocessor's steps above without anndata and scanpy: counts (X, CSR, as
+    scripts/make_synthetic.py writes them) scaled to 1e4 a cell, log1p, and each cell's non-zero
+    values put in 51 bins at their quantiles, ties split at random (scgpt 0.2.4's
+    Preprocessor._digitize, side "both")."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        data, indices, indptr = f["X/data"][:], f["X/indices"][:], f["X/indptr"][:]
+        n, g = (int(v) for v in f["X"].attrs["shape"])
+        genes = [v.decode() if isinstance(v, bytes) else str(v) for v in f["var/_index"][:]]
+    x = np.zeros((n, g), dtype=np.float64)
+    for i in range(n):
+        x[i, indices[indptr[i]:indptr[i + 1]]] = data[indptr[i]:indptr[i + 1]]
+    tot = x.sum(1, keepdims=True)
+    x = np.log1p(np.divide(x * 1e4, tot, out=np.zeros_like(x), where=tot > 0))
+    binned = np.zeros((n, g), dtype=np.int64)
+    for i in range(n):
+        nz = x[i].nonzero()[0]
+        if nz.size == 0:
+            continue
+        v = x[i, nz]
+        bins = np.quantile(v, np.linspace(0, 1, N_BINS - 1))
+        left, right = np.digitize(v, bins), np.digitize(v, bins, right=True)
+        binned[i, nz] = np.ceil(np.random.rand(len(v)) * (right - left) + left).astype(np.int64)
+    return binned, genes
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@
 # and numpy for scripts/make_synthetic.py ($PYTHON), and $TORCH_PYTHON (torch 2.3 + scgpt 0.2.4,
 # the venv of scripts/scgpt_reference.py).
 # CELLS (3000), GENES (50), TYPES (5), DEPTH (1500, median counts a cell) set the data;
-# PRETRAIN_EPOCHS (8) and PRETRAIN_LR (2e-3) the pretraining. UPSTREAM=0 skips upstream's loop;
+# BATCH_SIGMA (0.3) the batch effect's spread (scripts/make_synthetic.py --batch-sigma);
+# SHARED_GENES=1 draws the pretraining cells from the evaluation data's genes, types and batches;
+# PRETRAIN_CELLS (CELLS), PRETRAIN_EPOCHS (8), PRETRAIN_LR (2e-3) and PRETRAIN_DEVICE (cpu) the
+# pretraining; DEVICE
+# (cpu) where ours embeds and fine-tunes, PRECISION its --precision (unset: the default).
+# UPSTREAM=0 skips upstream's loop;
 # THREADS (1) is each fine-tuning's CPU threads (OMP_NUM_THREADS, RAYON_NUM_THREADS).
 set -euo pipefail
 OUT=${1:?OUT_DIR}
@@ -39,14 +44,17 @@ TORCH_PYTHON=${TORCH_PYTHON:-$HOME/.cache/scfoundry/torch-venv-scgpt/bin/python}
 mkdir -p "$OUT"
 DATA=$OUT/synthetic.h5ad
 PRE=$OUT/pretrain.h5ad
-SYN=(--cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth "$DEPTH")
+SYN=(--cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth "$DEPTH" --batch-sigma "${BATCH_SIGMA:-0.3}")
+# SHARED_GENES=1: the pretraining cells are other cells of the evaluation data's genes, cell
+# types and batches (--model-seed 0); else another seed's genes altogether
+PRE_MODEL=(); [ "${SHARED_GENES:-0}" = 1 ] && PRE_MODEL=(--model-seed 0)
 [ -f "$DATA" ] || "$PY" "$ROOT/scripts/make_synthetic.py" "${SYN[@]}" --seed 0 --out "$DATA"
-[ -f "$PRE" ] || "$PY" "$ROOT/scripts/make_synthetic.py" "${SYN[@]}" --seed 1000 --out "$PRE"
+[ -f "$PRE" ] || "$PY" "$ROOT/scripts/make_synthetic.py" "${SYN[@]}" "${PRE_MODEL[@]}" --seed 1000 --out "$PRE" --cells "${PRETRAIN_CELLS:-$CELLS}"
 # the checkpoint, in the weights folder's layout (embed -m scgpt reads it from there)
 W=$OUT/weights
 CK=$W/scgpt/whole_human
 [ -f "$CK/best_model.pt" ] || "$TORCH_PYTHON" "$ROOT/bench/scgpt_integrated_pretrain.py" "$PRE" "$CK" \
-  --epochs "${PRETRAIN_EPOCHS:-8}" --lr "${PRETRAIN_LR:-2e-3}" --seed 0 2>&1 | grep -v Warning | grep '^{' || true
+  --epochs "${PRETRAIN_EPOCHS:-8}" --lr "${PRETRAIN_LR:-2e-3}" --seed 0 --device "${PRETRAIN_DEVICE:-cpu}" 2>&1 | grep -v Warning | grep '^{' || true
 [ -f "$CK/best_model.pt" ] || { echo "pretraining wrote no checkpoint" >&2; exit 1; }
 RESULTS=$OUT/results.tsv
 echo -e "seed\tepochs\tbatch_zero_shot\tbatch_ours\tbatch_upstream\tbio_zero_shot\tbio_ours\tbio_upstream\ttotal_zero_shot\ttotal_ours\ttotal_upstream\tours_seconds\tupstream_seconds" > "$RESULTS"
@@ -54,7 +62,7 @@ for SEED in $SEEDS; do
   Z=$OUT/zero-$SEED.h5ad
   I=$OUT/integrated-$SEED.h5ad
   rm -rf "$Z" "$I" "${I%.h5ad}" "$OUT/upstream-$SEED"
-  "$BIN" --quiet --weights-dir "$W" embed -m scgpt -d "$DATA" -o "$Z" --seed "$SEED"
+  "$BIN" --quiet --weights-dir "$W" embed -m scgpt -d "$DATA" -o "$Z" --seed "$SEED" --device "${DEVICE:-cpu}" ${PRECISION:+--precision "$PRECISION"}
   # ours and upstream's loop run side by side, one thread each (THREADS), so that neither
   # oversubscribes the cores; each times itself
   EMB=X_scgpt,X_scgpt_integrated
@@ -64,7 +72,7 @@ for SEED in $SEEDS; do
     EMB=$EMB,X_scgpt_upstream
   fi
   T0=$(date +%s.%N)
-  RAYON_NUM_THREADS=$THREADS "$BIN" --quiet integrate -m scgpt_integrated -d "$Z" -o "$I" --batch-key batch --seed "$SEED" --epochs "$EPOCHS" --model-dir "$CK"
+  RAYON_NUM_THREADS=$THREADS "$BIN" --quiet integrate -m scgpt_integrated -d "$Z" -o "$I" --batch-key batch --seed "$SEED" --epochs "$EPOCHS" --model-dir "$CK" --device "${DEVICE:-cpu}" ${PRECISION:+--precision "$PRECISION"}
   T1=$(date +%s.%N)
   wait
   T2=$T1
@@ -94,4 +102,4 @@ print("\t".join([sys.argv[2], sys.argv[3]] + [f(k, c) for c in ("Batch correctio
 PY
   tail -1 "$RESULTS"
 done
-column -t "$RESULTS"
+column -t "$RESULTS" 2>/dev/null || cat "$RESULTS"

@@ -2,8 +2,10 @@
 # Make upstream scGPT 0.2.4's model importable on a machine where the scgpt package cannot be
 # installed (no network, or a torch newer than the torch 2.3 / torchtext 0.18 that scgpt pins):
 # unpack only the files the integration training step uses (scgpt/model/{model,dsbn,
-# grad_reverse}.py and scgpt/loss.py) from the wheel, with package __init__ files that import
-# nothing else, and a `tqdm.trange` stand-in when tqdm is missing. Upstream's code runs as
+# grad_reverse}.py, scgpt/loss.py, and scgpt/tokenizer for tokenize_and_pad_batch and
+# random_mask_value) from the wheel, with package __init__ files that import nothing else, a
+# stand-in for torchtext's Vocab (which GeneVocab subclasses) when torchtext is missing, and a
+# `tqdm.trange` stand-in when tqdm is missing. Upstream's code runs as
 # published; only the package's import side effects (torchtext's vocabulary, scanpy, ...) are
 # left out.
 #
@@ -17,7 +19,8 @@ mkdir -p "$DIR"
 python3 - "$WHEEL" "$DIR" <<'PY'
 import os, sys, zipfile
 wheel, out = sys.argv[1], sys.argv[2]
-need = ["scgpt/model/model.py", "scgpt/model/dsbn.py", "scgpt/model/grad_reverse.py", "scgpt/loss.py"]
+need = ["scgpt/model/model.py", "scgpt/model/dsbn.py", "scgpt/model/grad_reverse.py", "scgpt/loss.py",
+        "scgpt/tokenizer/__init__.py", "scgpt/tokenizer/gene_tokenizer.py"]
 with zipfile.ZipFile(wheel) as z:
     for n in need:
         os.makedirs(os.path.join(out, os.path.dirname(n)), exist_ok=True)
@@ -27,6 +30,16 @@ open(os.path.join(out, "scgpt/__init__.py"), "w").write(
     "import logging\nlogger = logging.getLogger('scGPT')\n")
 open(os.path.join(out, "scgpt/model/__init__.py"), "w").write(
     "from .model import TransformerModel\nfrom .dsbn import *\nfrom .grad_reverse import *\n")
+try:
+    import torchtext.vocab  # noqa: F401
+except ImportError:
+    # gene_tokenizer.py subclasses torchtext's Vocab for GeneVocab; tokenize_and_pad_batch and
+    # random_mask_value do not use it
+    os.makedirs(os.path.join(out, "torchtext"), exist_ok=True)
+    open(os.path.join(out, "torchtext/__init__.py"), "w").write("")
+    open(os.path.join(out, "torchtext/vocab.py"), "w").write(
+        "class Vocab:\n    def __init__(self, *a, **k):\n        raise ImportError('torchtext is not installed')\n\n"
+        "def vocab(*a, **k):\n    raise ImportError('torchtext is not installed')\n")
 try:
     import tqdm  # noqa: F401
 except ImportError:

@@ -11,7 +11,7 @@ entries cost more than one uniform draw):
                     has --depth counts (default 290) over all genes
     type effect     each cell type up-regulates its own 6% of genes (log fold change
                     N(1.5, 0.4)) and all genes get a small type-specific jitter N(0, 0.15)
-    batch effect    multiplicative per gene and batch: exp(N(0, 0.3))
+    batch effect    multiplicative per gene and batch: exp(N(0, 1) x --batch-sigma) (default 0.3)
     library size    per cell, log-normal exp(N(0, 0.35))
     counts          NB(mean = lib_c * mu_g * type_tg * batch_bg, dispersion theta = 0.6)
 
@@ -48,7 +48,8 @@ BIG_MEAN = 4.0        # non-zeros with mean above this are drawn by rejection, n
 STR = h5py.string_dtype("utf-8")
 
 
-def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = TARGET_COUNTS):
+def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = TARGET_COUNTS,
+          batch_sigma: float = 0.3):
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA11CE]))
     mu = np.exp(rng.normal(0.0, SIGMA_MU, size=n_genes))
     type_fc = np.exp(rng.normal(0.0, 0.15, size=(n_types, n_genes)))
@@ -56,7 +57,7 @@ def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = 
     for t in range(n_types):
         idx = rng.choice(n_genes, size=n_mark, replace=False)
         type_fc[t, idx] *= np.exp(rng.normal(1.5, 0.4, size=n_mark))
-    batch_fc = np.exp(rng.normal(0.0, 0.3, size=(n_batches, n_genes)))
+    batch_fc = np.exp(rng.normal(0.0, 1.0, size=(n_batches, n_genes)) * batch_sigma)
     type_p = rng.dirichlet(np.full(n_types, 3.0))          # unequal cell-type proportions
     # mean table, row = type * n_batches + batch; each row scaled to `depth` counts in total
     table = (mu[None, None, :] * type_fc[:, None, :] * batch_fc[None, :, :]).reshape(n_types * n_batches, n_genes)
@@ -151,6 +152,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--depth", type=float, default=TARGET_COUNTS,
                     help="expected counts of the median cell (default %(default)s)")
+    ap.add_argument("--batch-sigma", type=float, default=0.3,
+                    help="spread of the batch effect: gene g in batch b is scaled by exp(N(0, 1) x this)")
+    ap.add_argument("--model-seed", type=int, default=None,
+                    help="seed of the gene means, cell-type and batch effects (default --seed); "
+                         "files of one --model-seed and other --seed values are other cells of the same genes")
     ap.add_argument("--check", action="store_true", help="read back with anndata and print stats")
     args = ap.parse_args()
     assert args.types <= 127 and args.batches <= 127
@@ -159,7 +165,8 @@ def main() -> None:
     t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    mdl = model(args.seed, args.genes, args.types, args.batches, args.depth)
+    mdl = model(args.seed if args.model_seed is None else args.model_seed, args.genes, args.types,
+                args.batches, args.depth, args.batch_sigma)
 
     tmp_data = out.with_name(out.name + ".tmp_data")
     tmp_idx = out.with_name(out.name + ".tmp_indices")

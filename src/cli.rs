@@ -773,10 +773,12 @@ pub struct ScgptIntegrationArgs {
     /// scgpt_integrated: where it trains, cpu (default) or cuda.
     #[arg(long, value_enum, value_name = "DEVICE")]
     pub device: Option<crate::gpu::DeviceKind>,
-    /// scgpt_integrated: f32 (default); with --device cuda also tf32 (f32 values, matrix products
-    /// on TF32 tensor cores: 10-bit mantissa inputs, f32 sums) or bf16 (mixed precision as
-    /// torch.autocast: bf16 products, f32 norms, softmax, losses, weights and optimiser; upstream
-    /// trains in fp16 autocast).
+    /// scgpt_integrated: auto (default): bf16 on a GPU with compute capability 8.0 or newer
+    /// (its GPU default, as upstream trains in fp16 autocast; `methods show scgpt_integrated`
+    /// gives its measured distance to f32), f32 elsewhere; f32 everywhere for parity; with
+    /// --device cuda also tf32 (f32 values, products on TF32 tensor cores: 10-bit mantissa
+    /// inputs, f32 sums) or bf16 (mixed precision as torch.autocast: bf16 products, f32 norms,
+    /// softmax, losses, weights and optimiser).
     #[arg(long, value_name = "DTYPE", value_parser = ["auto", "f32", "tf32", "bf16"])]
     pub precision: Option<String>,
     /// scgpt_integrated: start from this checkpoint folder (best_model.pt, vocab.json,

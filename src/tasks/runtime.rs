@@ -488,7 +488,7 @@ pub(crate) fn precision_name(dtype: candle_core::DType) -> &'static str {
 }
 
 /// The GPU's compute capability; `None` on the CPU or when the driver does not say.
-fn compute_capability(device: &candle_core::Device) -> Option<(u32, u32)> {
+pub(crate) fn compute_capability(device: &candle_core::Device) -> Option<(u32, u32)> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = device {
         return d.cuda_stream().context().compute_capability().ok().map(|(major, minor)| (major as u32, minor as u32));

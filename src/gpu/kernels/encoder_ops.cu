@@ -12,6 +12,8 @@
 //   segment_max_*     out[s] = the same rows' column maxima (scFoundation's max pooling)
 //   dropout_f32       out[i] = x[i] * scale when element i is kept, else 0 (nn/dropout.rs: the
 //                     mask is a hash of (key, i), the same on the CPU)
+//   add_dropped_*, dropped_to_*, act_dropped_*, act_dropped_bwd_*: training's residual sum and
+//                     activations with that dropout, forward and backward (nn/train_ops.rs)
 
 #include <cuda_bf16.h>
 

@@ -234,17 +234,26 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
     let so = &o.scgpt;
     let mut dspec = spec.clone();
     dspec.device.kind = so.device.unwrap_or_default();
-    let precision = match so.precision.as_deref() {
-        None | Some("auto") | Some("f32") => "f32",
-        Some(p) => p,
-    };
-    let tf32 = precision == "tf32";
-    if precision != "f32" && dspec.device.kind != crate::gpu::DeviceKind::Cuda {
-        return Err(Error::BadOption { option: "--precision".into(), detail: format!("{precision} training is for NVIDIA GPUs (tensor cores): it needs --device cuda"), hint: Some("add --device cuda, or leave --precision out (f32)".into()) }.into());
+    let asked = so.precision.as_deref().unwrap_or("auto");
+    if !matches!(asked, "auto" | "f32") && dspec.device.kind != crate::gpu::DeviceKind::Cuda {
+        return Err(Error::BadOption { option: "--precision".into(), detail: format!("{asked} training is for NVIDIA GPUs (tensor cores): it needs --device cuda"), hint: Some("add --device cuda, or leave --precision out (f32 on the CPU)".into()) }.into());
     }
     // TF32 products for every f32 matrix product of this process (candle's cuBLAS switch)
-    candle_core::cuda::set_gemm_reduced_precision_f32(tf32);
+    candle_core::cuda::set_gemm_reduced_precision_f32(asked == "tf32");
     let dev = crate::tasks::runtime::TaskDevice::start(&dspec)?;
+    // auto: the method's GPU default (methods/scgpt_integrated.toml [precision]) on a card with
+    // bf16, f32 on the CPU; tf32 is this method's own extra
+    let mut precision_note = None;
+    let precision = match asked {
+        "tf32" => "tf32",
+        other => {
+            use crate::tasks::precision::{decide, Requested};
+            let gpu_default = crate::registry::Registry::builtin().methods.get(&spec.method).and_then(|m| m.precision.as_ref()).map(|p| p.gpu_default);
+            let d = decide(gpu_default, Requested::parse(other).unwrap_or(Requested::Auto), dev.device.is_cuda(), crate::tasks::runtime::compute_capability(&dev.device));
+            precision_note = d.note;
+            d.dtype.name()
+        }
+    };
     let cfg = Config {
         embsize: args.embsize,
         nheads: args.nheads,
@@ -272,6 +281,9 @@ pub fn task(spec: &TaskSpec, o: &IntegrateOptions) -> anyhow::Result<TaskResult>
         seed: spec.seed,
     };
     let rep = crate::progress::for_settings(spec.quiet, spec.progress);
+    if let Some(n) = &precision_note {
+        rep.note(n);
+    }
     let started = Instant::now();
     let n_epochs = opts.epochs;
     let res = train(&mut model, &p.data, &opts, |e| {
