@@ -137,10 +137,8 @@ def main():
 
 
 def binned_with_numpy(path):
-    """Preprocessor's steps above without anndata and scanpy: counts (X, CSR, as
-    scripts/make_synthetic.py writes them) scaled to 1e4 a cell, log1p, and each cell's non-zero
-    values put in 51 bins at their quantiles, ties split at random (scgpt 0.2.4's
-    Preprocessor._digitize, side "both")."""
+    """Preprocessor's steps above without anndata and scanpy, on the counts of an .h5ad (X, CSR,
+    as scripts/make_synthetic.py writes them): binned_counts of its dense counts, and its genes."""
     import h5py
     with h5py.File(path, "r") as f:
         data, indices, indptr = f["X/data"][:], f["X/indices"][:], f["X/indptr"][:]
@@ -149,10 +147,17 @@ def binned_with_numpy(path):
     x = np.zeros((n, g), dtype=np.float64)
     for i in range(n):
         x[i, indices[indptr[i]:indptr[i + 1]]] = data[indptr[i]:indptr[i + 1]]
+    return binned_counts(x), genes
+
+
+def binned_counts(x):
+    """Dense counts (cells x genes) scaled to 1e4 a cell, log1p, and each cell's non-zero values
+    put in 51 bins at their quantiles, ties split at random (scgpt 0.2.4's Preprocessor with
+    normalize_total 1e4, log1p and binning 51; its _digitize, side "both")."""
     tot = x.sum(1, keepdims=True)
     x = np.log1p(np.divide(x * 1e4, tot, out=np.zeros_like(x), where=tot > 0))
-    binned = np.zeros((n, g), dtype=np.int64)
-    for i in range(n):
+    binned = np.zeros(x.shape, dtype=np.int64)
+    for i in range(x.shape[0]):
         nz = x[i].nonzero()[0]
         if nz.size == 0:
             continue
@@ -160,7 +165,7 @@ def binned_with_numpy(path):
         bins = np.quantile(v, np.linspace(0, 1, N_BINS - 1))
         left, right = np.digitize(v, bins), np.digitize(v, bins, right=True)
         binned[i, nz] = np.ceil(np.random.rand(len(v)) * (right - left) + left).astype(np.int64)
-    return binned, genes
+    return binned
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@
 # PRETRAIN_CELLS (CELLS), PRETRAIN_EPOCHS (8), PRETRAIN_LR (2e-3) and PRETRAIN_DEVICE (cpu) the
 # pretraining; DEVICE
 # (cpu) where ours embeds and fine-tunes, PRECISION its --precision (unset: the default).
-# UPSTREAM=0 skips upstream's loop;
+# UPSTREAM=0 skips upstream's loop, UPSTREAM_DEVICE (cpu) is where it trains;
 # THREADS (1) is each fine-tuning's CPU threads (OMP_NUM_THREADS, RAYON_NUM_THREADS).
 set -euo pipefail
 OUT=${1:?OUT_DIR}
@@ -68,7 +68,7 @@ for SEED in $SEEDS; do
   EMB=X_scgpt,X_scgpt_integrated
   if [ "$UPSTREAM" = 1 ]; then
     ( S=$(date +%s.%N); OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS "$TORCH_PYTHON" "$ROOT/bench/scgpt_integrated_upstream.py" "$DATA" "$CK" "$OUT/upstream-$SEED" \
-        --seed "$SEED" --epochs "$EPOCHS" > "$OUT/upstream-$SEED.log" 2>&1; echo "$S $(date +%s.%N)" > "$OUT/upstream-$SEED.time" ) &
+        --seed "$SEED" --epochs "$EPOCHS" --device "${UPSTREAM_DEVICE:-cpu}" > "$OUT/upstream-$SEED.log" 2>&1; echo "$S $(date +%s.%N)" > "$OUT/upstream-$SEED.time" ) &
     EMB=$EMB,X_scgpt_upstream
   fi
   T0=$(date +%s.%N)

@@ -5,7 +5,7 @@ raw counts, then upstream's `encode_batch` embedding of every cell. Needs the to
 scripts/scgpt_reference.py.
 
     python bench/scgpt_integrated_upstream.py DATA.h5ad CHECKPOINT_DIR OUT_DIR \
-        [--seed 0] [--epochs 30] [--batch-key batch] [--into FILE.h5ad]
+        [--seed 0] [--epochs 30] [--batch-key batch] [--into FILE.h5ad] [--device cuda]
 
 Writes OUT_DIR/losses.tsv (each objective per epoch, the columns of scfoundry's losses.tsv),
 OUT_DIR/embedding.npy (the L2-normalised <cls> embeddings, in DATA's cell order) and, with
@@ -22,8 +22,10 @@ pre_norm False, loaded where names and shapes match; train(): GEP + Bernoulli + 
 + 10 x ECS + 1.0 x DAB, Adam(lr 1e-4, eps 1e-4), clip_grad_norm 1.0, StepLR(1, 0.9); evaluate()
 and the lowest validation MSE kept; eval_testdata()'s encode_batch on the batch-sorted cells in
 chunks of 64. What differs, on purpose: use_fast_transformer=False and float32 without autocast
-(the CPU; upstream's defaults are flash-attention and fp16 autocast), no wandb, and the seed
-(set_seed(SEED) instead of 42).
+(the CPU unless --device cuda; upstream's defaults are flash-attention and fp16 autocast), no
+wandb, and the seed (set_seed(SEED) instead of 42). Where anndata or scanpy is missing (a bare
+torch environment, with bench/scgpt_upstream_shim.sh for the scgpt modules), the Preprocessor's
+steps run in numpy (load_with_numpy: no HVG selection, so at most 1,200 genes).
 """
 import argparse
 import copy
@@ -46,23 +48,37 @@ def main():
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-key", default="batch")
     ap.add_argument("--into")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     a = ap.parse_args()
 
     import json
 
-    import anndata
     from scipy.sparse import issparse
     from sklearn.model_selection import train_test_split
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
-    from scgpt import SubsetsBatchSampler
+    from scgpt.data_sampler import SubsetsBatchSampler
     from scgpt.loss import criterion_neg_log_bernoulli, masked_mse_loss
     from scgpt.model import TransformerModel
-    from scgpt.preprocess import Preprocessor
     from scgpt.tokenizer import random_mask_value, tokenize_and_pad_batch
-    from scgpt.utils import set_seed
 
+    try:
+        import anndata
+        from scgpt.preprocess import Preprocessor
+        from scgpt.utils import set_seed
+    except ImportError:  # no anndata/scanpy (a bare torch environment): the same steps in numpy
+        anndata = None
+
+        def set_seed(seed):  # scgpt.utils.set_seed's body
+            import random
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+
+    dev = torch.device(a.device)
     set_seed(a.seed)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,21 +89,28 @@ def main():
             vocab[s] = max(vocab.values()) + 1
     margs = json.loads((ck / "args.json").read_text())
 
-    adata = anndata.read_h5ad(a.data)
-    n_cells = adata.n_obs
-    adata.obs["cell_order"] = np.arange(n_cells)
-    adata.obs["str_batch"] = adata.obs[a.batch_key].astype(str)
-    adata.obs["batch_id"] = adata.obs["str_batch"].astype("category").cat.codes.values
-    adata = adata[:, [g in vocab for g in adata.var_names]].copy()
-    Preprocessor(use_key="X", filter_gene_by_counts=3, filter_cell_by_counts=False, normalize_total=1e4,
-                 result_normed_key="X_normed", log1p=True, result_log1p_key="X_log1p",
-                 subset_hvg=N_HVG if adata.n_vars > N_HVG else False, hvg_flavor="seurat_v3",
-                 binning=N_BINS, result_binned_key="X_binned")(adata, batch_key="str_batch")
-    adata_sorted = adata[adata.obs["batch_id"].argsort()].copy()
-    x = adata.layers["X_binned"]
-    all_counts = x.toarray() if issparse(x) else np.asarray(x)
-    genes = adata.var_names.tolist()
-    batch_ids = np.array(adata.obs["batch_id"].tolist())
+    if anndata is not None:
+        adata = anndata.read_h5ad(a.data)
+        n_cells = adata.n_obs
+        adata.obs["cell_order"] = np.arange(n_cells)
+        adata.obs["str_batch"] = adata.obs[a.batch_key].astype(str)
+        adata.obs["batch_id"] = adata.obs["str_batch"].astype("category").cat.codes.values
+        adata = adata[:, [g in vocab for g in adata.var_names]].copy()
+        Preprocessor(use_key="X", filter_gene_by_counts=3, filter_cell_by_counts=False, normalize_total=1e4,
+                     result_normed_key="X_normed", log1p=True, result_log1p_key="X_log1p",
+                     subset_hvg=N_HVG if adata.n_vars > N_HVG else False, hvg_flavor="seurat_v3",
+                     binning=N_BINS, result_binned_key="X_binned")(adata, batch_key="str_batch")
+        adata_sorted = adata[adata.obs["batch_id"].argsort()].copy()
+        x = adata.layers["X_binned"]
+        all_counts = x.toarray() if issparse(x) else np.asarray(x)
+        genes = adata.var_names.tolist()
+        batch_ids = np.array(adata.obs["batch_id"].tolist())
+        sorted_counts, sorted_batch, sorted_order = None, None, None
+    else:
+        all_counts, genes, batch_ids = load_with_numpy(a.data, a.batch_key, vocab)
+        n_cells = len(batch_ids)
+        sorted_order = np.argsort(batch_ids)  # pandas' Series.argsort: numpy's quicksort
+        sorted_counts, sorted_batch = all_counts[sorted_order], batch_ids[sorted_order]
     num_batch_types = len(set(batch_ids))
     train_data, valid_data, train_batch_labels, valid_batch_labels = train_test_split(
         all_counts, batch_ids, test_size=0.1, shuffle=True)
@@ -127,9 +150,9 @@ def main():
                              dropout=DROPOUT, pad_token=PAD, pad_value=PAD_VALUE, do_mvc=True, do_dab=True,
                              use_batch_labels=True, num_batch_labels=num_batch_types, domain_spec_batchnorm=True,
                              n_input_bins=N_BINS, ecs_threshold=ECS_THRES, explicit_zero_prob=True,
-                             use_fast_transformer=False, pre_norm=False)
+                             use_fast_transformer=False, pre_norm=False).to(dev)
     model_dict = model.state_dict()
-    pretrained = torch.load(ck / "best_model.pt", map_location="cpu")
+    pretrained = torch.load(ck / "best_model.pt", map_location=dev)
     pretrained = {k: v for k, v in pretrained.items() if k in model_dict and v.shape == model_dict[k].shape}
     model_dict.update(pretrained)
     model.load_state_dict(model_dict)
@@ -142,7 +165,7 @@ def main():
         model.train()
         sums, k = np.zeros(7), 0
         for bd in ld:
-            ids, inp, tgt, bl = bd["gene_ids"], bd["values"], bd["target_values"], bd["batch_labels"]
+            ids, inp, tgt, bl = (bd[k].to(dev) for k in ("gene_ids", "values", "target_values", "batch_labels"))
             o = model(ids, inp, src_key_padding_mask=ids.eq(vocab[PAD]), batch_labels=bl, MVC=True, ECS=True)
             m = inp.eq(MASK_VALUE)
             parts = [masked_mse_loss(o["mlm_output"], tgt, m), criterion_neg_log_bernoulli(o["mlm_zero_probs"], tgt, m),
@@ -162,7 +185,7 @@ def main():
         tot, n = 0.0, 0
         with torch.no_grad():
             for bd in ld:
-                ids, inp, tgt, bl = bd["gene_ids"], bd["values"], bd["target_values"], bd["batch_labels"]
+                ids, inp, tgt, bl = (bd[k].to(dev) for k in ("gene_ids", "values", "target_values", "batch_labels"))
                 o = model(ids, inp, src_key_padding_mask=ids.eq(vocab[PAD]), batch_labels=bl)
                 tot += masked_mse_loss(o["mlm_output"], tgt, inp.eq(MASK_VALUE)).item() * len(ids)
                 n += len(ids)
@@ -185,16 +208,19 @@ def main():
 
     # eval_testdata: the batch-sorted cells, encode_batch in chunks of 64
     best_model.eval()
-    xs = adata_sorted.layers["X_binned"]
-    xs = xs.toarray() if issparse(xs) else np.asarray(xs)
-    ta = tok(xs)
+    if sorted_counts is None:
+        xs = adata_sorted.layers["X_binned"]
+        sorted_counts = xs.toarray() if issparse(xs) else np.asarray(xs)
+        sorted_batch = np.array(adata_sorted.obs["batch_id"].tolist())
+        sorted_order = adata_sorted.obs["cell_order"].to_numpy()
+    ta = tok(sorted_counts)
     with torch.no_grad():
         emb = best_model.encode_batch(ta["genes"], ta["values"].float(), src_key_padding_mask=ta["genes"].eq(vocab[PAD]),
-                                      batch_size=BATCH_SIZE, batch_labels=torch.from_numpy(np.array(adata_sorted.obs["batch_id"].tolist())).long(),
+                                      batch_size=BATCH_SIZE, batch_labels=torch.from_numpy(sorted_batch).long(),
                                       time_step=0, return_np=True)
     emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     full = np.zeros((n_cells, emb.shape[1]), dtype=np.float32)
-    full[adata_sorted.obs["cell_order"].to_numpy()] = emb
+    full[sorted_order] = emb
     np.save(out / "embedding.npy", full)
     (out / "summary.json").write_text(json.dumps({"best_epoch": best_epoch, "best_valid_gep_mse": best_val,
                                                   "genes": len(genes), "loaded": sorted(pretrained),
@@ -208,6 +234,34 @@ def main():
             ds.attrs["encoding-type"] = "array"
             ds.attrs["encoding-version"] = "0.2.0"
     print(f"best epoch {best_epoch}, validation GEP MSE {best_val:.4f}", flush=True)
+
+
+def load_with_numpy(path, batch_key, vocab):
+    """The data as the Preprocessor above leaves it, without anndata and scanpy: the genes in the
+    vocabulary with at least 3 counts (filter_gene_by_counts), then scgpt_integrated_pretrain.py's
+    binned_counts (1e4 a cell, log1p, 51 bins); no HVG selection, so at most 1,200 genes. The batch
+    ids are the codes of the batch labels' sorted strings, as `astype(str).astype("category")`."""
+    import sys
+
+    import h5py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scgpt_integrated_pretrain import binned_counts
+    with h5py.File(path, "r") as f:
+        data, indices, indptr = f["X/data"][:], f["X/indices"][:], f["X/indptr"][:]
+        n, g = (int(v) for v in f["X"].attrs["shape"])
+        names = [v.decode() if isinstance(v, bytes) else str(v) for v in f["var/_index"][:]]
+        col = f["obs"][batch_key]
+        labels = col["categories"][:][col["codes"][:]]
+    labels = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in labels])
+    x = np.zeros((n, g), dtype=np.float64)
+    for i in range(n):
+        x[i, indices[indptr[i]:indptr[i + 1]]] = data[indptr[i]:indptr[i + 1]]
+    keep = np.array([nm in vocab for nm in names]) & (x.sum(0) >= 3)
+    if keep.sum() > N_HVG:
+        raise SystemExit(f"{keep.sum()} genes: selecting {N_HVG} HVGs needs scanpy (and anndata)")
+    genes = [nm for nm, k in zip(names, keep) if k]
+    batch_ids = np.searchsorted(np.unique(labels), labels)
+    return binned_counts(x[:, keep]), genes, batch_ids
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 # Make upstream scGPT 0.2.4's model importable on a machine where the scgpt package cannot be
 # installed (no network, or a torch newer than the torch 2.3 / torchtext 0.18 that scgpt pins):
 # unpack only the files the integration training step uses (scgpt/model/{model,dsbn,
-# grad_reverse}.py, scgpt/loss.py, and scgpt/tokenizer for tokenize_and_pad_batch and
-# random_mask_value) from the wheel, with package __init__ files that import nothing else, a
+# grad_reverse}.py, scgpt/loss.py, scgpt/tokenizer for tokenize_and_pad_batch and
+# random_mask_value, scgpt/data_sampler.py for SubsetsBatchSampler) from the wheel, with package __init__ files that import nothing else, a
 # stand-in for torchtext's Vocab (which GeneVocab subclasses) when torchtext is missing, and a
 # `tqdm.trange` stand-in when tqdm is missing. Upstream's code runs as
 # published; only the package's import side effects (torchtext's vocabulary, scanpy, ...) are
@@ -20,7 +20,7 @@ python3 - "$WHEEL" "$DIR" <<'PY'
 import os, sys, zipfile
 wheel, out = sys.argv[1], sys.argv[2]
 need = ["scgpt/model/model.py", "scgpt/model/dsbn.py", "scgpt/model/grad_reverse.py", "scgpt/loss.py",
-        "scgpt/tokenizer/__init__.py", "scgpt/tokenizer/gene_tokenizer.py"]
+        "scgpt/tokenizer/__init__.py", "scgpt/tokenizer/gene_tokenizer.py", "scgpt/data_sampler.py"]
 with zipfile.ZipFile(wheel) as z:
     for n in need:
         os.makedirs(os.path.join(out, os.path.dirname(n)), exist_ok=True)
