@@ -248,6 +248,32 @@ mod tests {
         assert!((p[0] as f64 - want0).abs() < 1e-5, "{p:?} {want0}");
     }
 
+    /// On the CPU `step_clipped` is `clip_grad_norm` then `step`, to the bit, and it clips the
+    /// gradients in place as torch's `clip_grad_norm_` does.
+    #[test]
+    fn step_clipped_is_clip_then_step_on_the_cpu() {
+        let dev = Device::Cpu;
+        let start = [vec![1f32, -2.0, 0.5], vec![0.25f32, 3.0]];
+        let grads = [vec![3f32, -4.0, 1.0], vec![2.0f32, -0.5]];
+        let vars = |v: &[Vec<f32>; 2]| v.iter().map(|x| Var::from_vec(x.clone(), x.len(), &dev).unwrap()).collect::<Vec<_>>();
+        let g = || grads.iter().map(|x| Some(Tensor::new(x.as_slice(), &dev).unwrap())).collect::<Vec<_>>();
+        let (a, b) = (vars(&start), vars(&start));
+        let (mut oa, mut ob) = (Adam::new(&a, 0.1, 1e-8, 0.0).unwrap(), Adam::new(&b, 0.1, 1e-8, 0.0).unwrap());
+        for _ in 0..2 {
+            let mut ga = g();
+            oa.step_clipped(&a, &mut ga, 1.0).unwrap();
+            let mut gb = g();
+            clip_grad_norm(&mut gb, 1.0).unwrap();
+            ob.step(&b, &gb).unwrap();
+            let norm: f32 = ga.iter().flatten().map(|t| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "the gradients were not clipped to norm 1: {norm}");
+        }
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.as_tensor().to_vec1::<f32>().unwrap(), y.as_tensor().to_vec1::<f32>().unwrap());
+        }
+        assert_ne!(a[0].as_tensor().to_vec1::<f32>().unwrap(), start[0]);
+    }
+
     #[test]
     fn clipping_scales_to_max_norm() {
         let mut g = vec![Some(Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap()), None];
