@@ -137,8 +137,15 @@ def main():
 
 
 def binned_with_numpy(path):
-    """Preprocessor's steps above without anndata and scanpy, on the counts of an .h5ad (X, CSR,
-    as scripts/make_synthetic.py writes them): binned_counts of its dense counts, and its genes."""
+    """Preprocessor's steps above without anndata and scanpy, on the counts of an .h5ad:
+    binned_counts of its dense counts, and its genes."""
+    x, genes = dense_counts(path)
+    return binned_counts(x), genes
+
+
+def dense_counts(path):
+    """An .h5ad's counts (X, CSR, as scripts/make_synthetic.py writes them) as a dense cells x
+    genes array, and its gene names, read with h5py."""
     import h5py
     with h5py.File(path, "r") as f:
         data, indices, indptr = f["X/data"][:], f["X/indices"][:], f["X/indptr"][:]
@@ -147,7 +154,7 @@ def binned_with_numpy(path):
     x = np.zeros((n, g), dtype=np.float64)
     for i in range(n):
         x[i, indices[indptr[i]:indptr[i + 1]]] = data[indptr[i]:indptr[i + 1]]
-    return binned_counts(x), genes
+    return x, genes
 
 
 def binned_counts(x):

@@ -245,17 +245,12 @@ def load_with_numpy(path, batch_key, vocab):
 
     import h5py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from scgpt_integrated_pretrain import binned_counts
+    from scgpt_integrated_pretrain import binned_counts, dense_counts
+    x, names = dense_counts(path)
     with h5py.File(path, "r") as f:
-        data, indices, indptr = f["X/data"][:], f["X/indices"][:], f["X/indptr"][:]
-        n, g = (int(v) for v in f["X"].attrs["shape"])
-        names = [v.decode() if isinstance(v, bytes) else str(v) for v in f["var/_index"][:]]
         col = f["obs"][batch_key]
         labels = col["categories"][:][col["codes"][:]]
     labels = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in labels])
-    x = np.zeros((n, g), dtype=np.float64)
-    for i in range(n):
-        x[i, indices[indptr[i]:indptr[i + 1]]] = data[indptr[i]:indptr[i + 1]]
     keep = np.array([nm in vocab for nm in names]) & (x.sum(0) >= 3)
     if keep.sum() > N_HVG:
         raise SystemExit(f"{keep.sum()} genes: selecting {N_HVG} HVGs needs scanpy (and anndata)")
