@@ -15,7 +15,8 @@
 # and numpy for scripts/make_synthetic.py ($PYTHON), and $TORCH_PYTHON (torch 2.3 + scgpt 0.2.4,
 # the venv of scripts/scgpt_reference.py).
 # CELLS (3000), GENES (50), TYPES (5), DEPTH (1500, median counts a cell) set the data;
-# BATCH_SIGMA (0.3) the batch effect's spread (scripts/make_synthetic.py --batch-sigma);
+# BATCH_SIGMA (0.3) the batch effect's spread (scripts/make_synthetic.py --batch-sigma),
+# BATCH_DEPTH (unset) each batch's depth factor (--batch-depth, e.g. 1,0.5,0.25);
 # SHARED_GENES=1 draws the pretraining cells from the evaluation data's genes, types and batches;
 # PRETRAIN_CELLS (CELLS), PRETRAIN_EPOCHS (8), PRETRAIN_LR (2e-3) and PRETRAIN_DEVICE (cpu) the
 # pretraining; DEVICE
@@ -44,7 +45,7 @@ TORCH_PYTHON=${TORCH_PYTHON:-$HOME/.cache/scfoundry/torch-venv-scgpt/bin/python}
 mkdir -p "$OUT"
 DATA=$OUT/synthetic.h5ad
 PRE=$OUT/pretrain.h5ad
-SYN=(--cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth "$DEPTH" --batch-sigma "${BATCH_SIGMA:-0.3}")
+SYN=(--cells "$CELLS" --genes "$GENES" --types "$TYPES" --batches 3 --depth "$DEPTH" --batch-sigma "${BATCH_SIGMA:-0.3}" ${BATCH_DEPTH:+--batch-depth "$BATCH_DEPTH"})
 # SHARED_GENES=1: the pretraining cells are other cells of the evaluation data's genes, cell
 # types and batches (--model-seed 0); else another seed's genes altogether
 PRE_MODEL=(); [ "${SHARED_GENES:-0}" = 1 ] && PRE_MODEL=(--model-seed 0)

@@ -11,7 +11,9 @@ entries cost more than one uniform draw):
                     has --depth counts (default 290) over all genes
     type effect     each cell type up-regulates its own 6% of genes (log fold change
                     N(1.5, 0.4)) and all genes get a small type-specific jitter N(0, 0.15)
-    batch effect    multiplicative per gene and batch: exp(N(0, 1) x --batch-sigma) (default 0.3)
+    batch effect    multiplicative per gene and batch: exp(N(0, 1) x --batch-sigma) (default 0.3);
+                    --batch-depth F0,F1,.. also scales every cell of batch b by F_b (capture
+                    efficiency / sequencing depth; default none: every batch at --depth)
     library size    per cell, log-normal exp(N(0, 0.35))
     counts          NB(mean = lib_c * mu_g * type_tg * batch_bg, dispersion theta = 0.6)
 
@@ -49,7 +51,7 @@ STR = h5py.string_dtype("utf-8")
 
 
 def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = TARGET_COUNTS,
-          batch_sigma: float = 0.3):
+          batch_sigma: float = 0.3, batch_depth: list[float] | None = None):
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA11CE]))
     mu = np.exp(rng.normal(0.0, SIGMA_MU, size=n_genes))
     type_fc = np.exp(rng.normal(0.0, 0.15, size=(n_types, n_genes)))
@@ -62,6 +64,8 @@ def model(seed: int, n_genes: int, n_types: int, n_batches: int, depth: float = 
     # mean table, row = type * n_batches + batch; each row scaled to `depth` counts in total
     table = (mu[None, None, :] * type_fc[:, None, :] * batch_fc[None, :, :]).reshape(n_types * n_batches, n_genes)
     table *= depth / table.sum(axis=1, keepdims=True)
+    if batch_depth is not None:                             # row = type * n_batches + batch
+        table *= np.tile(np.asarray(batch_depth, dtype=np.float64), n_types)[:, None]
     # P(count == 0) for every (row, library level): NB(theta) zero probability
     lib_levels = np.exp(np.arange(-LIB_K, LIB_K + 1) * LIB_STEP)
     m_all = table[:, None, :] * lib_levels[None, :, None]
@@ -154,6 +158,9 @@ def main() -> None:
                     help="expected counts of the median cell (default %(default)s)")
     ap.add_argument("--batch-sigma", type=float, default=0.3,
                     help="spread of the batch effect: gene g in batch b is scaled by exp(N(0, 1) x this)")
+    ap.add_argument("--batch-depth", default=None,
+                    help="comma-separated depth factor of each batch (e.g. 1,0.5,0.25): batch b's "
+                         "cells have F_b x --depth expected counts (default: all 1)")
     ap.add_argument("--model-seed", type=int, default=None,
                     help="seed of the gene means, cell-type and batch effects (default --seed); "
                          "files of one --model-seed and other --seed values are other cells of the same genes")
@@ -161,12 +168,17 @@ def main() -> None:
     args = ap.parse_args()
     assert args.types <= 127 and args.batches <= 127
     assert args.depth > 0, "--depth must be positive"
+    batch_depth = None
+    if args.batch_depth is not None:
+        batch_depth = [float(v) for v in args.batch_depth.split(",")]
+        assert len(batch_depth) == args.batches and all(v > 0 for v in batch_depth), \
+            f"--batch-depth needs {args.batches} positive factors, one a batch"
 
     t0 = time.perf_counter()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     mdl = model(args.seed if args.model_seed is None else args.model_seed, args.genes, args.types,
-                args.batches, args.depth, args.batch_sigma)
+                args.batches, args.depth, args.batch_sigma, batch_depth)
 
     tmp_data = out.with_name(out.name + ".tmp_data")
     tmp_idx = out.with_name(out.name + ".tmp_indices")
