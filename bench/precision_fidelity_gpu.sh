@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bf16 against f32 on real cells, for the methods whose `--precision auto` (the default) runs
-# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation and scPRINT at their
+# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S and CellFM at their
 # released sizes with random weights in the upstream file formats (bench/fullsize_checkpoints.py;
-# scFoundation's and scPRINT's: bench/random_models.py; the
+# scFoundation's, scPRINT's, C2S-Pythia-410M's and CellFM's: bench/random_models.py; the
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
@@ -47,12 +47,13 @@ for m in $MODELS; do
   case $m in
     geneformer) f=geneformer_v1/pytorch_model.bin ;; scgpt) f=scgpt/whole_human/best_model.pt ;;
     uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
-    scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;;
-    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint)" >&2; exit 1 ;;
+    scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;; c2s) f=c2s/model.safetensors ;;
+    cellfm) f=cellfm/cellfm_torch.pt ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm)" >&2; exit 1 ;;
   esac
   [[ -f $W/$f ]] && continue
-  # scFoundation's and scPRINT's random models need no torch (bench/random_models.py)
-  if [[ $m == scfoundation || $m == scprint ]]; then
+  # scFoundation's, scPRINT's, C2S's and CellFM's random models need no torch (bench/random_models.py)
+  if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm ]]; then
     "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" | tee -a "$OUT/checkpoints.jsonl"
     [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
   else
@@ -75,6 +76,8 @@ args_of() {
     scgpt|uce) echo "--weights-dir $W embed -m $1" ;;
     scfoundation) echo "embed -m scfoundation --model-dir $W/scfoundation" ;;
     scprint) echo "embed -m scprint --model-dir $W/scprint --gene-column gene_ids" ;;
+    c2s) echo "embed -m c2s --model-dir $W/c2s" ;;
+    cellfm) echo "embed -m cellfm --model-dir $W/cellfm" ;;
   esac
 }
 

@@ -10,6 +10,8 @@
         [--seed 0]
     python bench/random_models.py scvi DATA OUT_DIR [--genes 2000] [--hidden 128] [--latent 10]
         [--layers 1] [--seed 0]
+    python bench/random_models.py c2s DATA OUT_DIR [--size 410m] [--seed 0]
+    python bench/random_models.py cellfm DATA OUT_DIR [--depth 40] [--seed 0]
 
 genept: OUT_DIR/GenePT_gene_embedding_ada_text.pickle, a dict {gene: numpy float64 vector} over
 every var_name of DATA, as upstream's table (pickle protocol 4).
@@ -40,6 +42,21 @@ defaults (BatchNorm in the encoder, latent "normal", no covariate in the encoder
 "var_names", "attr_dict": {"registry_", "init_params_"}}, with the encoder's tensors only (embedding
 reads no other) over DATA's --genes var_names expressed in the most cells. Weights as scfoundation's;
 BatchNorm running means N(0, 0.1), variances U(0.5, 1.5).
+
+c2s: OUT_DIR/{config.json, model.safetensors, tokenizer.json}, a Hugging Face GPTNeoXForCausalLM
+folder (`--model-dir OUT_DIR`) at Pythia-410M's shape (24 x 1024, 16 heads, feed-forward 4,096,
+rotary on a quarter of each head, parallel residual; --size 160m: 12 x 768, 12 heads) without the
+LM head (cell embeddings do not read it); float32 safetensors written by hand. The tokenizer is
+tests/fixtures/c2s/tokenizer.json (a 400-token byte-level BPE trained on the fixture's prompts:
+the real Pythia tokenizer cannot be fetched offline), so prompts of DATA's genes are longer than
+the released model's tokenizer makes them. DATA is not read. Weights as scfoundation's.
+
+cellfm: OUT_DIR/{cellfm_torch.pt, gene_info.csv}, a `--model-dir` folder as the PyTorch port's
+FinetuneModel state_dict (torch.save without torch) at the released 800M shape (40 x 1536, 48
+heads, the ST tokens; --depth fewer layers) and its gene table of 24,078 genes: DATA's expressed
+var_names, those expressed in the most cells first, then placeholders (gene_emb 24,080 rows).
+The tensors as src/methods/cellfm.rs random_tensors names them; weights N(0, 1/fan_in), the
+value encoder's `a` N(0, 0.1), layer norms 1 / 0.
 """
 from __future__ import annotations
 
@@ -305,6 +322,84 @@ def scvi(args) -> None:
     print(json.dumps({"model": "scvi", "genes": len(genes), "hidden": args.hidden, "latent": args.latent, "layers": args.layers, "out": str(out)}))
 
 
+def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...], object]]) -> int:
+    """A float32 safetensors file of (name, shape, make) entries, each made when it is written."""
+    header, offset = {}, 0
+    for name, shape, _ in tensors:
+        n = 4 * int(np.prod(shape))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for _, shape, make in tensors:
+            a = np.ascontiguousarray(make(), dtype="<f4")
+            assert a.shape == tuple(shape), (a.shape, shape)
+            f.write(a.tobytes())
+    return offset // 4
+
+
+def c2s(args) -> None:
+    d, layers, heads, ff = {"410m": (1024, 24, 16, 4096), "160m": (768, 12, 12, 3072)}[args.size]
+    vocab = 50304
+    w, b = weight_makers(args.seed)
+    ones = lambda n: (lambda: np.ones(n, np.float32))
+    t: list = [("gpt_neox.embed_in.weight", (vocab, d), lambda: w(vocab, d))]
+    for i in range(layers):
+        p = f"gpt_neox.layers.{i}."
+        t += [(p + "input_layernorm.weight", (d,), ones(d)), (p + "input_layernorm.bias", (d,), lambda: b(d)),
+              (p + "post_attention_layernorm.weight", (d,), ones(d)), (p + "post_attention_layernorm.bias", (d,), lambda: b(d)),
+              (p + "attention.query_key_value.weight", (3 * d, d), lambda: w(3 * d, d)),
+              (p + "attention.query_key_value.bias", (3 * d,), lambda: b(3 * d)),
+              (p + "attention.dense.weight", (d, d), lambda: w(d, d)), (p + "attention.dense.bias", (d,), lambda: b(d)),
+              (p + "mlp.dense_h_to_4h.weight", (ff, d), lambda: w(ff, d)), (p + "mlp.dense_h_to_4h.bias", (ff,), lambda: b(ff)),
+              (p + "mlp.dense_4h_to_h.weight", (d, ff), lambda: w(d, ff)), (p + "mlp.dense_4h_to_h.bias", (d,), lambda: b(d))]
+    t += [("gpt_neox.final_layer_norm.weight", (d,), ones(d)), ("gpt_neox.final_layer_norm.bias", (d,), lambda: b(d))]
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = write_safetensors(out / "model.safetensors", t)
+    config = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": vocab, "hidden_size": d,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "intermediate_size": ff, "hidden_act": "gelu",
+              "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5, "use_parallel_residual": True,
+              "attention_bias": True, "max_position_embeddings": 2048, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    fixture = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "c2s" / "tokenizer.json"
+    (out / "tokenizer.json").write_bytes(fixture.read_bytes())
+    print(json.dumps({"model": "c2s", "size": args.size, "parameters": n, "layers": layers, "hidden": d, "heads": heads, "out": str(out)}))
+
+
+def cellfm(args) -> None:
+    n_genes, d, h = 24078, 1536, 256                       # h: the value encoder's hidden width
+    rows = n_genes + 1 + (8 - (n_genes + 1) % 8) % 8
+    w, _ = weight_makers(args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    state: dict[str, np.ndarray] = {
+        "gene_emb": w(rows, d), "cls_token": w(1, 1, d),
+        "value_enc.value_enc.w1.weight": w(h, 1), "value_enc.value_enc.w3.weight": w(h, h),
+        "value_enc.value_enc.table.weight": w(d, h), "value_enc.value_enc.a": 0.1 * rng.standard_normal((1, 1), dtype=np.float32),
+        "ST_emb": w(1, 2, d),
+    }
+    for i in range(args.depth):
+        for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.u_proj", "attn.o_proj", "ffn.u_proj", "ffn.v_proj", "ffn.o_proj"):
+            state[f"encoder.{i}.{n}.weight"] = w(d, d)
+        for n in ("post_norm1", "post_norm2"):
+            state[f"encoder.{i}.{n}.weight"] = np.ones(d, np.float32)
+            state[f"encoder.{i}.{n}.bias"] = np.zeros(d, np.float32)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "cellfm_torch.pt", state, lambda sd: sd)
+    names = var_names(args.data)
+    cells = expressing_cells(args.data, len(names))
+    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
+    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
+    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    (out / "gene_info.csv").write_text("HGNC_gene,h5_sample_frequency,biotype\n" + "".join(f"{g},0,placeholder\n" for g in genes))
+    print(json.dumps({"model": "cellfm", "parameters": int(sum(v.size for v in state.values())), "layers": args.depth, "hidden": d,
+                      "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes), "out": str(out)}))
+
+
 def expressing_cells(data: str, n_var: int) -> np.ndarray:
     """Per var column of DATA's X (CSR or dense), the cells with a non-zero value."""
     with h5py.File(data, "r") as f:
@@ -335,12 +430,16 @@ def main() -> None:
     v.add_argument("--hidden", type=int, default=128)
     v.add_argument("--latent", type=int, default=10)
     v.add_argument("--layers", type=int, default=1)
-    for p in (g, s, f, r, v):
+    c = sub.add_parser("c2s")
+    c.add_argument("--size", choices=["410m", "160m"], default="410m")
+    m = sub.add_parser("cellfm")
+    m.add_argument("--depth", type=int, default=40)
+    for p in (g, s, f, r, v, c, m):
         p.add_argument("data")
         p.add_argument("out_dir")
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint, "scvi": scvi}[args.kind](args)
+    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint, "scvi": scvi, "c2s": c2s, "cellfm": cellfm}[args.kind](args)
 
 
 if __name__ == "__main__":

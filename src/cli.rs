@@ -570,8 +570,9 @@ fn precision_help() -> String {
     format!(
         "{}: `auto` (default): each method's GPU default on a GPU (bf16 where its measured distance to \
          f32 allows: `scfoundry methods show NAME`), f32 on the CPU; `f32`: exact parity, on every \
-         device; `bf16`: weights and activations in bfloat16, attention through the fused \
-         variable-length kernel, on a GPU only (the CPU always runs f32).",
+         device; `bf16`: weights and activations in bfloat16 (attention through the fused \
+         variable-length kernel where the method has one; each method's `--precision` help in \
+         `methods show NAME` says what runs), on a GPU only (the CPU always runs f32).",
         names.join(", ")
     )
 }

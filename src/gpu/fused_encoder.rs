@@ -23,6 +23,10 @@
 //! hidden state (`layer_norm_to_bf16`), the QKV product from it, attention, the output
 //! projection added onto the hidden state in the epilogue, norm2 into the buffer, the
 //! feed-forward's first product and activation, its second product added onto the hidden state.
+//! Parallel layers (GPT-NeoX) take the same steps with norm2 taken from the layer's input before
+//! the output projection adds onto it; causal stacks run the causal attention kernel, and a
+//! rotary embedding rotates the queries and keys in place between the QKV product and attention
+//! (`rotary_qk_bf16`, one thread a token, head and pair: `nn/rotary.rs` has the rule).
 //!
 //! Same answer as `TransformerStack::forward_unfused` within bf16 rounding.
 
@@ -43,7 +47,8 @@ impl TransformerStack {
 
 /// Whether `forward` takes this input: a CUDA build, `x` (`tokens x d`) in bf16 on a GPU, heads
 /// 64 wide (the attention kernel's), d and the feed-forward width multiples of 8 (16-byte rows)
-/// and d at most 2048 (the layer-norm kernel's rows).
+/// and d at most 2048 (the layer-norm kernel's rows); causal and rotary stacks in pre-norm or
+/// parallel order only, at most 64 rotated values a head.
 pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
     let Ok((_, d)) = x.dims2() else { return false };
     let ffn = stack.layers.first().and_then(|l| l.ff1.weight().dims2().ok()).map(|s| s.0).unwrap_or(0);
@@ -56,6 +61,8 @@ pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
         && ffn % 8 == 0
         && ffn > 0
         && stack.layers.iter().all(|l| l.ff1.weight().dtype() == DType::BF16)
+        && (stack.order != crate::nn::transformer::Order::PostNorm || (!stack.causal && stack.rotary.is_none()))
+        && stack.rotary.as_ref().is_none_or(|r| r.dims <= 64 && r.dims % 2 == 0 && r.inv_freq.len() == r.dims / 2)
 }
 
 /// The stack over packed cells `x` (`tokens x d`, bf16, on a GPU; `applies` says when).
@@ -257,12 +264,43 @@ mod cuda {
         Ok(())
     }
 
+    /// Rotate `qkv` (`tokens x 3 heads 64`, bf16) in place (`nn::rotary`'s rule): `offsets` the
+    /// cells' token offsets on the device (`cells + 1`), `inv_freq` the `rot / 2` frequencies,
+    /// `longest` the longest cell.
+    #[allow(clippy::too_many_arguments)]
+    fn rotary(dev: &CudaDevice, qkv: &mut CudaSlice<bf16>, offsets: &CudaView<u32>, inv_freq: &CudaView<f32>, heads: usize, rot: usize, longest: usize, cells: usize) -> Result<()> {
+        if rot == 0 || cells == 0 || longest == 0 {
+            return Ok(());
+        }
+        if rot % 2 != 0 || rot > 64 || inv_freq.len() < rot / 2 {
+            candle_core::bail!("rotary: {rot} rotated values of 64-wide heads with {} frequencies", inv_freq.len());
+        }
+        let func = load_kernel!(dev, "rotary_qk_bf16", MODULE, PTX)?;
+        let work = longest * heads * (rot / 2);
+        let cfg = LaunchConfig { grid_dim: (work.div_ceil(256) as u32, cells as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (heads, rot) = (heads as i32, rot as i32);
+        let mut b = func.builder();
+        b.arg(qkv);
+        b.arg(offsets);
+        b.arg(inv_freq);
+        b.arg(&heads);
+        b.arg(&rot);
+        // SAFETY: the arguments match the kernel's signature; qkv holds offsets' last token's rows.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok(())
+    }
+
     impl Fused<'_> {
-        /// The pre-norm layers over the hidden state `h` (`t x d`, updated in place).
+        /// The pre-norm or parallel layers over the hidden state `h` (`t x d`, updated in place).
         #[allow(clippy::too_many_arguments)]
         fn pre_norm(&self, dev: &CudaDevice, lt: &crate::gpu::gemm::Lt, h: &mut CudaSlice<bf16>, offsets: &CudaView<u32>, cells: usize, t: usize, d: usize, f: usize) -> Result<()> {
             let s = self.stack;
             let eps = s.eps as f32;
+            let parallel = s.order == Order::Parallel;
+            let rotation = match &s.rotary {
+                Some(r) if r.dims > 0 => Some((r.dims, crate::gpu::upload::upload_slice(&r.inv_freq, dev)?)),
+                _ => None,
+            };
             let mut normed = unsafe { dev.alloc::<bf16>(t * d)? };
             let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
             let mut att = dev.alloc_zeros::<bf16>(t * d)?;
@@ -271,12 +309,21 @@ mod cuda {
                 let lw = LayerWeights::new(l)?;
                 layer_norm_to(dev, h, &mut normed, &lw.n1w.view()?, &lw.n1b.view()?, t, d, eps)?;
                 lt.linear(&normed.as_view(), t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * d, &mut qkv, false, false, None)?;
+                if let Some((rot, inv_freq)) = &rotation {
+                    rotary(dev, &mut qkv, offsets, &inv_freq.as_view(), s.heads, *rot, self.longest, cells)?;
+                }
                 if cells > 0 && self.longest > 0 {
-                    crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells)?;
+                    crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells, s.causal)?;
+                }
+                if parallel {
+                    // the feed-forward reads norm2 of the layer's input: before attention adds onto it
+                    layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
                 }
                 // qkv is free once attention has read it: the residual products time their candidates there
                 lt.linear(&att.as_view(), t, d, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(&mut qkv))?;
-                layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
+                if !parallel {
+                    layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
+                }
                 lt.linear(&normed.as_view(), t, d, &lw.w1.view()?, &lw.b1.view()?, f, &mut ff, false, s.act == Act::Relu, None)?;
                 activation(dev, &mut ff, t * f, s.act)?;
                 lt.linear(&ff.as_view(), t, f, &lw.w2.view()?, &lw.b2.view()?, d, h, true, false, Some(&mut qkv))?;
@@ -307,7 +354,7 @@ mod cuda {
             let s = self.stack;
             let f = s.layers.first().map(|l| l.ff1.weight().dims2()).transpose()?.map(|x| x.0).unwrap_or(0);
             let eps = s.eps as f32;
-            if s.order == Order::PreNorm {
+            if s.order != Order::PostNorm {
                 let mut h = unsafe { dev.alloc::<bf16>(t * d)? };
                 dev.memcpy_dtod(&xs.as_cuda_slice::<bf16>()?.slice(x0..x1), &mut h)?;
                 self.pre_norm(&dev, &lt, &mut h, &offsets, cells, t, d, f)?;
@@ -351,7 +398,7 @@ mod cuda {
                         "attention",
                         Box::new(|_, qkv, att, _| {
                             if cells > 0 && self.longest > 0 {
-                                crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells)?;
+                                crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells, false)?;
                             }
                             Ok(())
                         }),

@@ -1,7 +1,9 @@
 //! Softmax attention over packed cells: the cells of a batch follow each other in one
 //! `(tokens, 3 * heads * head_dim)` QKV tensor without padding, and `cu` (cells + 1 offsets, as
 //! FlashAttention's `cu_seqlens`) says where each begins. Each cell's tokens attend to that
-//! cell's tokens only, so no padding is ever computed and no mask is needed.
+//! cell's tokens only, so no padding is ever computed and no mask is needed. Causal attention
+//! (GPT-NeoX: each token sees its cell's tokens up to itself) is the same with the keys past the
+//! query masked, and a block's key tiles past its last query row skipped.
 //!
 //! Two paths with one answer:
 //! - on a GPU, bf16, head dimension 64 (Geneformer V1/V2, scGPT, UCE): one fused kernel (online
@@ -18,16 +20,21 @@ use candle_core::{DType, Result, Tensor, D};
 /// `(tokens, 3 * heads * head_dim)` laid out `[q | k | v]`, `cu` the cells' token offsets
 /// (`cu[0] == 0`, `cu[last] == tokens`). Returns `(tokens, heads * head_dim)` in `qkv`'s dtype.
 pub fn varlen_attention(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
+    varlen_attention_with(qkv, cu, heads, false)
+}
+
+/// [`varlen_attention`], causal when asked: token i of a cell attends to its tokens 0..=i.
+pub fn varlen_attention_with(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool) -> Result<Tensor> {
     let (tokens, width) = qkv.dims2()?;
     check(tokens, width, cu, heads)?;
     if fused_kernel_applies(qkv, width / 3 / heads) {
         #[cfg(feature = "cuda")]
         {
             let offsets = crate::gpu::upload::upload_u32(cu, qkv.device())?;
-            return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu) });
+            return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu), causal });
         }
     }
-    reference(qkv, cu, heads)
+    reference_with(qkv, cu, heads, causal)
 }
 
 /// Whether `varlen_attention` runs the fused kernel for this input.
@@ -58,6 +65,11 @@ const REFERENCE_SCORES: usize = 1 << 28;
 /// per head. Consecutive cells of the same length run as one batched product (up to
 /// `REFERENCE_SCORES` scores: scPRINT's cells all have --max-len tokens), others one at a time.
 pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
+    reference_with(qkv, cu, heads, false)
+}
+
+/// [`reference`], causal when asked (the keys past each query at -inf before the softmax).
+pub fn reference_with(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool) -> Result<Tensor> {
     let (tokens, width) = qkv.dims2()?;
     check(tokens, width, cu, heads)?;
     let d = width / 3;
@@ -81,7 +93,11 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
         let cells = x.narrow(0, s, k * n)?;
         let split = |i: usize| cells.narrow(1, i * d, d)?.reshape((k, n, heads, hd))?.transpose(1, 2)?.contiguous(); // (k, heads, n, hd)
         let (q, kk, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = (q.matmul(&kk.transpose(2, 3)?.contiguous()?)? * scale)?;
+        let mut scores = (q.matmul(&kk.transpose(2, 3)?.contiguous()?)? * scale)?;
+        if causal {
+            let mask: Vec<f32> = (0..n * n).map(|i| if i % n > i / n { f32::NEG_INFINITY } else { 0.0 }).collect();
+            scores = scores.broadcast_add(&Tensor::from_vec(mask, (n, n), x.device())?)?;
+        }
         let p = candle_nn::ops::softmax(&scores, D::Minus1)?;
         parts.push(p.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((k * n, d))?);
     }
@@ -117,6 +133,7 @@ pub(crate) mod cuda {
     /// 96 value rows, 128 bytes each, and 1024 bytes to align the tiles (kernels/varlen_attention_sm90.cu).
     const SM90_SHARED: u32 = 128 * 128 + 2 * 2 * 96 * 128 + 1024;
     const SM90_KERNEL: &str = "varlen_attention_bf16_d64_sm90";
+    const SM90_CAUSAL: &str = "varlen_attention_causal_bf16_d64_sm90";
     const SM90_MODULE: &str = "scfoundry_varlen_attention_sm90";
 
     /// Which attention kernel runs on `dev`: "sm90" (wgmma, Hopper) or "portable" (mma.sync).
@@ -130,8 +147,10 @@ pub(crate) mod cuda {
         }
         let hopper = !PTX_SM90.is_empty() && matches!(dev.cuda_stream().context().compute_capability(), Ok((9, 0)));
         let name = if hopper && std::env::var(crate::env::EnvVars::ATTENTION).map_or(true, |v| v != "portable") {
-            let func = load_kernel!(dev, SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
+            for kernel in [SM90_KERNEL, SM90_CAUSAL] {
+                let func = load_kernel!(dev, kernel, SM90_MODULE, PTX_SM90)?;
+                func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SM90_SHARED as i32).w()?;
+            }
             "sm90"
         } else {
             "portable"
@@ -143,8 +162,10 @@ pub(crate) mod cuda {
     /// The kernel over `qkv` (`tokens x 3 d`, bf16) into `out` (`tokens x d`): every row of a cell
     /// with tokens is written. `longest` is the longest cell's token count. The Hopper kernel reads
     /// `qkv` through a TMA tensor map (boxes of 64 columns x 32 rows); a `qkv` that cannot be one
-    /// (not on a 16-byte boundary) takes the portable kernel.
-    pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize) -> Result<()> {
+    /// (not on a 16-byte boundary) takes the portable kernel. `causal`: each token attends to its
+    /// cell's tokens up to itself.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize, causal: bool) -> Result<()> {
         // either kernel: a block takes 128 query rows of one head of one cell
         let grid_dim = (longest.div_ceil(128) as u32, heads as u32, cells as u32);
         let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
@@ -155,7 +176,7 @@ pub(crate) mod cuda {
         let heads = heads as i32;
         if kernel_name(dev)? == "sm90" && tma::fits(ptr, width) {
             let map = tma::tensor_map(ptr, qkv.len() / width, width, 32)?;
-            let func = load_kernel!(dev, SM90_KERNEL, SM90_MODULE, PTX_SM90)?;
+            let func = load_kernel!(dev, if causal { SM90_CAUSAL } else { SM90_KERNEL }, SM90_MODULE, PTX_SM90)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (256, 1, 1), shared_mem_bytes: SM90_SHARED };
             let mut b = func.builder();
             b.arg(&map);
@@ -165,7 +186,7 @@ pub(crate) mod cuda {
             b.arg(&scale_log2);
             unsafe { b.launch(cfg) }.w()?;
         } else {
-            let func = load_kernel!(dev, "varlen_attention_bf16_d64", MODULE, PTX)?;
+            let func = load_kernel!(dev, if causal { "varlen_attention_causal_bf16_d64" } else { "varlen_attention_bf16_d64" }, MODULE, PTX)?;
             let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let mut b = func.builder();
             b.arg(qkv);
@@ -181,6 +202,7 @@ pub(crate) mod cuda {
     pub struct VarlenAttention {
         pub heads: usize,
         pub longest: usize,
+        pub causal: bool,
     }
 
     impl candle_core::CustomOp2 for VarlenAttention {
@@ -207,7 +229,7 @@ pub(crate) mod cuda {
             let offsets = cu.as_cuda_slice::<u32>()?.slice(c_start..c_end);
             let mut out = dev.alloc_zeros::<half::bf16>(tokens * d)?;
             if cells > 0 && self.longest > 0 {
-                launch(&dev, &q, &mut out, &offsets, self.heads, self.longest, cells)?;
+                launch(&dev, &q, &mut out, &offsets, self.heads, self.longest, cells, self.causal)?;
             }
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((tokens, d))))
         }
@@ -280,6 +302,30 @@ mod tests {
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn causal_tokens_see_their_cells_earlier_tokens_only() {
+        let (heads, hd) = (2, 4);
+        let d = heads * hd;
+        let cu = [0u32, 3, 8];
+        let vals: Vec<f32> = (0..8 * 3 * d).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let qkv = Tensor::from_vec(vals.clone(), (8, 3 * d), &Device::Cpu).unwrap();
+        let got = varlen_attention_with(&qkv, &cu, heads, true).unwrap().to_vec2::<f32>().unwrap();
+        // token i of a cell: the non-causal attention of the cell's first i + 1 tokens, at row i
+        for w in cu.windows(2) {
+            let s = w[0] as usize;
+            for i in 0..(w[1] - w[0]) as usize {
+                let want = by_hand(&vals[s * 3 * d..(s + i + 1) * 3 * d], i + 1, heads, hd);
+                for (a, b) in got[s + i].iter().zip(&want[i * d..(i + 1) * d]) {
+                    assert!((a - b).abs() < 1e-5, "token {} : {a} vs {b}", s + i);
+                }
+            }
+        }
+        // the first token of a cell is its own value; not so without the mask
+        assert!(got[3].iter().zip(&vals[3 * 3 * d + 2 * d..3 * 3 * d + 3 * d]).all(|(a, b)| (a - b).abs() < 1e-6));
+        let full = varlen_attention(&qkv, &cu, heads).unwrap().to_vec2::<f32>().unwrap();
+        assert!(full[3].iter().zip(&got[3]).any(|(a, b)| (a - b).abs() > 1e-3));
     }
 
     #[test]

@@ -35,18 +35,24 @@
 //! Departure, batches: upstream pads each batch on the left (pad = eos) but gives every row the
 //! positions 0..T-1 and averages over all T rows, padding included, so a cell's embedding depends
 //! on its batch (scripts/c2s_reference.py measures up to 19% relative difference at batch 8). We
-//! pad on the right, where a causal model's real tokens never see the padding, and average each
-//! cell over its own tokens: every cell gets upstream's embedding for that cell alone (a batch of
-//! one), whatever the batch size.
+//! pack a batch's prompts end to end without padding (causal attention within each prompt,
+//! rotary positions from each one's start) and average each cell over its own tokens: every cell
+//! gets upstream's embedding for that cell alone (a batch of one), whatever the batch size.
+//!
+//! The layers run as the shared transformer stack (`nn::transformer`, parallel or pre-norm order,
+//! causal, rotary): candle's ops in float32 anywhere, and in bf16 on a GPU (`--precision bf16`,
+//! the GPU default) the fused path of `gpu::fused_encoder` with the causal attention kernel.
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::formats::numpy_rng::{Mt19937, RngState};
+use crate::nn::rotary::Rotary;
+use crate::nn::transformer::{Act, TransformerLayer, TransformerStack};
 
 /// The registry's weights entries (methods/c2s.toml).
 pub const REQUIRED_ENTRIES: &[&str] = &["c2s-pythia-410m-ctp-config", "c2s-pythia-410m-ctp-model", "c2s-pythia-410m-ctp-tokenizer"];
@@ -393,13 +399,6 @@ impl Config {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Act {
-    GeluErf,
-    GeluTanh,
-    Relu,
-}
-
 fn activation(name: &str) -> Option<Act> {
     match name {
         "gelu" => Some(Act::GeluErf),
@@ -409,38 +408,44 @@ fn activation(name: &str) -> Option<Act> {
     }
 }
 
-struct Layer {
-    ln1: LayerNorm,
-    ln2: LayerNorm,
-    qkv: Linear,
-    dense: Linear,
-    up: Linear,
-    down: Linear,
+/// One GPT-NeoX layer as the shared transformer layer: `query_key_value`'s rows, laid out per
+/// head (q, k, v of head 0, then of head 1, ...), reordered to `[q heads | k heads | v heads]`;
+/// `input_layernorm` is norm1, `post_attention_layernorm` norm2.
+fn layer(c: &Config, vb: VarBuilder) -> candle_core::Result<TransformerLayer> {
+    let h = c.hidden_size;
+    let (nh, hs) = (c.num_attention_heads, c.head_size());
+    let lin = |i: usize, o: usize, bias: bool, vb: VarBuilder| if bias { candle_nn::linear(i, o, vb) } else { candle_nn::linear_no_bias(i, o, vb) };
+    let qkv = lin(h, 3 * h, c.attention_bias, vb.pp("attention.query_key_value"))?;
+    let w = qkv.weight().reshape((nh, 3, hs, h))?.transpose(0, 1)?.contiguous()?.reshape((3 * h, h))?;
+    let b = qkv.bias().map(|b| b.reshape((nh, 3, hs))?.transpose(0, 1)?.contiguous()?.reshape(3 * h)).transpose()?;
+    let dense = lin(h, h, c.attention_bias, vb.pp("attention.dense"))?;
+    // the fused path wants every linear layer's bias: a model without attention biases gets zeros
+    let zeros = |n: usize| Tensor::zeros(n, w.dtype(), w.device());
+    let b = match b {
+        Some(b) => b,
+        None => zeros(3 * h)?,
+    };
+    let dense = match dense.bias() {
+        Some(_) => dense,
+        None => Linear::new(dense.weight().clone(), Some(zeros(h)?)),
+    };
+    Ok(TransformerLayer {
+        qkv: Linear::new(w, Some(b)),
+        out: dense,
+        norm1: candle_nn::layer_norm(h, c.layer_norm_eps, vb.pp("input_layernorm"))?,
+        ff1: candle_nn::linear(h, c.intermediate_size, vb.pp("mlp.dense_h_to_4h"))?,
+        ff2: candle_nn::linear(c.intermediate_size, h, vb.pp("mlp.dense_4h_to_h"))?,
+        norm2: candle_nn::layer_norm(h, c.layer_norm_eps, vb.pp("post_attention_layernorm"))?,
+    })
 }
 
-impl Layer {
-    fn new(c: &Config, vb: VarBuilder) -> candle_core::Result<Layer> {
-        let h = c.hidden_size;
-        let lin = |i: usize, o: usize, bias: bool, vb: VarBuilder| if bias { candle_nn::linear(i, o, vb) } else { candle_nn::linear_no_bias(i, o, vb) };
-        Ok(Layer {
-            ln1: candle_nn::layer_norm(h, c.layer_norm_eps, vb.pp("input_layernorm"))?,
-            ln2: candle_nn::layer_norm(h, c.layer_norm_eps, vb.pp("post_attention_layernorm"))?,
-            qkv: lin(h, 3 * h, c.attention_bias, vb.pp("attention.query_key_value"))?,
-            dense: lin(h, h, c.attention_bias, vb.pp("attention.dense"))?,
-            up: candle_nn::linear(h, c.intermediate_size, vb.pp("mlp.dense_h_to_4h"))?,
-            down: candle_nn::linear(c.intermediate_size, h, vb.pp("mlp.dense_4h_to_h"))?,
-        })
-    }
-}
-
-/// A GPT-NeoX model (no LM head: C2S embeds from hidden states) on a device in a dtype.
+/// A GPT-NeoX model (no LM head: C2S embeds from hidden states) on a device: the token
+/// embedding and the layers in `dtype`, the final layer norm and the mean in float32.
 pub struct GptNeoX {
     pub cfg: Config,
     embed: Embedding,
-    layers: Vec<Layer>,
+    stack: TransformerStack,
     final_norm: LayerNorm,
-    act: Act,
-    inv_freq: Vec<f32>,
     pub dtype: DType,
     pub device: Device,
 }
@@ -479,7 +484,8 @@ impl GptNeoX {
     /// Load `config.json` and the weights file on `device` in `dtype`.
     pub fn load(config: &Path, weights: &Path, dtype: DType, device: Device) -> Result<GptNeoX> {
         let cfg = Config::load(config)?;
-        let vb = var_builder(weights, dtype, &device)?;
+        // read in float32 (the final norm stays so), the embedding and layers then cast to dtype
+        let vb = var_builder(weights, DType::F32, &device)?;
         let root = if vb.contains_tensor("gpt_neox.embed_in.weight") {
             vb.pp("gpt_neox")
         } else if vb.contains_tensor("embed_in.weight") {
@@ -493,114 +499,50 @@ impl GptNeoX {
         Self::build(cfg, root, dtype, device).map_err(|e| Error::BadWeights { path: weights.into(), detail: format!("does not fit {}: {e}", config.display()) })
     }
 
-    /// Build from any var builder rooted at the `gpt_neox` module (tests, random weights).
+    /// Build from any var builder rooted at the `gpt_neox` module (tests, random weights); the
+    /// weights are read in the var builder's dtype and the embedding and layers then held in
+    /// `dtype`.
     pub fn build(cfg: Config, vb: VarBuilder, dtype: DType, device: Device) -> candle_core::Result<GptNeoX> {
         let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("embed_in"))?;
-        let layers = (0..cfg.num_hidden_layers).map(|i| Layer::new(&cfg, vb.pp(format!("layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
-        let final_norm = candle_nn::layer_norm(cfg.hidden_size, cfg.layer_norm_eps, vb.pp("final_layer_norm"))?;
-        let rot = cfg.rotary_dims();
-        // inv_freq = 1 / base^(arange(0, rot, 2) / rot), in float32 as torch computes it
-        let inv_freq = (0..rot / 2).map(|i| (1.0 / cfg.rotary_emb_base.powf((2 * i) as f32 as f64 / rot as f64)) as f32).collect();
+        let layers = (0..cfg.num_hidden_layers).map(|i| layer(&cfg, vb.pp(format!("layers.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
+        let norm = candle_nn::layer_norm(cfg.hidden_size, cfg.layer_norm_eps, vb.pp("final_layer_norm"))?;
+        let final_norm = crate::nn::transformer::layer_norm_to_dtype(&norm, DType::F32, cfg.layer_norm_eps)?;
         let act = activation(&cfg.hidden_act).ok_or_else(|| candle_core::Error::Msg(format!("activation {}", cfg.hidden_act)))?;
-        Ok(GptNeoX { cfg, embed, layers, final_norm, act, inv_freq, dtype, device })
+        let rotary = Rotary::new(cfg.rotary_dims(), cfg.rotary_emb_base);
+        let stack = TransformerStack::causal(layers, cfg.num_attention_heads, cfg.layer_norm_eps, act, cfg.use_parallel_residual, rotary).to_dtype(dtype)?;
+        let embed = Embedding::new(embed.embeddings().to_dtype(dtype)?, cfg.hidden_size);
+        Ok(GptNeoX { cfg, embed, stack, final_norm, dtype, device })
     }
 
     pub fn hidden(&self) -> usize {
         self.cfg.hidden_size
     }
 
-    /// cos and sin tables (T x rot/2) of positions 0..t.
-    fn rope_tables(&self, t: usize) -> candle_core::Result<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
-        let mut c = Vec::with_capacity(t * half);
-        let mut s = Vec::with_capacity(t * half);
-        for p in 0..t {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                c.push(a.cos());
-                s.push(a.sin());
-            }
-        }
-        let c = Tensor::from_vec(c, (t, half), &self.device)?.to_dtype(self.dtype)?;
-        let s = Tensor::from_vec(s, (t, half), &self.device)?.to_dtype(self.dtype)?;
-        Ok((c, s))
+    /// The same model with its embedding and layers in `dtype` (the final norm stays float32).
+    pub fn to_dtype(&self, dtype: DType) -> candle_core::Result<GptNeoX> {
+        Ok(GptNeoX {
+            cfg: self.cfg.clone(),
+            embed: Embedding::new(self.embed.embeddings().to_dtype(dtype)?, self.cfg.hidden_size),
+            stack: self.stack.to_dtype(dtype)?,
+            final_norm: self.final_norm.clone(),
+            dtype,
+            device: self.device.clone(),
+        })
     }
 
-    fn act(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self.act {
-            Act::GeluErf => x.gelu_erf(),
-            Act::GeluTanh => x.gelu(),
-            Act::Relu => x.relu(),
-        }
+    /// Last hidden states (after final_layer_norm, float32), `tokens x hidden`, of packed token
+    /// sequences (`cu`: their offsets): causal attention within each, positions from each
+    /// one's start.
+    pub fn forward_packed(&self, ids: &[u32], cu: &[u32]) -> candle_core::Result<Tensor> {
+        let ids = Tensor::from_slice(ids, ids.len(), &self.device)?;
+        let x = self.embed.forward(&ids)?;
+        let x = self.stack.forward(&x, cu)?;
+        self.final_norm.forward(&x.to_dtype(DType::F32)?)
     }
 
-    fn attention(&self, l: &Layer, x: &Tensor, rope: &(Tensor, Tensor), mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, h) = x.dims3()?;
-        let nh = self.cfg.num_attention_heads;
-        let hs = h / nh;
-        let rot = self.cfg.rotary_dims();
-        let qkv = l.qkv.forward(x)?.reshape((b, t, nh, 3 * hs))?.transpose(1, 2)?; // b nh t 3hs
-        let part = |i: usize| qkv.narrow(D::Minus1, i * hs, hs);
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?.contiguous()?);
-        let rotate = |x: Tensor| -> candle_core::Result<Tensor> {
-            if rot == 0 {
-                return x.contiguous();
-            }
-            let r = candle_nn::rotary_emb::rope(&x.narrow(D::Minus1, 0, rot)?.contiguous()?, &rope.0, &rope.1)?;
-            if rot == hs {
-                Ok(r)
-            } else {
-                Tensor::cat(&[r, x.narrow(D::Minus1, rot, hs - rot)?], D::Minus1)?.contiguous()
-            }
-        };
-        let (q, k) = (rotate(q)?, rotate(k)?);
-        let scale = 1.0 / (hs as f64).sqrt();
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.to_dtype(DType::F32)?.broadcast_add(mask)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(self.dtype)?;
-        let o = p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, h))?;
-        l.dense.forward(&o)
-    }
-
-    /// Last hidden states (after final_layer_norm), `b x t x hidden`, of right-padded ids.
-    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, t) = ids.dims2()?;
-        let rope = self.rope_tables(t)?;
-        let mask: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 }).collect();
-        let mask = Tensor::from_vec(mask, (t, t), &self.device)?;
-        let mut x = self.embed.forward(ids)?;
-        for l in &self.layers {
-            let a = self.attention(l, &l.ln1.forward(&x)?, &rope, &mask)?;
-            x = if self.cfg.use_parallel_residual {
-                let m = l.down.forward(&self.act(&l.up.forward(&l.ln2.forward(&x)?)?)?)?;
-                ((m + a)? + x)?
-            } else {
-                let a = (a + x)?;
-                let m = l.down.forward(&self.act(&l.up.forward(&l.ln2.forward(&a)?)?)?)?;
-                (m + a)?
-            };
-        }
-        self.final_norm.forward(&x)
-    }
-
-    /// Cell embeddings (rows of `hidden` floats, in input order): each token sequence run
-    /// right-padded in one batch, its last hidden states averaged over its own tokens.
+    /// Cell embeddings (rows of `hidden` floats, in input order): the token sequences packed end
+    /// to end (no padding), each one's last hidden states averaged over its own tokens.
     pub fn embed(&self, seqs: &[&[u32]]) -> Result<Vec<f32>> {
-        let run = || -> candle_core::Result<Vec<f32>> {
-            let n = seqs.len();
-            let t = seqs.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
-            let mut ids = vec![0u32; n * t];
-            let mut w = vec![0f32; n * t];
-            for (r, s) in seqs.iter().enumerate() {
-                ids[r * t..r * t + s.len()].copy_from_slice(s);
-                for p in 0..s.len() {
-                    w[r * t + p] = 1.0 / s.len() as f32;
-                }
-            }
-            let ids = Tensor::from_vec(ids, (n, t), &self.device)?;
-            let h = self.forward(&ids)?.to_dtype(DType::F32)?;
-            let w = Tensor::from_vec(w, (n, t, 1), &self.device)?;
-            h.broadcast_mul(&w)?.sum(1)?.flatten_all()?.to_vec1::<f32>()
-        };
         if let Some(s) = seqs.iter().find(|s| s.iter().any(|&i| i as usize >= self.cfg.vocab_size)) {
             let bad = s.iter().find(|&&i| i as usize >= self.cfg.vocab_size).copied().unwrap_or(0);
             return Err(Error::Model { context: "embedding cell prompts".into(), detail: format!("token id {bad} is outside the model's vocabulary of {} (tokenizer.json and config.json disagree)", self.cfg.vocab_size) });
@@ -608,6 +550,16 @@ impl GptNeoX {
         if seqs.iter().any(|s| s.is_empty()) {
             return Err(Error::Model { context: "embedding cell prompts".into(), detail: "a prompt has no tokens".into() });
         }
+        let run = || -> candle_core::Result<Vec<f32>> {
+            let mut cu = Vec::with_capacity(seqs.len() + 1);
+            cu.push(0u32);
+            for s in seqs {
+                cu.push(cu[cu.len() - 1] + s.len() as u32);
+            }
+            let h = self.forward_packed(&seqs.concat(), &cu)?;
+            let spans: Vec<(usize, usize)> = cu.windows(2).map(|w| (w[0] as usize, (w[1] - w[0]) as usize)).collect();
+            crate::gpu::segment_pool::mean_spans(&h, &spans)?.flatten_all()?.to_vec1::<f32>()
+        };
         run().map_err(|e| Error::Model { context: "running the GPT-NeoX model".into(), detail: e.to_string() })
     }
 }

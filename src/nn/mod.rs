@@ -18,6 +18,7 @@ pub mod packed_bert;
 pub mod transformer;
 pub mod optim;
 pub mod outside_graph;
+pub mod rotary;
 pub mod random_init;
 pub mod recompute_attention;
 pub mod sparse_rows;

@@ -8,10 +8,17 @@
 //! x = norm1(x + a Wo^T + bo)
 //! x = norm2(x + act(x W1^T + b1) W2^T + b2)
 //!
-//! pre-norm (scPRINT's simpler-flash blocks; norm_first=True)
+//! pre-norm (scPRINT's simpler-flash blocks; norm_first=True; GPT-NeoX without parallel residual)
 //! x = x + attention(norm1(x) Wqkv^T + bqkv) Wo^T + bo
 //! x = x + act(norm2(x) W1^T + b1) W2^T + b2
+//!
+//! parallel (GPT-NeoX's use_parallel_residual: Pythia, Cell2Sentence)
+//! x = x + attention(norm1(x) Wqkv^T + bqkv) Wo^T + bo + act(norm2(x) W1^T + b1) W2^T + b2
 //! ```
+//!
+//! A stack may also be causal (each token attends to its cell's earlier tokens and itself) and
+//! rotate the queries and keys first (`nn::rotary`, positions counted from each cell's start):
+//! GPT-NeoX.
 //!
 //! Two paths with one answer: on a GPU in bf16 with heads 64 wide, `gpu::fused_encoder` (the
 //! biases and residuals ride in cuBLASLt's matrix-product epilogues, the attention is our fused
@@ -22,7 +29,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{LayerNorm, Linear};
 
-use crate::gpu::varlen_attention::varlen_attention;
+use crate::gpu::varlen_attention::varlen_attention_with;
+use crate::nn::rotary::Rotary;
 
 /// The feed-forward activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +59,8 @@ pub enum Order {
     PostNorm,
     /// before attention and before the feed-forward, on the residual branch only
     PreNorm,
+    /// pre-norm attention and feed-forward side by side on the same input, both added to it
+    Parallel,
 }
 
 /// One layer's modules; `qkv`'s rows are the query, key and value projections stacked (as
@@ -90,20 +100,33 @@ impl TransformerLayer {
         Ok(TransformerLayer { qkv: lin(&self.qkv)?, out: lin(&self.out)?, norm1: norm(&self.norm1)?, ff1: lin(&self.ff1)?, ff2: lin(&self.ff2)?, norm2: norm(&self.norm2)? })
     }
 
-    /// The unfused layer over packed cells.
-    pub fn forward_unfused(&self, x: &Tensor, cu: &[u32], heads: usize, act: Act, order: Order) -> Result<Tensor> {
-        match order {
+    /// The unfused layer over packed cells (the stack's heads, activation, order, causality and
+    /// rotary embedding).
+    pub fn forward_unfused(&self, x: &Tensor, cu: &[u32], s: &TransformerStack) -> Result<Tensor> {
+        let attend = |normed: &Tensor| -> Result<Tensor> {
+            let mut qkv = self.qkv.forward(normed)?;
+            if let Some(r) = &s.rotary {
+                qkv = r.apply(&qkv, cu, s.heads)?;
+            }
+            varlen_attention_with(&qkv, cu, s.heads, s.causal)
+        };
+        match s.order {
             Order::PostNorm => {
-                let a = varlen_attention(&self.qkv.forward(x)?, cu, heads)?;
+                let a = attend(x)?;
                 let x = self.norm1.forward(&(self.out.forward(&a)? + x)?)?;
-                let h = act.apply(&self.ff1.forward(&x)?)?;
+                let h = s.act.apply(&self.ff1.forward(&x)?)?;
                 self.norm2.forward(&(self.ff2.forward(&h)? + x)?)
             }
             Order::PreNorm => {
-                let a = varlen_attention(&self.qkv.forward(&self.norm1.forward(x)?)?, cu, heads)?;
+                let a = attend(&self.norm1.forward(x)?)?;
                 let x = (x + self.out.forward(&a)?)?;
-                let h = act.apply(&self.ff1.forward(&self.norm2.forward(&x)?)?)?;
+                let h = s.act.apply(&self.ff1.forward(&self.norm2.forward(&x)?)?)?;
                 x + self.ff2.forward(&h)?
+            }
+            Order::Parallel => {
+                let a = self.out.forward(&attend(&self.norm1.forward(x)?)?)?;
+                let m = self.ff2.forward(&s.act.apply(&self.ff1.forward(&self.norm2.forward(x)?)?)?)?;
+                (m + a)? + x
             }
         }
     }
@@ -123,6 +146,10 @@ pub struct TransformerStack {
     pub eps: f64,
     pub act: Act,
     pub order: Order,
+    /// Each token attends to its cell's tokens up to itself only (GPT-NeoX), not to all of them.
+    pub causal: bool,
+    /// Rotary position embedding of the queries and keys (GPT-NeoX), none for the others.
+    pub rotary: Option<Rotary>,
     /// Take the fused GPU path where it applies (on by default; benchmarks turn it off to
     /// compare).
     pub fused: bool,
@@ -131,12 +158,19 @@ pub struct TransformerStack {
 impl TransformerStack {
     /// A post-norm stack.
     pub fn new(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act) -> TransformerStack {
-        TransformerStack { layers, heads, eps, act, order: Order::PostNorm, fused: true }
+        TransformerStack { layers, heads, eps, act, order: Order::PostNorm, causal: false, rotary: None, fused: true }
     }
 
     /// A pre-norm stack (no final norm: the caller applies its own).
     pub fn pre_norm(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act) -> TransformerStack {
         TransformerStack { order: Order::PreNorm, ..TransformerStack::new(layers, heads, eps, act) }
+    }
+
+    /// A causal decoder stack with rotary embeddings (GPT-NeoX: `parallel` residual as Pythia,
+    /// else pre-norm), no final norm.
+    pub fn causal(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act, parallel: bool, rotary: Rotary) -> TransformerStack {
+        let order = if parallel { Order::Parallel } else { Order::PreNorm };
+        TransformerStack { order, causal: true, rotary: Some(rotary), ..TransformerStack::new(layers, heads, eps, act) }
     }
 
     /// The stack with its weights in `dtype`.
@@ -154,7 +188,7 @@ impl TransformerStack {
     pub fn forward_unfused(&self, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
         let mut x = x.clone();
         for l in &self.layers {
-            x = l.forward_unfused(&x, cu, self.heads, self.act, self.order)?;
+            x = l.forward_unfused(&x, cu, self)?;
         }
         Ok(x)
     }

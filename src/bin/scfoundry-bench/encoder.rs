@@ -188,8 +188,8 @@ fn time_read_back(device: &Device, batches: &[Vec<usize>], repeat: usize, sync: 
 }
 
 /// Cell2Sentence's model (methods/c2s.rs, our GPT-NeoX) at Pythia's full size with random
-/// weights: each batch right-padded to its longest prompt, embeddings averaged over each cell's
-/// own tokens, as the c2s task runs it.
+/// weights: each batch's prompts packed end to end (no padding), embeddings averaged over each
+/// cell's own tokens, as the c2s task runs it (in bf16 on a GPU through the fused causal stack).
 fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     use scfoundry::methods::c2s::{self, GptNeoX};
     let mut cfg = match a.arch.as_str() {
@@ -205,8 +205,10 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let max_len = a.max_len.unwrap_or(2048);
     let (lens, order) = lengths(a, max_len)?;
     let device = device_of(&a.device)?;
-    let vb = VarBuilder::from_backend(RandomWeights::new(a), dtype, device.clone());
-    let model = GptNeoX::build(cfg.clone(), vb, dtype, device.clone())?;
+    // random weights in float32, the model then in --dtype (its bf16 output checked against them)
+    let vb = VarBuilder::from_backend(RandomWeights::new(a), DType::F32, device.clone());
+    let f32_model = GptNeoX::build(cfg.clone(), vb, DType::F32, device.clone())?;
+    let model = f32_model.to_dtype(dtype)?;
     let batches = plan_batches(a, &order, &lens);
     let vocab = cfg.vocab_size;
     let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| (0..n).map(|p| 2 + ((i * 7919 + p * 104729) % (vocab - 2)) as u32).collect()).collect();
@@ -215,18 +217,22 @@ fn run_c2s(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         model.embed(&refs)?;
         Ok(())
     })?;
+    let check = first_batch_against_f32(dtype, &batches, cfg.hidden_size, |first| {
+        let refs: Vec<&[u32]> = first.iter().map(|&i| seqs[i].as_slice()).collect();
+        Ok((model.embed(&refs)?, f32_model.embed(&refs)?))
+    })?;
+    drop(f32_model);
     let real: usize = lens.iter().sum();
-    let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
     let flops: f64 = lens.iter().map(|&s| c2s::forward_flops(&cfg, s)).sum();
     let out = json!({
-        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "scfoundry GPT-NeoX (methods/c2s.rs)", "arch": a.arch,
+        "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "encoder": "scfoundry GPT-NeoX (methods/c2s.rs), packed", "arch": a.arch,
         "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "ffn": cfg.intermediate_size,
         "rotary_dims": cfg.rotary_dims(), "max_len": max_len,
         "dtype": a.dtype, "device": a.device, "order": a.order, "batch": a.batch, "cells": a.cells,
         "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
-        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+        "padding_share": 0.0, "against_f32": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -543,6 +549,11 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
     })?;
+    let check = first_batch_against_f32(dtype, &batches, model.dim(), |first| {
+        let f32_model = CellFm::from_tensors(cellfm::random_tensors(&dims, 0, &device)?, dims.heads, std::path::Path::new("random weights"), DType::F32, device.clone())?;
+        let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
+        Ok((model.embed(&refs)?, f32_model.embed(&refs)?))
+    })?;
     let real: usize = lens.iter().sum();
     let computed: usize = batches.iter().map(|b| b.len() * b.iter().map(|&i| lens[i]).max().unwrap_or(0)).sum();
     let flops: f64 = lens.iter().map(|&s| cellfm_flops(dims.depth, dims.dim, dims.heads, s)).sum();
@@ -554,7 +565,7 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "batching": a.batching, "batches": batches.len(),
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
-        "padding_share": 1.0 - real as f64 / computed.max(1) as f64,
+        "padding_share": 1.0 - real as f64 / computed.max(1) as f64, "against_f32": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -776,6 +787,10 @@ fn run_bert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         let fused = scfoundry::gpu::varlen_attention::varlen_attention(&qkv, &p.cu, heads)?;
         let plain = scfoundry::gpu::varlen_attention::reference(&qkv, &p.cu, heads)?;
         check.insert("check_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
+        // the causal kernel (Cell2Sentence's GPT-NeoX) on the same q, k, v
+        let fused = scfoundry::gpu::varlen_attention::varlen_attention_with(&qkv, &p.cu, heads, true)?;
+        let plain = scfoundry::gpu::varlen_attention::reference_with(&qkv, &p.cu, heads, true)?;
+        check.insert("check_causal_attention_vs_reference".into(), json!(rel(&fused, &plain)?));
         check.insert("fused_kernel".into(), json!(scfoundry::gpu::varlen_attention::fused_kernel_applies(&qkv, hidden / heads)));
         #[cfg(feature = "cuda")]
         if let candle_core::Device::Cuda(d) = &device {

@@ -8,6 +8,8 @@
 //   norm_add_bf16     out <- LayerNorm(a[idx]) + b[idx2] (scGPT's gene and value encodings);
 //   gelu_erf_bf16     x <- x / 2 * (1 + erf(x / sqrt 2))          (HF "gelu", nn.GELU())
 //   gelu_tanh_bf16    x <- x / 2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  ("gelu_new")
+//   rotary_qk_bf16    GPT-NeoX's rotary embedding of the queries and keys of packed cells, in
+//                     place (nn/rotary.rs: positions from each cell's start)
 //   segment_mean_*    out[s] = mean of x's rows start[s] .. start[s] + count[s]    (cell embeddings)
 //   segment_max_*     out[s] = the same rows' column maxima (scFoundation's max pooling)
 //   dropout_f32       out[i] = x[i] * scale when element i is kept, else 0 (nn/dropout.rs: the
@@ -534,5 +536,32 @@ extern "C" __global__ void ln_bwd_f32(const float *__restrict__ x, const float *
         const float xh = (xr[j] - mean) * r;
         dx[row * d + j] = r * (dyr[j] * w[j] - a - xh * c);
         gx[row * d + j] = dyr[j] * xh;
+    }
+}
+
+// GPT-NeoX's rotary embedding (nn/rotary.rs is the rule and its reference) over packed cells'
+// QKV rows ([q heads | k heads | v heads], heads 64 wide), in place: for each token p of cell
+// blockIdx.y (position p - start), head h and pair i < rot / 2 of its query and its key,
+// x[i] <- x[i] cos - x[i + rot/2] sin and x[i + rot/2] <- x[i + rot/2] cos + x[i] sin at angle
+// position x inv_freq[i], in f32 (cosf, sinf: full range reduction), each value rounded once.
+// Grid: (ceil(longest x heads x rot / 2 / 256), cells).
+extern "C" __global__ void rotary_qk_bf16(__nv_bfloat16 *__restrict__ qkv, const unsigned int *__restrict__ cu,
+                                          const float *__restrict__ inv_freq, const int heads, const int rot) {
+    const int half = rot / 2;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int i = (int)(idx % half);
+    const int h = (int)((idx / half) % heads);
+    const long long p = idx / ((long long)half * heads);
+    const unsigned int start = cu[blockIdx.y], len = cu[blockIdx.y + 1] - start;
+    if (p >= len) return;
+    float sn, cs;
+    sincosf((float)p * inv_freq[i], &sn, &cs);
+    __nv_bfloat16 *row = qkv + ((size_t)start + p) * 3 * heads * 64 + h * 64;
+#pragma unroll
+    for (int part = 0; part < 2; part++) {
+        __nv_bfloat16 *x = row + part * heads * 64;
+        const float a = __bfloat162float(x[i]), b = __bfloat162float(x[i + half]);
+        x[i] = __float2bfloat16(a * cs - b * sn);
+        x[i + half] = __float2bfloat16(b * cs + a * sn);
     }
 }

@@ -99,7 +99,9 @@ struct TrainArgs {
     float scale;
 };
 
-template <int MT, bool FIXED_MAX, bool TRAIN>
+// CAUSAL: row r of a cell attends to keys 0..r only (GPT-NeoX); the block reads the key tiles up
+// to its last row, and tile 0 (key 0) still fixes every row's maximum.
+template <int MT, bool FIXED_MAX, bool TRAIN, bool CAUSAL = false>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2,
                                           const TrainArgs train) {
@@ -177,6 +179,22 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
                     if (c + 1 >= len) s[mt][j][1] = s[mt][j][3] = -INFINITY;
                 }
         }
+        if (CAUSAL) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int r0 = q0 + (warp * MT + mt) * 16 + g;
+                if (k0 + BN - 1 > r0) {
+#pragma unroll
+                    for (int j = 0; j < BN / 8; j++) {
+                        const int c = k0 + j * 8 + tig * 2;
+                        if (c > r0) s[mt][j][0] = -INFINITY;
+                        if (c + 1 > r0) s[mt][j][1] = -INFINITY;
+                        if (c > r0 + 8) s[mt][j][2] = -INFINITY;
+                        if (c + 1 > r0 + 8) s[mt][j][3] = -INFINITY;
+                    }
+                }
+            }
+        }
     };
     // one m tile's scores in place to 2^(s scale - m) (rows g and g + 8 against maxima m0, m1),
     // and this lane's shares of the two row sums
@@ -226,7 +244,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
         }
     };
 
-    const int tiles = (len + BN - 1) / BN;
+    const int tiles = ((CAUSAL ? min(len, q0 + ROWS) : len) + BN - 1) / BN;
     for (int t = 0; t < tiles; t++) {
         if (t + 1 < tiles) load_kv(t + 1, (t + 1) & 1);
         copy_commit();
@@ -337,6 +355,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
 varlen_attention_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     attention<2, true, false>(qkv, out, cu, heads, scale_log2, TrainArgs{});
+}
+
+// The same, causal (GPT-NeoX: Cell2Sentence's Pythia).
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 2)
+varlen_attention_causal_bf16_d64(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                                 const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+    attention<2, true, false, true>(qkv, out, cu, heads, scale_log2, TrainArgs{});
 }
 
 // ------------------------------------------------------------------------------------ training

@@ -87,14 +87,25 @@ __device__ __forceinline__ void rescale(float *o, float a0, float a1) {
     }
 }
 
-// keys past the cell's end at -inf (the last tile only), this thread's places of a 64 x KT tile
-template <int KT> __device__ __forceinline__ void mask_tail(float *s, int k0, int len, int tig) {
+// keys past the cell's end at -inf (the last tile only), this thread's places of a 64 x KT tile;
+// with CAUSAL also the keys after each of its two rows (r0 and r0 + 8: tiles that reach past r0)
+template <int KT, bool CAUSAL> __device__ __forceinline__ void mask_tail(float *s, int k0, int len, int tig, int r0) {
     if (k0 + KT > len) {
 #pragma unroll
         for (int j = 0; j < KT / 8; j++) {
             const int c = k0 + j * 8 + tig * 2;
             if (c >= len) s[4 * j] = s[4 * j + 2] = -INFINITY;
             if (c + 1 >= len) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+        }
+    }
+    if (CAUSAL && k0 + KT - 1 > r0) {
+#pragma unroll
+        for (int j = 0; j < KT / 8; j++) {
+            const int c = k0 + j * 8 + tig * 2;
+            if (c > r0) s[4 * j] = -INFINITY;
+            if (c + 1 > r0) s[4 * j + 1] = -INFINITY;
+            if (c > r0 + 8) s[4 * j + 2] = -INFINITY;
+            if (c + 1 > r0 + 8) s[4 * j + 3] = -INFINITY;
         }
     }
 }
@@ -120,10 +131,10 @@ __device__ __forceinline__ void exp_rows(float *s, float scale_log2, float m0, f
 // base 2), for this thread's two rows (16 warp + g and + 8; the 4 lanes of a group share a row):
 // masks keys past the cell's end, updates the running maxima m and sums l, and returns O's
 // rescale factors a.
-template <int KT>
-__device__ __forceinline__ void online_softmax(float *s, int k0, int len, int tig, float scale_log2, float &m0, float &m1, float &l0,
+template <int KT, bool CAUSAL>
+__device__ __forceinline__ void online_softmax(float *s, int k0, int len, int tig, int r0, float scale_log2, float &m0, float &m1, float &l0,
                                                float &l1, float &a0, float &a1) {
-    mask_tail<KT>(s, k0, len, tig);
+    mask_tail<KT, CAUSAL>(s, k0, len, tig, r0);
     // row maxima and sums in four independent partials (short dependency chains)
     float mx[2][4];
 #pragma unroll
@@ -157,10 +168,10 @@ __device__ __forceinline__ void online_softmax(float *s, int k0, int len, int ti
 // f32 and bf16's range, which is the same. Returns whether a sum left [0, 2^64] (a key more than
 // 64 binary orders of magnitude above the first tile's maximum, or NaN): the caller then redoes
 // the tile with the exact online softmax.
-template <int KT>
-__device__ __forceinline__ bool fixed_softmax(float *s, int k0, int len, int tig, float scale_log2, float m0, float m1, float &t0,
+template <int KT, bool CAUSAL>
+__device__ __forceinline__ bool fixed_softmax(float *s, int k0, int len, int tig, int r0, float scale_log2, float m0, float m1, float &t0,
                                               float &t1) {
-    mask_tail<KT>(s, k0, len, tig);
+    mask_tail<KT, CAUSAL>(s, k0, len, tig, r0);
     exp_rows<KT>(s, scale_log2, m0, m1, t0, t1);
     return !(t0 <= 0x1p64f && t1 <= 0x1p64f);
 }
@@ -214,7 +225,9 @@ template <int KG, int KT, int STAGES> constexpr int smem_bytes() { return 64 * K
 // past the cell's end then hold the next cell's keys and values: the keys are masked as before,
 // and the values are zeroed in shared memory (a weight of 0 times a non-finite value of another
 // cell would be NaN).
-template <int KG, int KT, int STAGES, bool FIXED_MAX, bool TMA = false>
+// CAUSAL: row r of a cell attends to keys 0..r only; the block reads the key tiles up to its
+// last row (tile 0, which holds key 0, still fixes every row's maximum).
+template <int KG, int KT, int STAGES, bool FIXED_MAX, bool TMA = false, bool CAUSAL = false>
 __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
                                           const unsigned int *__restrict__ cu, const int heads, const float scale_log2,
                                           const TensorMap *map = nullptr) {
@@ -275,7 +288,9 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
             }
         }
     };
-    const int tiles = (len + KT - 1) / KT;
+    const int tiles = ((CAUSAL ? min(len, q0 + ROWS) : len) + KT - 1) / KT;
+    // this thread's first row of the cell (and that + 8)
+    const int r0 = q0 + wg * 64 + warp * 16 + g;
     // tiles 0 .. STAGES - 2 ahead, a copy group each (the query rows go with tile 0)
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) {
@@ -322,15 +337,15 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
 
         if (!FIXED_MAX || t == 0) {
             float a0, a1;
-            online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+            online_softmax<KT, CAUSAL>(s, t * KT, len, tig, r0, scale_log2, m0, m1, l0, l1, a0, a1);
             rescale(o, a0, a1);
         } else {
             float t0, t1;
-            const bool out_of_range = fixed_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, t0, t1);
+            const bool out_of_range = fixed_softmax<KT, CAUSAL>(s, t * KT, len, tig, r0, scale_log2, m0, m1, t0, t1);
             if (__any_sync(0xffffffffu, out_of_range)) {
                 scores_again<KT>(s, qa, ka, warp, lane);
                 float a0, a1;
-                online_softmax<KT>(s, t * KT, len, tig, scale_log2, m0, m1, l0, l1, a0, a1);
+                online_softmax<KT, CAUSAL>(s, t * KT, len, tig, r0, scale_log2, m0, m1, l0, l1, a0, a1);
                 rescale(o, a0, a1);
             } else {
                 l0 += t0;
@@ -361,7 +376,7 @@ __device__ __forceinline__ void attention(const __nv_bfloat16 *__restrict__ qkv,
             for (int i = 0; i < 4; i++) pin(p[kk][i]);
     }
 
-    store(out, o, l0, l1, start, head, heads, q0 + wg * 64 + warp * 16 + g, len, tig);
+    store(out, o, l0, l1, start, head, heads, r0, len, tig);
 }
 
 }  // namespace sm90
@@ -376,4 +391,12 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 varlen_attention_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
                                const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
     sm90::attention<2, 96, 2, true, true>(nullptr, out, cu, heads, scale_log2, &map);
+}
+
+// The same, causal (GPT-NeoX: Cell2Sentence's Pythia): each row attends to its cell's keys up to
+// itself; a block stops at the key tile of its last row.
+extern "C" __global__ void __launch_bounds__(256, 2)
+varlen_attention_causal_bf16_d64_sm90(const __grid_constant__ sm90::TensorMap map, __nv_bfloat16 *__restrict__ out,
+                                      const unsigned int *__restrict__ cu, const int heads, const float scale_log2) {
+    sm90::attention<2, 96, 2, true, true, true>(nullptr, out, cu, heads, scale_log2, &map);
 }

@@ -94,7 +94,10 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     };
     let tokenizer = C2sTokenizer::load(&tokenizer_path)?;
     let dev = TaskDevice::start(spec)?;
-    let model = GptNeoX::load(&config_path, &model_path, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let mut precision_notes = Vec::new();
+    let dtype = crate::tasks::runtime::precision(spec, &dev.device, &mut precision_notes);
+    notes.extend(precision_notes);
+    let model = GptNeoX::load(&config_path, &model_path, dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let dim = model.hidden();
     let batch = p.batch_size;
@@ -154,6 +157,7 @@ pub(super) fn embed_c2s(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> 
     params.insert("rng".into(), json!("numpy legacy MT19937 seeded once with --seed (np.random.seed), sklearn.utils.shuffle per cell in data order (ties); CPython random seeded once with --seed, random.choice of the prompt template per cell in data order; upstream's seed is 42"));
     params.insert("prompt_task".into(), json!("cell_type_prediction"));
     params.insert("layers".into(), json!(model.cfg.num_hidden_layers));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(model.dtype)));
     params.insert("mean_tokens".into(), json!(tokens_total as f64 / task_rows.len().max(1) as f64));
     params.insert("longest_prompt_tokens".into(), json!(longest));
     params.insert("cell_embedding".into(), json!("mean over the prompt's tokens of the last hidden state (after final_layer_norm); each cell as in a batch of one"));
