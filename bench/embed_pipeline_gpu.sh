@@ -19,7 +19,8 @@
 # Environment (defaults in brackets):
 #   CELLS [200000]  UCE_CELLS [20000]  ENC_CELLS: cells of each encoder-alone run [CELLS, UCE_CELLS for UCE]
 #   MODELS ["geneformer scgpt uce"]  REPEAT: end-to-end runs per model, the best kept [2]
-#   DEVICE [cuda]  PRECISION [bf16]  PYTHON [/opt/torch/.venv/bin/python, else python3]
+#   DEVICE [cuda]  PRECISION [bf16; auto runs the default]  PYTHON [/opt/torch/.venv/bin/python, else python3]
+#   ENC_DTYPE: the encoder-alone run's --dtype [PRECISION; set it with PRECISION=auto]
 #   BIN: scfoundry [dist/cuda13/scfoundry, or unpacked from its .xz; else dist/cuda/scfoundry]
 #   BENCH_BIN: scfoundry-bench [beside BIN, or unpacked from its .xz]
 #   FULL_OUTPUT=1: write the whole input with the embedding (default --embedding-only)
@@ -114,7 +115,7 @@ end_to_end() {  # model, cells, rep, embed flags...
 }
 encoder() {  # model, cells, bench flags...
   local model=$1 n=$2; shift 2
-  "$BENCH_BIN" __bench-encoder "$@" --cells "$n" --dtype "$PRECISION" --device "$DEVICE" --order sorted --repeat 2 \
+  "$BENCH_BIN" __bench-encoder "$@" --cells "$n" --dtype "${ENC_DTYPE:-$PRECISION}" --device "$DEVICE" --order sorted --repeat 2 \
     > "$W/$model.encoder.json"
 }
 for model in $MODELS; do
