@@ -1,0 +1,680 @@
+#!/usr/bin/env python3
+"""The GPU table of record from bench/record_gpu.sh's runs (standard library only).
+
+    python3 bench/record_table.py OUT_DIR [OUT_DIR...]   # the markdown table (one OUT_DIR a family run)
+    python3 bench/record_table.py --assemble OUT_DIR     # OUT_DIR/record.jsonl from OUT_DIR/steps.jsonl
+    python3 bench/record_table.py --self-test            # record_gpu.sh on stub tools, then the table
+
+record_gpu.sh writes one line a command to OUT_DIR/steps.jsonl (the method, what it measures
+in `field`, its settings in `meta`, the command, exit code, seconds and log files; lines whose
+command is null say what a method is, or that a measurement is the same as another) and calls
+`--assemble` at its end. `--assemble` keeps each measurement's latest run and writes one object
+a method to OUT_DIR/record.jsonl:
+
+    method, family, shape, notes, machine (nvidia-smi name, driver, date, binary version, torch),
+    ceiling_tflops (the card's bf16 matrix ceiling in the same run),
+    scfoundry_default, scfoundry_fastest, torch_upstream, torch_careful (+ sweep), end_to_end,
+    peak_gpu_memory, accuracy
+
+each with the command that produced it (`command`, null where nothing ran). The table: one row a
+method, the ratios against the targets (scfoundry's default at least 1x and 3x upstream-style
+PyTorch, the fastest at least 1.3x the careful PyTorch), the runs' machines, dates and binaries.
+"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+METHODS = ["geneformer", "scgpt", "uce", "sccello", "langcell", "scfoundation", "scprint", "c2s", "cellfm",
+           "scbert", "cellplm", "novae", "scimilarity", "scvi", "cellama"]
+TARGET_DEFAULT = (1.0, 3.0)  # scfoundry default / upstream-style PyTorch
+TARGET_CAREFUL = 1.3         # scfoundry fastest / careful PyTorch
+
+
+# --- assembling record.jsonl ---------------------------------------------------------------------
+
+def read_steps(out):
+    steps = []
+    path = os.path.join(out, "steps.jsonl")
+    if not os.path.exists(path):
+        return steps
+    for i, line in enumerate(open(path), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            steps.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            print(f"{path}:{i}: skipped ({e})", file=sys.stderr)
+    return steps
+
+
+def last_json(path):
+    """The last line of a file that parses as a JSON object (None when there is none)."""
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def last_line(path):
+    try:
+        lines = [l for l in open(path, errors="replace").read().splitlines() if l.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def number(v):
+    """A meta value as an int or float where it is one."""
+    if isinstance(v, str):
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+    return v
+
+
+def latest(steps, method, field):
+    """The steps of (method, field) from the latest run that has any."""
+    found = [s for s in steps if s.get("method") == method and s.get("field") == field]
+    if not found:
+        return []
+    run = max(s["run"] for s in found)
+    return sorted((s for s in found if s["run"] == run), key=lambda s: s.get("n", 0))
+
+
+def measurement(out, s):
+    """One step as a measurement: its settings, command, exit, seconds, the tool's JSON line and
+    the figure named by meta's `metric`."""
+    meta = {k: number(v) for k, v in s.get("meta", {}).items()}
+    d = {k: v for k, v in meta.items() if not k.startswith("note")}
+    d.update(command=s.get("command"), run=s.get("run"))
+    if s.get("command") is None:
+        return d
+    d.update(rc=s.get("rc"), seconds=s.get("seconds"), log=s.get("out"))
+    result = last_json(os.path.join(out, s["out"])) if s.get("rc") == 0 else None
+    d["result"] = result
+    d["cells_per_s"] = result.get(meta.get("metric", "cells_per_s")) if isinstance(result, dict) else None
+    if s.get("rc") != 0:
+        d["error"] = last_line(os.path.join(out, s.get("err", "")))
+        if s.get("rc") in (124, 137):
+            d["error"] = f"timed out after {s.get('timeout_s')} s; " + d["error"]
+    elif d["cells_per_s"] is None:
+        d["error"] = f"no {meta.get('metric', 'cells_per_s')} in its output"
+    notes = [v for k, v in s.get("meta", {}).items() if k.startswith("note")]
+    if notes:
+        d["note"] = "; ".join(notes)
+    return d
+
+
+def find_report(path):
+    """report.json under a runs folder (the first found) and the allocator's peak in it."""
+    reports = sorted(glob.glob(os.path.join(path, "**", "report.json"), recursive=True)) if os.path.isdir(path) else []
+    if not reports and os.path.isfile(path):
+        reports = [path]
+    if not reports:
+        return None, None
+    try:
+        rep = json.load(open(reports[0]))
+    except (OSError, json.JSONDecodeError):
+        return reports[0], None
+    peaks = [g.get("stats", {}).get("peak_bytes") for g in rep.get("gpu") or []]
+    peaks = [p for p in peaks if isinstance(p, (int, float))]
+    return reports[0], (max(peaks) if peaks else None)
+
+
+def smi_peak(path):
+    """nvidia-smi memory.used samples (MiB, one a line): (peak, first)."""
+    try:
+        vals = [int(float(l)) for l in open(path).read().split() if l.strip().replace(".", "", 1).isdigit()]
+    except OSError:
+        return None, None
+    return (max(vals), vals[0]) if vals else (None, None)
+
+
+def end_to_end(out, steps, m):
+    found = latest(steps, m, "e2e")
+    if not found:
+        return {"not_run": True}, {"not_run": True}
+    wired = [s for s in found if "not_wired" in s.get("meta", {})]
+    if wired:
+        why = wired[-1]["meta"]["not_wired"]
+        return {"not_wired": why, "command": None}, {"not_wired": why, "command": None}
+    s0 = found[-1]
+    meta = s0.get("meta", {})
+    runs = []
+    if "pipeline_results" in meta:  # bench/embed_pipeline_gpu.sh's results.tsv: model, cells, wall, report
+        path = os.path.join(out, meta["pipeline_results"])
+        try:
+            rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+        except OSError:
+            rows = []
+        for model, n, wall, report in (r for r in rows if len(r) == 4):
+            if model != m:
+                continue
+            if not os.path.exists(report):  # the folder moved: look beside the results
+                report = os.path.join(out, "e2e-pipeline", os.path.basename(report))
+            runs.append({"cells": int(n), "wall_s": float(wall), "report": report, "smi": None})
+        source = "bench/embed_pipeline_gpu.sh (results.tsv)"
+    else:
+        for s in found:
+            if s.get("rc") != 0:
+                continue
+            runs.append({"cells": int(s["meta"]["cells"]), "wall_s": float(s["seconds"]),
+                         "report": os.path.join(out, s["meta"].get("runs_dir", "")), "smi": s["meta"].get("smi")})
+        source = "the step's wall time (process start to exit)"
+    e = {"command": s0.get("command"), "rc": s0.get("rc"), "precision": meta.get("precision"), "source": source,
+         "repeats": [{"wall_s": r["wall_s"], "cells": r["cells"]} for r in runs] or
+                    [{"rc": s.get("rc"), "seconds": s.get("seconds")} for s in found]}
+    if not runs:
+        e["error"] = last_line(os.path.join(out, s0.get("err", ""))) or "no run finished"
+        return e, {"command": s0.get("command"), "error": "no end-to-end run finished"}
+    best = min(runs, key=lambda r: r["wall_s"])
+    e.update(cells=best["cells"], wall_s=best["wall_s"], cells_per_s=best["cells"] / best["wall_s"])
+    report, peak = find_report(best["report"])
+    e["report"] = os.path.relpath(report, out) if report else None
+    mem = {"command": s0.get("command"), "allocator_peak_bytes": peak,
+           "source": "report.json gpu[].stats.peak_bytes (the allocator's peak)" if peak is not None else None}
+    if best["smi"]:
+        p, first = smi_peak(os.path.join(out, best["smi"]))
+        mem.update(nvidia_smi_peak_mib=p, nvidia_smi_first_mib=first, nvidia_smi_samples=best["smi"])
+        if peak is None and p is not None:
+            mem["source"] = "nvidia-smi memory.used sampled every 200 ms (the whole card)"
+    return e, mem
+
+
+def fidelity_row(out, steps, m):
+    for s in sorted((s for s in steps if s.get("method") == "_family" and s.get("field") == "accuracy"),
+                    key=lambda s: (s["run"], s.get("n", 0)), reverse=True):
+        if m not in s.get("meta", {}).get("models", "").split():
+            continue
+        acc = {"command": s.get("command"), "rc": s.get("rc"), "tsv": s["meta"].get("tsv")}
+        try:
+            lines = [l.rstrip("\n").split("\t") for l in open(os.path.join(out, s["meta"]["tsv"])) if l.strip()]
+        except OSError:
+            lines = []
+        head = lines[0] if lines else []
+        for row in lines[1:]:
+            r = dict(zip(head, row))
+            if r.get("method") == m and r.get("lowest_cosine", "-") != "-":
+                acc.update(kind="measured", default_resolved=r.get("default_resolved"), lowest_cosine=r["lowest_cosine"],
+                           largest_rel_error=r.get("largest_rel_error"), cells=r.get("cells"),
+                           scib_total_f32=r.get("scib_total_f32"), scib_total_default=r.get("scib_total_default"))
+                return acc
+        acc.update(kind="missing", why=f"no figures for {m} in {s['meta'].get('tsv')} (the script's exit {s.get('rc')}; "
+                                      f"its logs: {os.path.dirname(s['meta'].get('tsv') or '')}/{m}_*.log)")
+        return acc
+    return None
+
+
+def assemble(out):
+    steps = read_steps(out)
+    machines = {}
+    for p in glob.glob(os.path.join(out, "machine-*.json")):
+        try:
+            m = json.load(open(p))
+            machines[m["run"]] = m
+        except (OSError, json.JSONDecodeError, KeyError):
+            pass
+    methods = [m for m in METHODS if any(s.get("method") == m for s in steps)]
+    methods += sorted({s["method"] for s in steps if not s["method"].startswith("_")} - set(methods))
+    records = []
+    for m in methods:
+        mine = [s for s in steps if s.get("method") == m]
+        info = latest(steps, m, "info")
+        meta = info[-1]["meta"] if info else {}
+        rec = {"method": m, "family": mine[-1].get("family"), "shape": meta.get("shape"),
+               "notes": [v for k, v in meta.items() if k.startswith("note")]}
+        fields = {}
+        for f in ("sf_default", "sf_fastest", "torch_upstream"):
+            got = latest(steps, m, f)
+            fields[f] = measurement(out, got[-1]) if got else None
+        sweep = [measurement(out, s) for s in latest(steps, m, "torch_careful")]
+        same = [d for d in sweep if "same_as" in d]
+        if same:
+            fields["torch_careful"] = same[-1]
+        elif sweep:
+            ok = [d for d in sweep if isinstance(d.get("cells_per_s"), (int, float))]
+            best = dict(max(ok, key=lambda d: d["cells_per_s"])) if ok else {"error": "every batch of the sweep failed", "command": sweep[-1]["command"]}
+            best["sweep"] = [{k: d.get(k) for k in ("batch", "cells_per_s", "rc", "error", "command")} for d in sweep]
+            fields["torch_careful"] = best
+        else:
+            fields["torch_careful"] = None
+        for f, ref in (("sf_fastest", "sf_default"), ("torch_careful", "torch_upstream")):
+            d = fields[f]
+            if d and "same_as" in d and fields.get(ref):
+                fields[f] = dict(fields[ref], same_as=ref, why=d.get("why"), command=fields[ref].get("command"))
+        rec["scfoundry_default"] = fields["sf_default"]
+        rec["scfoundry_fastest"] = fields["sf_fastest"]
+        rec["torch_upstream"] = fields["torch_upstream"]
+        rec["torch_careful"] = fields["torch_careful"]
+        rec["end_to_end"], rec["peak_gpu_memory"] = end_to_end(out, steps, m)
+        exact = latest(steps, m, "accuracy")
+        if exact:
+            rec["accuracy"] = {"kind": "exact", "text": "f32 (exact)", "why": exact[-1]["meta"].get("why"), "command": None}
+        else:
+            rec["accuracy"] = fidelity_row(out, steps, m) or {"kind": "not_run", "command": None}
+        sd = rec["scfoundry_default"] or {}
+        if isinstance(sd.get("result"), dict) and isinstance(sd["result"].get("against_f32"), dict):
+            rec["accuracy"]["bench_first_batch"] = sd["result"]["against_f32"]
+        run = sd.get("run") or (mine[-1].get("run"))
+        rec["machine"] = machines.get(run) or (machines[max(machines)] if machines else None)
+        ceiling = [s for s in latest(steps, "_family", "ceiling") if s.get("run") == run] or latest(steps, "_family", "ceiling")
+        c = measurement(out, ceiling[-1]) if ceiling else {}
+        rec["ceiling_tflops"] = c.get("cells_per_s")
+        records.append(rec)
+    with open(os.path.join(out, "record.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return records
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+def rate(v):
+    if not isinstance(v, (int, float)):
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def failed(d):
+    if d is None:
+        return "not run"
+    if d.get("not_run"):
+        return "not run"
+    if d.get("not_wired"):
+        return "not wired"
+    rc = d.get("rc")
+    if rc in (124, 137):
+        return "timed out"
+    if rc not in (0, None):
+        return f"failed (exit {rc})"
+    return "failed"
+
+
+def value(d):
+    return d.get("cells_per_s") if isinstance(d, dict) and isinstance(d.get("cells_per_s"), (int, float)) else None
+
+
+def ratio(a, b, floors):
+    if a is None or b is None or b == 0:
+        return "-"
+    r = a / b
+    text = f"{r:.2f}x" if r < 10 else f"{r:.1f}x"
+    below = [f for f in floors if r < f]
+    if below:  # bold: slower than that PyTorch
+        return f"{'**' + text + '**' if r < 1 else text} (below {below[0]:g}x)"
+    return text
+
+
+def torch_cell(d, upstream_ref=False):
+    v = value(d)
+    if v is None:
+        return failed(d)
+    if d.get("same_as") == "torch_upstream":
+        return f"{rate(v)} (= upstream-style)"
+    b = d.get("batch", "?")
+    return f"{rate(v)} ({d.get('dtype', '?')}, {d.get('order', '?')}, {f'{b:,}' if isinstance(b, int) else b})"
+
+
+def mib(b):
+    return f"{b / 2**20:,.0f} MiB"
+
+
+def row(r):
+    sd, sf, up, ca = r["scfoundry_default"], r["scfoundry_fastest"], r["torch_upstream"], r["torch_careful"]
+    e2e, mem, acc = r["end_to_end"], r["peak_gpu_memory"], r["accuracy"]
+    name = f"{r['method']} ({r['shape']})" if r.get("shape") else r["method"]
+    default = f"{rate(value(sd))} ({sd.get('precision')})" if value(sd) is not None else failed(sd)
+    if value(sf) is None:
+        fastest = failed(sf)
+    elif sf.get("same_as"):
+        fastest = f"{rate(value(sf))} ({sf.get('precision')}, = default)"
+    else:
+        fastest = f"{rate(value(sf))} ({sf.get('precision')}{', bench only' if 'bench only' in (sf.get('note') or '') else ''})"
+    r_up = ratio(value(sd), value(up), TARGET_DEFAULT)
+    r_ca = ratio(value(sf), value(ca), (TARGET_CAREFUL,))
+    end = f"{rate(e2e['cells_per_s'])} ({e2e['cells']:,} cells)" if isinstance(e2e.get("cells_per_s"), (int, float)) else failed(e2e)
+    if mem.get("allocator_peak_bytes") is not None:
+        peak = mib(mem["allocator_peak_bytes"])
+        if mem.get("nvidia_smi_peak_mib") is not None:
+            peak += f" ({mem['nvidia_smi_peak_mib']:,} MiB nvidia-smi)"
+    elif mem.get("nvidia_smi_peak_mib") is not None:
+        peak = f"{mem['nvidia_smi_peak_mib']:,} MiB (nvidia-smi)"
+    else:
+        peak = "not wired" if mem.get("not_wired") else "-"
+    if acc.get("kind") == "measured":
+        accuracy = f"{acc['lowest_cosine']} / {acc['largest_rel_error']}"
+    elif acc.get("kind") == "exact":
+        accuracy = "f32 (exact)"
+    else:
+        accuracy = "not measured"
+    cells = [name, default, fastest, torch_cell(up), torch_cell(ca), r_up, r_ca, end, peak, accuracy]
+    return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def notes(r):
+    out = []
+    m = r["method"]
+    out += [f"{m}: {n}" for n in r.get("notes") or []]
+    for key, label in (("scfoundry_default", "scfoundry default"), ("scfoundry_fastest", "scfoundry fastest"),
+                       ("torch_upstream", "upstream-style PyTorch"), ("torch_careful", "careful PyTorch")):
+        d = r.get(key) or {}
+        if d.get("note") and key != "scfoundry_default":
+            out.append(f"{m}, {label}: {d['note']}")
+        if d.get("same_as") and d.get("why") and key == "torch_careful":
+            out.append(f"{m}, {label}: {d['why']}")
+        if d.get("error"):
+            out.append(f"{m}, {label}: {d['error']}")
+        for s in d.get("sweep") or []:
+            if s.get("error"):
+                out.append(f"{m}, {label} at batch {s.get('batch')}: {s['error']}")
+    e = r.get("end_to_end") or {}
+    if e.get("not_wired"):
+        out.append(f"{m}, end to end: not wired, {e['not_wired']}")
+    elif e.get("error"):
+        out.append(f"{m}, end to end: {e['error']}")
+    a = r.get("accuracy") or {}
+    if a.get("kind") == "missing":
+        out.append(f"{m}, accuracy: {a.get('why')}")
+    return out
+
+
+def machine_line(m):
+    if not m:
+        return "machine not recorded"
+    version = ", ".join(p.strip() for p in (m.get("version") or "").splitlines() if p.strip()) or "version not recorded"
+    return (f"{m.get('gpu') or 'no GPU named'} ({m.get('memory_total', '?')}, driver {m.get('driver', '?')}, {m.get('cpus', '?')} CPUs), "
+            f"{m.get('date', '?')}, {version}; PyTorch {m.get('torch', '?')}")
+
+
+def table(out_dirs):
+    records = []
+    for out in out_dirs:
+        path = os.path.join(out, "record.jsonl")
+        if os.path.exists(os.path.join(out, "steps.jsonl")) and (
+                not os.path.exists(path) or os.path.getmtime(path) < os.path.getmtime(os.path.join(out, "steps.jsonl"))):
+            assemble(out)
+        if not os.path.exists(path):
+            print(f"{out}: no record.jsonl nor steps.jsonl", file=sys.stderr)
+            continue
+        records += [json.loads(l) for l in open(path) if l.strip()]
+    # a method measured in several folders: the latest run's record
+    by_method = {}
+    for r in records:
+        run = (r.get("machine") or {}).get("run", "")
+        if r["method"] not in by_method or run >= (by_method[r["method"]].get("machine") or {}).get("run", ""):
+            by_method[r["method"]] = r
+    order = [m for m in METHODS if m in by_method] + sorted(set(by_method) - set(METHODS))
+    rows = [by_method[m] for m in order]
+    lines = []
+    runs = {}
+    for r in rows:
+        m = r.get("machine") or {}
+        runs.setdefault((r.get("family"), m.get("run")), (m, r.get("ceiling_tflops")))
+    lines.append("Runs (family: card, date, binary, PyTorch; bf16 matrix ceiling of the card in the same run):")
+    lines.append("")
+    for (family, _), (m, ceiling) in runs.items():  # in the rows' order
+        lines.append(f"- {family}: {machine_line(m)}" + (f"; ceiling {ceiling:,.1f} TFLOP/s" if isinstance(ceiling, (int, float)) else ""))
+    cards = {(m.get("gpu") or "?") for m, _ in runs.values()}
+    if len(cards) > 1:
+        lines.append(f"- the rows come from different cards ({', '.join(sorted(cards))}): compare within a row")
+    lines.append("")
+    lines.append("| method (shape) | scfoundry default, cells/s (precision) | fastest, cells/s (precision) | upstream-style PyTorch (dtype, order, batch) "
+                 "| careful PyTorch (dtype, order, batch) | default / upstream-style | fastest / careful | `embed` end to end, cells/s "
+                 "| peak GPU memory | accuracy vs f32 (lowest cosine / largest rel. error) |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    lines += [row(r) for r in rows]
+    lines.append("")
+    lines.append(f"Targets: scfoundry's default at least {TARGET_DEFAULT[0]:g}x and {TARGET_DEFAULT[1]:g}x upstream-style PyTorch, its fastest "
+                 f"precision at least {TARGET_CAREFUL:g}x the careful PyTorch; a ratio below its target says which, in bold where "
+                 "scfoundry is the slower. Peak GPU memory: the allocator's peak in the "
+                 "end-to-end run's report.json (nvidia-smi's peak for the whole card, CUDA context included, in brackets).")
+    missing = [m for m in METHODS if m not in by_method]
+    if missing:
+        lines.append("")
+        lines.append(f"Not in these runs: {', '.join(missing)}.")
+    n = [x for r in rows for x in notes(r)]
+    if n:
+        lines.append("")
+        lines.append("Notes:")
+        lines.append("")
+        lines += [f"- {x}" for x in n]
+    return "\n".join(lines)
+
+
+# --- self-test ------------------------------------------------------------------------------------
+
+STUB_PY = r'''#!/usr/bin/env python3
+# stands in for the GPU machine's python: the bench/*_torch.py scripts print canned JSON lines,
+# the writers make their outputs empty, anything else runs the real interpreter
+import json, os, sys
+real = os.environ["RECORD_SELFTEST_PY"]
+a = sys.argv[1:]
+def opt(name, default=None):
+    return a[a.index(name) + 1] if name in a else default
+if not a or a[0] not in ("-c",) and not a[0].startswith("bench/") or a[0] == "bench/record_table.py":
+    os.execv(real, [real] + a)
+if a[0] == "-c":
+    print("2.11.0+stub"); sys.exit(0)
+script, batch, dtype = a[0], int(opt("--batch", "0")), opt("--dtype", "f32")
+def out(**kw):
+    print("some progress line"); print(json.dumps(dict(tool="pytorch", batch=batch, dtype=dtype, **kw))); sys.exit(0)
+def oom():
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr); sys.exit(1)
+if script == "bench/encoder_torch.py":
+    layers = int(opt("--layers"))
+    if layers == 6:
+        if dtype == "f32": out(cells_per_s=1064.0)
+        if batch == 128: oom()
+        out(cells_per_s=2000.0 + 10 * batch)
+    if dtype == "f16": out(cells_per_s=733.3)
+    out(cells_per_s=1000.0 + batch)
+if script == "bench/scbert_torch.py":
+    if "--tf32" not in a: out(cells_per_s=20.0)
+    if batch == 8: oom()
+    out(cells_per_s=40.0 + batch)
+if script == "bench/cellplm_torch.py": out(cells_per_s=89768.0)
+if script == "bench/scimilarity_torch.py":
+    out(cells_per_s=286350.0, upstream_cells_per_s=80777.0 if batch == 10000 else 1.0,
+        careful_cells_per_s=396152.0 if batch == 8192 else 300000.0)
+if script == "bench/scvi_torch.py":
+    out(cells_per_s={128: 793124.0, 1024: 3410895.0, 8192: 5586509.0}.get(batch, 1.0))
+if script in ("bench/tile_h5ad.py", "bench/random_models.py"):
+    sys.exit(0)
+print(f"stub python: no stand-in for {a}", file=sys.stderr); sys.exit(3)
+'''
+
+STUB_BENCH = r'''#!/usr/bin/env python3
+import json, sys
+a = sys.argv[1:]
+if a[:1] == ["--version"]:
+    print("scfoundry-bench 0.9.0\ncommit: abc1234\ngpu: CUDA 12.8; machine code sm_80, sm_90, sm_90a"); sys.exit(0)
+def opt(name, default=None):
+    return a[a.index(name) + 1] if name in a else default
+sub, arch = a[0], opt("--arch", "bert")
+def out(**kw):
+    print(json.dumps(dict(tool="scfoundry", version="0.9.0", **kw))); sys.exit(0)
+if sub == "__bench-encoder":
+    if arch == "gemm": out(ceiling_tflops=790.5)
+    if arch == "bert" and opt("--layers") == "6": out(cells_per_s=30151.0, dtype=opt("--dtype"))
+    if arch == "scgpt": out(cells_per_s=7945.0, dtype=opt("--dtype"))
+    if arch == "scbert": out(cells_per_s=16.2, dtype=opt("--dtype"))
+if sub == "__bench-cellplm": out(cells_per_s=68412.0)
+if sub == "__bench-scimilarity": out(cells_per_s=76356.0, sparse_cells_per_s=339918.0)
+if sub == "__bench-scvi": out(cells_per_s=624064.0, sparse_cells_per_s=4856645.0)
+print(f"error: no stand-in for {a}", file=sys.stderr); sys.exit(2)
+'''
+
+STUB_SCFOUNDRY = r'''#!/usr/bin/env python3
+import json, os, sys, time
+a = sys.argv[1:]
+if a[:1] == ["--version"]:
+    print("scfoundry 0.9.0\ncommit: abc1234\ngpu: CUDA 12.8; machine code sm_80, sm_90, sm_90a"); sys.exit(0)
+runs = a[a.index("--runs-dir") + 1]
+time.sleep(0.2)
+os.makedirs(os.path.join(runs, "run-1"), exist_ok=True)
+peak = {"scimilarity": 633, "scvi": 581}[a[a.index("-m") + 1]] * 2**20
+json.dump({"status": "completed", "gpu": [{"stats": {"peak_bytes": peak}}]}, open(os.path.join(runs, "run-1", "report.json"), "w"))
+'''
+
+# `bash` on PATH: the two GPU scripts record_gpu.sh calls write what they would write; the rest
+# goes to the real bash
+STUB_BASH = r'''#!/bin/sh
+case "$1" in
+  bench/embed_pipeline_gpu.sh)
+    mkdir -p "$2"; : > "$2/results.tsv"
+    for w in 9.1 8.03; do
+      r="$2/$MODELS-$w.report.json"
+      echo '{"status": "completed", "gpu": [{"stats": {"peak_bytes": 461373440}}]}' > "$r"
+      printf '%s\t%s\t%s\t%s\n' "$MODELS" "$CELLS" "$w" "$r" >> "$2/results.tsv"
+    done
+    echo "model cells wall e2e c/s"; exit 0 ;;
+  bench/precision_fidelity_gpu.sh)
+    mkdir -p "$2"
+    printf 'method\tdevice\tcells\tdim\tdefault_requested\tdefault_resolved\tlowest_cosine\tlargest_rel_error\tscib_total_f32\tscib_total_default\twall_s_f32\twall_s_default\tfinite\n' > "$2/fidelity.tsv"
+    printf 'geneformer\tcuda\t200\t256\tauto\tbf16\t0.999981\t6.1e-3\t0.3976\t0.3948\t20.2\t3.2\ttrue\n' >> "$2/fidelity.tsv"
+    printf 'scgpt\tcuda\t200\t512\tauto\tbf16\t-\t-\t-\t-\texit 1\texit 1\t-\n' >> "$2/fidelity.tsv"
+    exit 0 ;;
+esac
+exec /bin/bash "$@"
+'''
+
+STUB_SMI = r'''#!/bin/sh
+case "$*" in
+  *name,driver_version*) echo "NVIDIA Stub 80GB, 580.1, 81559 MiB" ;;
+  *memory.used*) printf '512\n1500\n1137\n' ;;
+esac
+'''
+
+
+def self_test():
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(here)
+    tmp = tempfile.mkdtemp(prefix="record-selftest-")
+    try:
+        stubs = os.path.join(tmp, "stubs")
+        os.makedirs(stubs)
+        for name, text in (("python", STUB_PY), ("scfoundry-bench", STUB_BENCH), ("scfoundry", STUB_SCFOUNDRY),
+                           ("bash", STUB_BASH), ("nvidia-smi", STUB_SMI)):
+            p = os.path.join(stubs, name)
+            with open(p, "w") as f:
+                f.write(text.replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1))
+            os.chmod(p, 0o755)
+        env = dict(os.environ, PATH=stubs + os.pathsep + os.environ.get("PATH", ""), RECORD_SELFTEST_PY=sys.executable,
+                   BIN=os.path.join(stubs, "scfoundry"), BENCH_BIN=os.path.join(stubs, "scfoundry-bench"),
+                   PY=os.path.join(stubs, "python"), STEP_TIMEOUT="30", LONG_TIMEOUT="30", E2E_CELLS="1000",
+                   E2E_REPEAT="2", MLP_BATCHES="1024 8192", BATCHES="8 64 128")
+        env.pop("DRY_RUN", None)
+        outs = {}
+        for family in ("bert", "scbert", "cellplm", "mlp"):
+            out = os.path.join(tmp, family)
+            e = dict(env, BATCHES="1 3 8") if family == "scbert" else env
+            p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), family, out], cwd=repo, env=e,
+                               capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, f"record_gpu.sh {family}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+            outs[family] = out
+        # a dry run prints the commands and writes nothing
+        dry = os.path.join(tmp, "dry")
+        p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), "uce", dry], cwd=repo,
+                           env=dict(env, DRY_RUN="1"), capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and not os.path.exists(dry), p.stderr
+        assert "--pad-to 1536" in p.stdout and "bench/precision_fidelity_gpu.sh" in p.stdout and "PRECISION=auto" in p.stdout, p.stdout
+
+        # record.jsonl: one object a method, each measurement with its command
+        recs = {r["method"]: r for out in outs.values() for r in map(json.loads, open(os.path.join(out, "record.jsonl")))}
+        assert sorted(recs) == sorted(["geneformer", "scgpt", "scbert", "cellplm", "scimilarity", "scvi"]), sorted(recs)
+        g = recs["geneformer"]
+        assert g["scfoundry_default"]["cells_per_s"] == 30151.0 and g["scfoundry_default"]["precision"] == "bf16"
+        assert "__bench-encoder --arch bert --layers 6" in g["scfoundry_default"]["command"], g["scfoundry_default"]["command"]
+        assert g["scfoundry_fastest"]["same_as"] == "sf_default" and g["scfoundry_fastest"]["cells_per_s"] == 30151.0
+        assert g["torch_upstream"]["cells_per_s"] == 1064.0 and g["torch_upstream"]["order"] == "sorted"
+        assert g["torch_careful"]["batch"] == 64 and g["torch_careful"]["cells_per_s"] == 2640.0
+        assert [s["batch"] for s in g["torch_careful"]["sweep"]] == [8, 64, 128]
+        assert g["torch_careful"]["sweep"][2]["rc"] == 1 and "out of memory" in g["torch_careful"]["sweep"][2]["error"]
+        assert g["end_to_end"]["wall_s"] == 8.03 and g["end_to_end"]["cells"] == 1000
+        assert "bench/embed_pipeline_gpu.sh" in g["end_to_end"]["command"] and "PRECISION=auto" in g["end_to_end"]["command"]
+        assert g["peak_gpu_memory"]["allocator_peak_bytes"] == 461373440
+        assert g["accuracy"]["kind"] == "measured" and g["accuracy"]["lowest_cosine"] == "0.999981"
+        assert "precision_fidelity_gpu.sh" in g["accuracy"]["command"]
+        assert g["machine"]["gpu"] == "NVIDIA Stub 80GB" and g["machine"]["torch"] == "2.11.0+stub"
+        assert g["ceiling_tflops"] == 790.5
+        assert recs["scgpt"]["accuracy"]["kind"] == "missing"
+        assert recs["scgpt"]["torch_upstream"]["dtype"] == "f16" and recs["scgpt"]["torch_upstream"]["order"] == "file"
+        b = recs["scbert"]
+        assert b["accuracy"]["kind"] == "exact" and b["end_to_end"]["not_wired"]
+        assert b["torch_careful"]["cells_per_s"] == 43.0 and b["torch_careful"]["dtype"] == "tf32"
+        c = recs["cellplm"]
+        assert c["torch_careful"]["same_as"] == "torch_upstream" and c["torch_careful"]["cells_per_s"] == 89768.0
+        s = recs["scimilarity"]
+        assert s["scfoundry_default"]["cells_per_s"] == 339918.0 and s["torch_upstream"]["cells_per_s"] == 80777.0
+        assert s["torch_careful"]["cells_per_s"] == 396152.0 and s["torch_careful"]["batch"] == 8192
+        assert s["end_to_end"]["cells"] == 1000 and 0.15 < s["end_to_end"]["wall_s"] < 30
+        assert s["peak_gpu_memory"]["allocator_peak_bytes"] == 633 * 2**20 and s["peak_gpu_memory"]["nvidia_smi_peak_mib"] == 1500
+        assert "embed -m scimilarity" in s["end_to_end"]["command"] and "--embedding-only" in s["end_to_end"]["command"]
+        assert len(s["end_to_end"]["repeats"]) == 2
+
+        # the table
+        text = table(list(outs.values()))
+        rows = {l.split(" (", 1)[0].lstrip("| "): l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| method")}
+        gr = rows["geneformer"]
+        for want in ("30,151 (bf16)", "30,151 (bf16, = default)", "1,064 (f32, sorted, 100)", "2,640 (bf16, sorted, 64)",
+                     "| 28.3x |", "| 11.4x |", "440 MiB", "0.999981 / 6.1e-3"):
+            assert want in gr, (want, gr)
+        assert "| 125 (1,000 cells) |" in gr, gr  # 1,000 cells in 8.03 s
+        assert "**0.81x** (below 1x)" in rows["scbert"] and "**0.38x** (below 1.3x)" in rows["scbert"], rows["scbert"]
+        assert "not wired" in rows["scbert"] and "f32 (exact)" in rows["scbert"]
+        assert "**0.76x** (below 1x)" in rows["cellplm"] and "(= upstream-style)" in rows["cellplm"], rows["cellplm"]
+        assert "| 4.21x |" in rows["scimilarity"] and "**0.86x** (below 1.3x)" in rows["scimilarity"], rows["scimilarity"]
+        assert "80,777 (f32, file, 10,000)" in rows["scimilarity"], rows["scimilarity"]
+        assert "633 MiB (1,500 MiB nvidia-smi)" in rows["scimilarity"]
+        assert "| 6.12x |" in rows["scvi"] and "**0.87x** (below 1.3x)" in rows["scvi"], rows["scvi"]
+        assert "7,945 (bf16)" in rows["scgpt"] and "| 10.8x |" in rows["scgpt"] and "not measured" in rows["scgpt"], rows["scgpt"]
+        assert "- bert: NVIDIA Stub 80GB (81559 MiB, driver 580.1, " in text, text
+        assert "scfoundry 0.9.0, commit: abc1234, gpu: CUDA 12.8; machine code sm_80, sm_90, sm_90a; PyTorch 2.11.0+stub" in text, text
+        assert "ceiling 790.5 TFLOP/s" in text
+        assert "Not in these runs: uce, sccello, langcell, scfoundation, scprint, c2s, cellfm, novae, cellama." in text, text
+        assert "geneformer, careful PyTorch at batch 128: " in text and "out of memory" in text
+        assert "scbert, end to end: not wired, no writer" in text
+        # a second run into the same folder replaces the measurements it makes and keeps the others
+        p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), "scbert", outs["scbert"]], cwd=repo,
+                           env=dict(env, STEPS="throughput", BATCHES="1 3"), capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        r2 = [json.loads(l) for l in open(os.path.join(outs["scbert"], "record.jsonl"))][0]
+        assert [s["batch"] for s in r2["torch_careful"]["sweep"]] == [1, 3] and r2["end_to_end"]["not_wired"]
+        print(text)
+        print("\nself-test passed")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv):
+    if argv[:1] == ["--self-test"]:
+        return self_test()
+    if argv[:1] == ["--assemble"]:
+        for out in argv[1:]:
+            recs = assemble(out)
+            print(f"{out}/record.jsonl: {len(recs)} methods ({', '.join(r['method'] for r in recs)})")
+        return
+    if not argv or argv[0].startswith("-"):
+        sys.exit(__doc__)
+    print(table(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
