@@ -76,6 +76,8 @@ pub mod cards;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod csr_dense;
+pub mod favor;
+pub mod gat_attention;
 #[cfg(feature = "cuda")]
 pub mod dropout;
 #[cfg(feature = "cuda")]

@@ -36,6 +36,11 @@
 //! conserved_source_j = clamp((k_j + eps) . (sum_i q_i incoming_i + eps), -1, 1),
 //! allocation_i = sigmoid(conserved_sink_i), competition_j = softmax_j(conserved_source) * L,
 //! out_i = ((q_i incoming_i) (sum_j k_j^T (v_j competition_j))) allocation_i.
+//!
+//! Precision: f32 is upstream's computation. In bf16 (the GPU default, `--precision`) the matrix
+//! products of the embedder and of the encoder's Linear layers take bf16 inputs and weights and
+//! return f32, as torch's autocast runs `nn.Linear`; the flow attention's sums over all cells of
+//! the pass, the norms and the latent head (whose argmax picks the cluster) stay in f32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -326,14 +331,14 @@ pub fn attention_batches(labels: Option<&[String]>, n: usize, batch_size: usize)
 }
 
 struct FlowLayer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    o: Lin,
     norm1: LayerNorm,
     norm2: LayerNorm,
-    ff1: Linear,
-    ff2: Linear,
+    ff1: Lin,
+    ff2: Lin,
     heads: usize,
 }
 
@@ -380,6 +385,20 @@ enum Latent {
     Vae { mu: Linear },
 }
 
+/// `nn.Linear` whose product runs in its weight's dtype: an f32 input is cast to it and the
+/// result returned as f32 (torch's autocast of a Linear; the identity when the weight is f32).
+struct Lin(Linear);
+
+impl Lin {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dt = self.0.weight().dtype();
+        if x.dtype() == dt {
+            return self.0.forward(x);
+        }
+        self.0.forward(&x.to_dtype(dt)?)?.to_dtype(DType::F32)
+    }
+}
+
 /// GroupNorm(groups, d) on (n, d) rows, eps 1e-5, with its affine weight and bias.
 fn group_norm(x: &Tensor, groups: usize, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     let (n, d) = x.dims2()?;
@@ -397,13 +416,16 @@ pub struct CellPlm {
     emb: Tensor,
     /// The gene table on the host, for the CPU's sparse sum.
     emb_host: Option<Vec<f32>>,
-    extra: Linear,
+    extra: Lin,
     norm_w: Tensor,
     norm_b: Tensor,
     layers: Vec<FlowLayer>,
     pre_latent: LayerNorm,
     latent: Latent,
     pub device: Device,
+    /// What the embedder's and the encoder's products run in (F32 or BF16: tasks ask for BF16 on
+    /// a GPU only; the CPU takes it too, for the tests).
+    pub dtype: DType,
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {
@@ -419,17 +441,18 @@ fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {
 }
 
 impl CellPlm {
-    /// Load `<prefix>.config.json` and `<prefix>.best.ckpt` from `dir`, in float32 on `device`.
-    pub fn load(dir: &Path, prefix: &str, device: Device) -> Result<CellPlm> {
+    /// Load `<prefix>.config.json` and `<prefix>.best.ckpt` from `dir` on `device`, the products
+    /// in `dtype` (F32, upstream's; BF16 on a GPU: the module's "Precision").
+    pub fn load(dir: &Path, prefix: &str, dtype: DType, device: Device) -> Result<CellPlm> {
         let (config, ckpt) = checkpoint_files(dir, prefix);
         let cfg = Config::read(&config)?;
-        Self::from_checkpoint(&ckpt, cfg, device)
+        Self::from_checkpoint(&ckpt, cfg, dtype, device)
     }
 
     /// The weights of `cfg`'s architecture from a `.best.ckpt` (torch.save of
     /// {"model_state_dict": ...}); other keys (the pre-training decoder, the positional tables)
     /// are ignored as upstream's load_pretrain ignores them for the embedding head.
-    pub fn from_checkpoint(path: &Path, cfg: Config, device: Device) -> Result<CellPlm> {
+    pub fn from_checkpoint(path: &Path, cfg: Config, dtype: DType, device: Device) -> Result<CellPlm> {
         if !path.is_file() {
             return Err(Error::MissingFile { path: path.into() });
         }
@@ -447,12 +470,12 @@ impl CellPlm {
             let t = t.to_dtype(DType::F32).and_then(|t| t.to_device(&device)).map_err(|e| bad(format!("{k}: {e}")))?;
             needed.insert(k, t);
         }
-        Self::build(cfg, needed, device).map_err(|e| bad(e.to_string()))
+        Self::build(cfg, needed, dtype, device).map_err(|e| bad(e.to_string()))
     }
 
     /// Random weights (normal, sd 0.02; norms at scale 1, shift 0) at `cfg`'s size, seeded on the
     /// CPU then moved to `device`: for throughput runs.
-    pub fn random(cfg: Config, device: Device, seed: u64) -> Result<CellPlm> {
+    pub fn random(cfg: Config, dtype: DType, device: Device, seed: u64) -> Result<CellPlm> {
         use rand::SeedableRng;
         use rand_distr::Distribution;
         let me = |e: candle_core::Error| Error::Model { context: "making random CellPLM weights".into(), detail: e.to_string() };
@@ -468,35 +491,40 @@ impl CellPlm {
             };
             t.insert(k, Tensor::from_vec(v, shape, &device).map_err(me)?);
         }
-        Self::build(cfg, t, device).map_err(me)
+        Self::build(cfg, t, dtype, device).map_err(me)
     }
 
-    fn build(cfg: Config, mut t: HashMap<String, Tensor>, device: Device) -> candle_core::Result<CellPlm> {
+    fn build(cfg: Config, mut t: HashMap<String, Tensor>, dtype: DType, device: Device) -> candle_core::Result<CellPlm> {
         fn take(t: &mut HashMap<String, Tensor>, k: &str) -> candle_core::Result<Tensor> {
             t.remove(k).ok_or_else(|| candle_core::Error::Msg(format!("no tensor `{k}`")))
         }
         fn linear(t: &mut HashMap<String, Tensor>, p: &str) -> candle_core::Result<Linear> {
             Ok(Linear::new(take(t, &format!("{p}.weight"))?, Some(take(t, &format!("{p}.bias"))?)))
         }
+        // the products of the embedder and the encoder in `dtype`; the latent head stays f32
+        let lin = |t: &mut HashMap<String, Tensor>, p: &str| -> candle_core::Result<Lin> {
+            let l = linear(t, p)?;
+            Ok(Lin(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)))
+        };
         fn layer_norm(t: &mut HashMap<String, Tensor>, p: &str) -> candle_core::Result<LayerNorm> {
             Ok(LayerNorm::new(take(t, &format!("{p}.weight"))?, take(t, &format!("{p}.bias"))?, NORM_EPS))
         }
         let emb = take(&mut t, "embedder.feat_enc.emb")?;
-        let extra = linear(&mut t, "embedder.extra_linear.0")?;
+        let extra = lin(&mut t, "embedder.extra_linear.0")?;
         let norm_w = take(&mut t, "embedder.extra_linear.3.weight")?;
         let norm_b = take(&mut t, "embedder.extra_linear.3.bias")?;
         let mut layers = Vec::with_capacity(cfg.enc_layers);
         for i in 0..cfg.enc_layers {
             let p = format!("encoder.layers.{i}");
             layers.push(FlowLayer {
-                q: linear(&mut t, &format!("{p}.self_attn.query_projection"))?,
-                k: linear(&mut t, &format!("{p}.self_attn.key_projection"))?,
-                v: linear(&mut t, &format!("{p}.self_attn.value_projection"))?,
-                o: linear(&mut t, &format!("{p}.self_attn.out_projection"))?,
+                q: lin(&mut t, &format!("{p}.self_attn.query_projection"))?,
+                k: lin(&mut t, &format!("{p}.self_attn.key_projection"))?,
+                v: lin(&mut t, &format!("{p}.self_attn.value_projection"))?,
+                o: lin(&mut t, &format!("{p}.self_attn.out_projection"))?,
                 norm1: layer_norm(&mut t, &format!("{p}.norm1"))?,
                 norm2: layer_norm(&mut t, &format!("{p}.norm2"))?,
-                ff1: linear(&mut t, &format!("{p}._ff_block.0"))?,
-                ff2: linear(&mut t, &format!("{p}._ff_block.3"))?,
+                ff1: lin(&mut t, &format!("{p}._ff_block.0"))?,
+                ff2: lin(&mut t, &format!("{p}._ff_block.3"))?,
                 heads: cfg.enc_head,
             });
         }
@@ -514,7 +542,8 @@ impl CellPlm {
             LatentKind::Vae => Latent::Vae { mu: linear(&mut t, "latent.layers.1.hid_2mu")? },
         };
         let emb_host = if device.is_cpu() { Some(emb.flatten_all()?.to_vec1::<f32>()?) } else { None };
-        Ok(CellPlm { cfg, emb, emb_host, extra, norm_w, norm_b, layers, pre_latent, latent, device })
+        let emb = emb.to_dtype(dtype)?;
+        Ok(CellPlm { cfg, emb, emb_host, extra, norm_w, norm_b, layers, pre_latent, latent, device, dtype })
     }
 
     pub fn dim(&self) -> usize {
@@ -586,7 +615,7 @@ impl CellPlm {
             let ids = Tensor::from_vec(ids, (chunk.len(), width), &self.device)?;
             let vals = Tensor::from_vec(vals, (chunk.len(), width), &self.device)?;
             let dense = Tensor::zeros((chunk.len(), m), DType::F32, &self.device)?.scatter_add(&ids, &vals, 1)?;
-            parts.push(dense.matmul(&rows)?);
+            parts.push(dense.to_dtype(self.dtype)?.matmul(&rows)?.to_dtype(DType::F32)?);
         }
         Tensor::cat(&parts, 0)
     }
@@ -661,7 +690,7 @@ mod tests {
     #[test]
     fn scattered_features_equal_the_sparse_host_sum() {
         let cfg = Config { enc_hid: 8, enc_head: 2, enc_layers: 1, ..Config::released(30) };
-        let model = CellPlm::random(cfg, Device::Cpu, 5).unwrap();
+        let model = CellPlm::random(cfg, DType::F32, Device::Cpu, 5).unwrap();
         // cells of different lengths, one empty, one with a repeated gene
         let cells = vec![vec![(0u32, 0.5f32), (7, 1.5), (29, 2.0)], vec![], vec![(3, 1.0), (3, 0.25), (7, 0.75)], vec![(12, 3.0)]];
         let host = model.features(&cells).unwrap().to_vec2::<f32>().unwrap();
@@ -674,6 +703,33 @@ mod tests {
         }
         let none = model.features_scattered(&[vec![], vec![]]).unwrap();
         assert_eq!(none.dims(), &[2, 8]);
+    }
+
+    #[test]
+    fn bf16_products_stay_close_to_f32() {
+        let cfg = Config { enc_hid: 32, enc_head: 4, enc_layers: 2, post_latent_dim: 16, ..Config::released(60) };
+        let f32m = CellPlm::random(cfg.clone(), DType::F32, Device::Cpu, 7).unwrap();
+        let bf16m = CellPlm::random(cfg, DType::BF16, Device::Cpu, 7).unwrap();
+        let cells: Vec<Vec<(u32, f32)>> = (0..24u32).map(|i| (0..12u32).map(|p| ((i * 7 + p * 5) % 60, (1.0 + ((i + p) % 4) as f32).ln_1p())).collect()).collect();
+        let cells: Vec<Vec<(u32, f32)>> = cells.into_iter().map(|mut c| { c.sort_by_key(|x| x.0); c.dedup_by_key(|x| x.0); c }).collect();
+        // the gene sum's product in bf16 (the GPU's path), against f32
+        let a = f32m.features_scattered(&cells).unwrap().to_vec2::<f32>().unwrap();
+        let b = bf16m.features_scattered(&cells).unwrap().to_vec2::<f32>().unwrap();
+        let (mut worst, mut differs) = (0f32, false);
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            worst = worst.max((x - y).abs() / (1.0 + x.abs()));
+            differs |= x != y;
+        }
+        assert!(differs && worst < 2e-2, "features: largest difference {worst}");
+        // the embeddings: per cell cosine against f32
+        let (za, zb) = (f32m.embed(&cells).unwrap(), bf16m.embed(&cells).unwrap());
+        let mut lowest = 1f64;
+        for (x, y) in za.chunks(16).zip(zb.chunks(16)) {
+            let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let n = |v: &[f32]| v.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+            lowest = lowest.min(dot / (n(x) * n(y)));
+        }
+        assert!(za != zb && lowest > 0.99, "lowest cosine {lowest}");
     }
 
     #[test]

@@ -395,11 +395,18 @@ impl GatV2 {
     }
 
     /// x: [n, in]; nbr: [n * d] indices into x (n = padding); attr, mask: [n, d].
-    fn forward(&self, x: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, d: usize) -> candle_core::Result<Tensor> {
+    /// `fused`: the attention by `gpu::gat_attention` (one kernel on a GPU, its loop on the
+    /// host on the CPU) rather than candle's ops below (its reference).
+    fn forward(&self, x: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, d: usize, fused: bool) -> candle_core::Result<Tensor> {
         let n = x.dim(0)?;
         let (h, c) = (self.heads, self.out);
         let xl = self.lin_l.forward(x)?;
         let xr = self.lin_r.forward(x)?;
+        if fused && crate::gpu::gat_attention::applies(&xl, d, h, c) {
+            let out = crate::gpu::gat_attention::gatv2_attention(&xl, &xr, nbr, attr, mask, &self.lin_edge, &self.att, h, c)?;
+            let out = if self.concat { out } else { out.reshape((n, h, c))?.mean(1)? };
+            return out.broadcast_add(&self.bias);
+        }
         let pad = Tensor::zeros((1, h * c), xl.dtype(), xl.device())?;
         let xj = Tensor::cat(&[&xl, &pad], 0)?.index_select(nbr, 0)?.reshape((n, d, h, c))?;
         let xi = xr.reshape((n, 1, h, c))?;
@@ -434,6 +441,10 @@ pub struct Novae {
     gate_nn: Linear,
     nn: Linear,
     pub device: Device,
+    /// Each GATv2 layer's attention by `gpu::gat_attention` (one kernel on a GPU, its loop on the
+    /// host on the CPU) instead of candle's ops. Off by default: the kernel has not been checked
+    /// on a GPU yet (`__bench-encoder --arch novae --fused`).
+    pub fused: bool,
 }
 
 impl Novae {
@@ -471,7 +482,7 @@ impl Novae {
         let o = cfg.output_size;
         let gate_nn = Linear::new(agg.get((1, o), "gate_nn.weight")?, Some(agg.get(1, "gate_nn.bias")?));
         let nn = Linear::new(agg.get((o, o), "nn.weight")?, Some(agg.get(o, "nn.bias")?));
-        Ok(Novae { cfg, embedding, linear, layers, gate_nn, nn, device })
+        Ok(Novae { cfg, embedding, linear, layers, gate_nn, nn, device, fused: false })
     }
 
     /// Random weights at `cfg`'s sizes (the bench path): normal(0, 0.05) everywhere.
@@ -543,7 +554,7 @@ impl Novae {
             let attr = Tensor::from_slice(&batch.attr, (n, d), dev)?;
             let mask = Tensor::from_slice(&batch.nbr_mask, (n, d), dev)?;
             for (i, l) in self.layers.iter().enumerate() {
-                x = l.forward(&x, &nbr, &attr, &mask, d)?;
+                x = l.forward(&x, &nbr, &attr, &mask, d, self.fused)?;
                 if i + 1 < self.layers.len() {
                     x = x.elu(1.0)?;
                 }
@@ -594,6 +605,34 @@ mod tests {
                 assert!(nb[j].contains(&i));
                 assert_ne!(i, j);
             }
+        }
+    }
+
+    #[test]
+    fn one_op_attention_equals_candle_ops() {
+        // a small encoder (3 GATv2 layers: concatenated heads, then averaged) over real subgraphs
+        let cfg = Config { embedding_size: 12, hidden_size: 16, num_layers: 3, output_size: 8, heads: 4, ..Config::full_size(10) };
+        let mut model = Novae::random(cfg.clone(), Device::Cpu, 0).unwrap();
+        // attention vectors large enough that the softmax is far from uniform (N(0, 0.05) is not)
+        for l in &mut model.layers {
+            l.att = (&l.att * 60.0).unwrap();
+        }
+        let graph = SpatialGraph::build(&grid_jitter(), None).unwrap();
+        let (valid, sub) = graph.subgraphs(cfg.n_hops_local, cfg.n_hops_view);
+        let cells: Vec<usize> = (0..16).filter(|&i| valid[i]).collect();
+        assert!(cells.len() >= 4);
+        let batch = GraphBatch::new(&graph, &sub, &cells, 1.0);
+        assert!(batch.nbr_mask.contains(&PAD_LOGIT), "some nodes have padded neighbour slots");
+        let genes = model.gene_matrix(&(0..10).collect::<Vec<u32>>()).unwrap();
+        let z: Vec<f32> = (0..batch.nodes.len() * 10).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+        let want = model.encode(&genes, &z, &batch).unwrap();
+        model.fused = true;
+        let got = model.encode(&genes, &z, &batch).unwrap();
+        assert_eq!(got.len(), cells.len() * 8);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * scale, "{got:?} vs {want:?}");
         }
     }
 

@@ -192,6 +192,10 @@ pub struct ScBert {
     layers: Vec<Layer>,
     norm: LayerNorm,
     pub device: Device,
+    /// The FAVOR+ features by `gpu::favor` (one kernel on a GPU, its loop on the host on the CPU)
+    /// instead of candle's ops. Off by default: the kernel has not been checked on a GPU yet
+    /// (`__bench-encoder --arch scbert --fused`).
+    pub fused: bool,
 }
 
 fn missing_key(k: &str, tensors: &HashMap<String, Tensor>) -> String {
@@ -273,7 +277,7 @@ impl ScBert {
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let norm = candle_nn::layer_norm(dims.dim, LN_EPS, vb.pp("norm"))?;
-        Ok(ScBert { dims, path: path.into(), token_emb, pos, layers, norm, device })
+        Ok(ScBert { dims, path: path.into(), token_emb, pos, layers, norm, device, fused: false })
     }
 
     pub fn dim(&self) -> usize {
@@ -289,6 +293,11 @@ impl ScBert {
         let ratio = (m as f64).powf(-0.5);
         let dash = (data * normalizer)?.reshape((b * h * n, e))?.matmul(projection_t)?.reshape((b, h, n, m))?;
         let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
+        if self.fused && dash.dtype() == DType::F32 {
+            // the steps below in one op (one kernel on a GPU; the keys' maximum still by candle)
+            let stab = if is_query { None } else { Some(dash.max_keepdim(D::Minus1)?.reshape((b, h * n))?.max_keepdim(1)?) };
+            return crate::gpu::favor::features(&dash, &diag, stab.as_ref(), ratio, KERNEL_EPS);
+        }
         let row_max = dash.max_keepdim(D::Minus1)?;
         // keys: the max over the cell's whole key tensor, taken in two steps (rows, then the
         // cell), since one reduction over h x n x m values runs as a single CUDA block a cell
@@ -395,6 +404,30 @@ mod tests {
         assert_eq!(tokens(&[1], &[-1.0], &al).unwrap_err(), -1.0);
         let (t, e) = tokens(&[1], &[5.0], &al).unwrap();
         assert_eq!((t, e), (vec![0; 5], 0));
+    }
+
+    #[test]
+    fn one_op_features_equal_candle_ops() {
+        // a small PerformerLM; the projections random (a VarMap's default would leave them 0)
+        let dims = Dims { num_tokens: 7, dim: 16, depth: 2, heads: 2, dim_head: 8, nb_features: 12, seq_len: 20 };
+        let vm = candle_nn::VarMap::new();
+        for i in 0..dims.depth {
+            let name = format!("{}.0.fn.fast_attention.projection_matrix", layer_prefix(i));
+            vm.get((dims.nb_features, dims.dim_head), &name, candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 }, DType::F32, &Device::Cpu).unwrap();
+        }
+        let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
+        let mut model = ScBert::build(dims, 32, vb, Path::new("random"), Device::Cpu).unwrap();
+        let cells: Vec<Vec<u32>> = (0..3).map(|c| (0..20).map(|p| if p == 19 { 0 } else { ((c * 5 + p * 3) % 6) as u32 }).collect()).collect();
+        let rows: Vec<&[u32]> = cells.iter().map(Vec::as_slice).collect();
+        let want = model.embed(&rows).unwrap();
+        model.fused = true;
+        let got = model.embed(&rows).unwrap();
+        assert_eq!(got.len(), 3 * 16);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-6 * scale, "{got:?} vs {want:?}");
+        }
     }
 
     #[test]

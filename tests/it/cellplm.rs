@@ -54,7 +54,7 @@ struct Loaded {
 
 fn load() -> Loaded {
     crate::common::no_hdf5_locking();
-    let model = CellPlm::load(&dir().join("ckpt"), "tiny", Device::Cpu).unwrap();
+    let model = CellPlm::load(&dir().join("ckpt"), "tiny", candle_core::DType::F32, Device::Cpu).unwrap();
     let ad = AnnData::open(&dir().join("cells.h5ad")).unwrap();
     let align = Alignment::new(&ad.var_names, &model.cfg.gene_list);
     let b = ad.matrix(None).unwrap().read_rows(0, ad.n_obs).unwrap();

@@ -33,6 +33,9 @@ pub struct BenchCellplmArgs {
     /// cpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// f32 (upstream's) or bf16 (the products in bfloat16, as `embed`'s GPU default).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
     /// Timed passes (the best is reported), after one warm-up forward pass.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
@@ -93,6 +96,10 @@ pub struct BenchEncoderArgs {
     /// bench/novae_torch.py.
     #[arg(long, value_name = "FILE")]
     pub graph_out: Option<PathBuf>,
+    /// scbert, novae on a GPU: our one-kernel FAVOR+ features (gpu/favor.rs) / GATv2 attention
+    /// (gpu/gat_attention.rs) instead of candle's ops; the first batch is checked against them.
+    #[arg(long)]
+    pub fused: bool,
     /// Encoder layers.
     #[arg(long)]
     pub layers: Option<usize>,

@@ -6,7 +6,8 @@
 //! 1 + (i + p) mod 5, for p = 0..nnz (bench/cellplm_torch.py repeats the formula). The cells are
 //! cut into forward passes of `--batch` cells (cells attend to each other within a pass, as
 //! the embed task runs them); the time is the best of `--repeat` passes over all cells, from
-//! the (gene, log1p count) lists on the host to the embeddings back on the host.
+//! the (gene, log1p count) lists on the host to the embeddings back on the host. `--dtype bf16`
+//! runs the products in bf16 (`embed`'s GPU default) and checks the first pass against f32.
 
 use std::time::Instant;
 
@@ -47,13 +48,21 @@ pub fn run(a: &BenchCellplmArgs) -> anyhow::Result<ExitStatus> {
     if a.hidden % a.heads != 0 || a.hidden % 4 != 0 {
         return Err(Error::BadOption { option: "--hidden".into(), detail: format!("{} is not divisible by --heads {} and by 4 (GroupNorm's groups)", a.hidden, a.heads), hint: None }.into());
     }
-    let model = CellPlm::random(cfg.clone(), device.clone(), a.seed)?;
+    let dtype = if a.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 };
+    let model = CellPlm::random(cfg.clone(), dtype, device.clone(), a.seed)?;
     let cells: Vec<Vec<(u32, f32)>> = (0..a.cells).map(|i| synthetic_cell(i, a.nnz.min(a.genes), a.genes)).collect();
     let batch = a.batch.max(1);
     let passes: Vec<&[Vec<(u32, f32)>]> = cells.chunks(batch).collect();
     // warm-up: one pass
     model.embed(passes[0])?;
     device.synchronize()?;
+    // bf16: the first pass against the same weights in f32 (the same seed) on the same device
+    let check = if dtype == candle_core::DType::F32 {
+        None
+    } else {
+        let want = CellPlm::random(cfg.clone(), candle_core::DType::F32, device.clone(), a.seed)?.embed(passes[0])?;
+        Some(crate::encoder::against_f32(&model.embed(passes[0])?, &want, cfg.dim()))
+    };
     let mut best = f64::INFINITY;
     let mut checksum = 0f64;
     for _ in 0..a.repeat.max(1) {
@@ -78,9 +87,9 @@ pub fn run(a: &BenchCellplmArgs) -> anyhow::Result<ExitStatus> {
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "model": "cellplm (methods/cellplm.rs), random weights",
         "genes": a.genes, "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "latent": a.latent, "nnz": a.nnz,
-        "cells": a.cells, "batch": batch, "passes": passes.len(), "device": a.device, "dtype": "f32",
+        "cells": a.cells, "batch": batch, "passes": passes.len(), "device": a.device, "dtype": a.dtype,
         "seconds": best, "cells_per_s": a.cells as f64 / best, "tflops": per_cell * a.cells as f64 / best / 1e12,
-        "checksum": checksum,
+        "checksum": checksum, "against_f32": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)

@@ -293,10 +293,20 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     let device = device_of(&a.device)?;
     let vb = VarBuilder::from_backend(RandomWeights::new(a), DType::F32, device.clone());
-    let model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
+    let mut model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
     let n = dims.seq_len;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
     let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    // --fused on a GPU: the first batch with the one-kernel FAVOR+ features against candle's ops
+    let check = match batches.first() {
+        Some(first) if a.fused && device.is_cuda() => {
+            let rows: Vec<&[u32]> = first.iter().map(|&i| cells[i].as_slice()).collect();
+            let want = model.embed(&rows)?;
+            model.fused = true;
+            Some(against_f32(&model.embed(&rows)?, &want, dims.dim))
+        }
+        _ => None,
+    };
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
         Ok(())
@@ -304,8 +314,9 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scbert", "encoder": "scfoundry ScBert (methods/scbert.rs, FAVOR+ PerformerLM)",
         "layers": dims.depth, "hidden": dims.dim, "heads": dims.heads, "dim_head": dims.dim_head, "nb_features": dims.nb_features,
-        "seq_len": n, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells,
+        "seq_len": n, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells, "fused": model.fused,
         "seconds": best, "cells_per_s": a.cells as f64 / best, "useful_tflops": dims.cell_flops() * a.cells as f64 / best / 1e12,
+        "fused_vs_candle_ops": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)
@@ -325,7 +336,7 @@ fn first_batch_against_f32(dtype: DType, batches: &[Vec<usize>], dim: usize, run
 
 /// Cell embeddings `got` (rows of `dim`) against `want` computed in f32: the lowest cosine and
 /// the largest relative error (||a - b|| / ||b||) of a row.
-fn against_f32(got: &[f32], want: &[f32], dim: usize) -> serde_json::Value {
+pub fn against_f32(got: &[f32], want: &[f32], dim: usize) -> serde_json::Value {
     let (mut low, mut worst) = (1f64, 0f64);
     for (a, b) in got.chunks(dim).zip(want.chunks(dim)) {
         let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
@@ -480,7 +491,7 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     }
     let cfg = Config::full_size(genes);
     let (valid, sub) = graph.subgraphs(cfg.n_hops_local, cfg.n_hops_view);
-    let model = Novae::random(cfg.clone(), device.clone(), 0)?;
+    let mut model = Novae::random(cfg.clone(), device.clone(), 0)?;
     let rows: Vec<u32> = (0..genes as u32).collect();
     let gm = model.gene_matrix(&rows)?;
     let z: Vec<f32> = (0..a.cells * genes).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
@@ -493,6 +504,15 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
             (b, zb)
         })
         .collect();
+    // --fused on a GPU: the first batch through the one-kernel GATv2 attention against candle's ops
+    let check = match batches.first() {
+        Some((b, zb)) if a.fused && device.is_cuda() => {
+            let want = model.encode(&gm, zb, b)?;
+            model.fused = true;
+            Some(against_f32(&model.encode(&gm, zb, b)?, &want, model.dim()))
+        }
+        _ => None,
+    };
     let best = time_batches(&device, &batches, a.repeat, |(b, zb)| {
         model.encode(&gm, zb, b)?;
         Ok(())
@@ -502,9 +522,9 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "novae",
         "encoder": "scfoundry Novae (methods/novae.rs: GATv2 x 10 + attention aggregation)",
         "embedding": cfg.embedding_size, "hidden": cfg.hidden_size, "layers": cfg.num_layers, "heads": cfg.heads, "output": cfg.output_size,
-        "genes": genes, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells, "valid_cells": order.len(),
+        "genes": genes, "dtype": "f32", "fused": model.fused, "device": a.device, "batch": a.batch, "cells": a.cells, "valid_cells": order.len(),
         "mean_nodes": nodes as f64 / order.len().max(1) as f64, "edges": graph.n_edges(),
-        "seconds": best, "cells_per_s": order.len() as f64 / best,
+        "seconds": best, "cells_per_s": order.len() as f64 / best, "fused_vs_candle_ops": check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)

@@ -16,6 +16,10 @@
 //                     mask is a hash of (key, i), the same on the CPU)
 //   add_dropped_*, dropped_to_*, act_dropped_*, act_dropped_bwd_*: training's residual sum and
 //                     activations with that dropout, forward and backward (nn/train_ops.rs)
+//   favor_features_f32  Performer's FAVOR+ features from the projected rows, one pass (scBERT;
+//                     gpu/favor.rs)
+//   gatv2_attention_f32  one GATv2 layer's attention over padded neighbour lists, scores,
+//                     softmax and weighted sum in one pass (gpu/gat_attention.rs; Novae)
 
 #include <cuda_bf16.h>
 
@@ -197,7 +201,7 @@ __device__ __forceinline__ float gelu_erf(float v) {
     const float z = fabsf(v) * 0.70710678118654752f;
     const float t = __fdividef(1.f, fmaf(0.3275911f, z, 1.f));
     const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-    const float q = poly * __expf(-z * z);
+    const float q = poly * expf(-z * z);
     return 0.5f * v * (v >= 0.f ? 2.f - q : q);  // 1 + erf(v / sqrt 2), without cancellation for v < 0
 }
 __device__ __forceinline__ float gelu_tanh(float v) {
@@ -563,5 +567,88 @@ extern "C" __global__ void rotary_qk_bf16(__nv_bfloat16 *__restrict__ qkv, const
         const float a = __bfloat162float(x[i]), b = __bfloat162float(x[i + half]);
         x[i] = __float2bfloat16(a * cs - b * sn);
         x[i + half] = __float2bfloat16(b * cs + a * sn);
+    }
+}
+
+// One GATv2 layer's message passing (torch_geometric's GATv2Conv with an edge attribute, as
+// src/methods/novae.rs's candle ops compute it; gpu/gat_attention.rs), for node blockIdx.x and
+// channel t = head * c + k (one thread a channel, blockDim = heads * c):
+//   e_j = leaky_relu(xl[nbr_j] + xr[i] + attr_j * lin_edge, 0.2),  s_j = sum_k e_j * att + mask_j,
+//   alpha = softmax_j(s) (minus the max, over the sum plus 1e-16),  out[i] = sum_j alpha_j xl[nbr_j],
+// over the node's d padded neighbour slots j (nbr_j >= n: the padding's zero row; its mask is
+// -1e30, so its weight is exactly 0). Each head's score sums its c channels in order from
+// shared memory (deterministic). Shared memory: d x heads scores, then heads x c partials.
+extern "C" __global__ void gatv2_attention_f32(const float *__restrict__ xl, const float *__restrict__ xr,
+                                               const unsigned int *__restrict__ nbr, const float *__restrict__ attr,
+                                               const float *__restrict__ mask, const float *__restrict__ lin_edge,
+                                               const float *__restrict__ att, float *__restrict__ out, const int n,
+                                               const int d, const int heads, const int c) {
+    extern __shared__ float smem[];
+    float *score = smem;              // [d][heads]
+    float *part = smem + d * heads;   // [heads * c]
+    const int i = blockIdx.x, t = threadIdx.x, hc = heads * c, h = t / c, k = t % c;
+    const float xi = xr[(size_t)i * hc + t], we = lin_edge[t], wa = att[t];
+    for (int j = 0; j < d; j++) {
+        const unsigned int src = nbr[(size_t)i * d + j];
+        const float xj = src < (unsigned int)n ? xl[(size_t)src * hc + t] : 0.f;
+        float e = xj + xi + attr[(size_t)i * d + j] * we;
+        e = fmaxf(e, 0.2f * e);
+        part[t] = e * wa;
+        __syncthreads();
+        if (k == 0) {
+            float acc = 0.f;
+            for (int q = 0; q < c; q++) acc += part[h * c + q];
+            score[j * heads + h] = acc + mask[(size_t)i * d + j];
+        }
+        __syncthreads();
+    }
+    float m = -INFINITY;
+    for (int j = 0; j < d; j++) m = fmaxf(m, score[j * heads + h]);
+    float z = 0.f;
+    for (int j = 0; j < d; j++) z += expf(score[j * heads + h] - m);
+    z += 1e-16f;
+    float acc = 0.f;
+    for (int j = 0; j < d; j++) {
+        const unsigned int src = nbr[(size_t)i * d + j];
+        if (src >= (unsigned int)n) continue;
+        acc += xl[(size_t)src * hc + t] * (expf(score[j * heads + h] - m) / z);
+    }
+    out[(size_t)i * hc + t] = acc;
+}
+
+// Performer's softmax-kernel features (scBERT's FAVOR+, src/methods/scbert.rs softmax_kernel is
+// the rule and its reference; gpu/favor.rs), one block a row of m projected values:
+//   out = (exp(dash - diag[row] - stab) + eps) * ratio,
+// each step rounded to f32 as candle's ops round it; stab is the row's own maximum (queries:
+// has_stab 0) or stab[row / rows_per_stab] (keys: the maximum over the cell's whole tensor).
+extern "C" __global__ void favor_features_f32(const float *__restrict__ dash, const float *__restrict__ diag,
+                                              const float *__restrict__ stab, float *__restrict__ out,
+                                              const int m, const int has_stab, const long long rows_per_stab,
+                                              const float ratio, const float eps) {
+    __shared__ float red[32];
+    const long long row = blockIdx.x;
+    const float *x = dash + row * m;
+    float s;
+    if (has_stab) {
+        s = stab[row / rows_per_stab];
+    } else {
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < m; j += blockDim.x) mx = fmaxf(mx, x[j]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            mx = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : -INFINITY;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+            if (threadIdx.x == 0) red[0] = mx;
+        }
+        __syncthreads();
+        s = red[0];
+    }
+    const float dg = diag[row];
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        const float a = x[j] - dg;
+        const float b = a - s;
+        out[row * m + j] = (expf(b) + eps) * ratio;
     }
 }

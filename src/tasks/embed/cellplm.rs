@@ -90,7 +90,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut notes = Vec::new();
 
     let dev = TaskDevice::start(spec)?;
-    let model = CellPlm::load(&dir, &prefix, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let model = CellPlm::load(&dir, &prefix, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
 
     // Ensembl ids as in gene_list, found and mapped from symbols where needed (tasks::genes)
