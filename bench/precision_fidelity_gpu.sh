@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bf16 against f32 on real cells, for the methods whose `--precision auto` (the default) runs
-# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S and CellFM at their
+# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S, CellFM and CellPLM at their
 # released sizes with random weights in the upstream file formats (bench/fullsize_checkpoints.py;
-# scFoundation's, scPRINT's, C2S-Pythia-410M's and CellFM's: bench/random_models.py; the
+# scFoundation's, scPRINT's, C2S-Pythia-410M's, CellFM's and CellPLM's: bench/random_models.py; the
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
@@ -48,12 +48,12 @@ for m in $MODELS; do
     geneformer) f=geneformer_v1/pytorch_model.bin ;; scgpt) f=scgpt/whole_human/best_model.pt ;;
     uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
     scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;; c2s) f=c2s/model.safetensors ;;
-    cellfm) f=cellfm/cellfm_torch.pt ;;
-    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm)" >&2; exit 1 ;;
+    cellfm) f=cellfm/cellfm_torch.pt ;; cellplm) f=cellplm/20231027_85M.best.ckpt ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm cellplm)" >&2; exit 1 ;;
   esac
   [[ -f $W/$f ]] && continue
-  # scFoundation's, scPRINT's, C2S's and CellFM's random models need no torch (bench/random_models.py)
-  if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm ]]; then
+  # scFoundation's, scPRINT's, C2S's, CellFM's and CellPLM's random models need no torch (bench/random_models.py)
+  if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm || $m == cellplm ]]; then
     "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" | tee -a "$OUT/checkpoints.jsonl"
     [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
   else
@@ -78,6 +78,7 @@ args_of() {
     scprint) echo "embed -m scprint --model-dir $W/scprint --gene-column gene_ids" ;;
     c2s) echo "embed -m c2s --model-dir $W/c2s" ;;
     cellfm) echo "embed -m cellfm --model-dir $W/cellfm" ;;
+    cellplm) echo "embed -m cellplm --model-dir $W/cellplm --gene-column gene_ids" ;;
   esac
 }
 

@@ -12,6 +12,9 @@
         [--layers 1] [--seed 0]
     python bench/random_models.py c2s DATA OUT_DIR [--size 410m] [--seed 0]
     python bench/random_models.py cellfm DATA OUT_DIR [--depth 40] [--seed 0]
+    python bench/random_models.py cellplm DATA OUT_DIR [--gene-column gene_ids] [--seed 0]
+    python bench/random_models.py novae DATA OUT_DIR [--seed 0]
+    python bench/random_models.py scbert DATA OUT_DIR [--seed 0]
 
 genept: OUT_DIR/GenePT_gene_embedding_ada_text.pickle, a dict {gene: numpy float64 vector} over
 every var_name of DATA, as upstream's table (pickle protocol 4).
@@ -57,6 +60,28 @@ heads, the ST tokens; --depth fewer layers) and its gene table of 24,078 genes: 
 var_names, those expressed in the most cells first, then placeholders (gene_emb 24,080 rows).
 The tensors as src/methods/cellfm.rs random_tensors names them; weights N(0, 1/fan_in), the
 value encoder's `a` N(0, 0.1), layer norms 1 / 0.
+
+cellplm: OUT_DIR/{20231027_85M.config.json, 20231027_85M.best.ckpt}, a `--model-dir` folder as
+upstream's load_pretrain reads it at the released 85M shape (flowformer 4 x 1024, 8 heads,
+GroupNorm embedder, GMVAE latent 512 with 16 clusters; the tensors as src/methods/cellplm.rs
+Config::tensors names them, the embedding side only) over a gene_list of 19,374 genes: DATA's
+var[--gene-column] ids expressed in the most cells first, then placeholders. The checkpoint is
+torch.save of {"model_state_dict": ...}. Weights as scfoundation's, the gene table N(0, 1/900) so that a
+cell's features are of order 1; norms 1 / 0.
+
+novae: OUT_DIR/{config.json, model.safetensors}, a Hugging Face folder as Novae.save_pretrained
+writes it (`--model-dir OUT_DIR`) at novae-human-0's shape (Novae's defaults: embedding 100, 10
+GATv2 layers of 128 with 8 heads, output 64, 2 + 2 hops) over DATA's var_names as its
+vocabulary (lower-cased, as Novae stores them). Weights as scfoundation's; the attention vectors
+N(0, 0.05).
+
+scbert: OUT_DIR/{panglao_pretrained.pth, panglao_10000.h5ad}, a `--model-dir` folder at the
+released PerformerLM's shape (6 x 200, 10 heads of 64, 266 random features, feed-forward 800,
+7 bins, 16,907 positions): the checkpoint as torch.save of {"model_state_dict": ...} (the tensors
+src/methods/scbert.rs reads), the reference an .h5ad whose 16,906 var_names are DATA's expressed
+genes, those expressed in the most cells first, then placeholders (one empty cell: only
+var_names are read). Weights as scfoundation's; the gene2vec table N(0, 1), the projections N(0, 1)
+(FAVOR+'s Gaussian features before orthogonalisation).
 """
 from __future__ import annotations
 
@@ -400,6 +425,126 @@ def cellfm(args) -> None:
                       "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes), "out": str(out)}))
 
 
+def cellplm(args) -> None:
+    n_genes, d, layers, k, z, qz = 19374, 1024, 4, 16, 512, 512
+    with h5py.File(args.data, "r") as f:
+        col = f[f"var/{args.gene_column}"]
+        if isinstance(col, h5py.Group):  # categorical
+            ids = [c.decode() if isinstance(c, bytes) else str(c) for c in col["categories"][:]]
+            ids = [ids[i] for i in col["codes"][:]]
+        else:
+            ids = [c.decode() if isinstance(c, bytes) else str(c) for c in col[:]]
+    cells = expressing_cells(args.data, len(ids))
+    ranked = sorted(range(len(ids)), key=lambda j: -cells[j])
+    genes = list(dict.fromkeys(ids[j] for j in ranked if cells[j]))[:n_genes]
+    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    w, b = weight_makers(args.seed)
+    state: dict[str, np.ndarray] = {"embedder.feat_enc.emb": w(n_genes, d) * np.float32(np.sqrt(d) / 30),
+                                    "embedder.extra_linear.0.weight": w(d, d), "embedder.extra_linear.0.bias": b(d),
+                                    "embedder.extra_linear.3.weight": np.ones(d, np.float32), "embedder.extra_linear.3.bias": np.zeros(d, np.float32)}
+    for i in range(layers):
+        p = f"encoder.layers.{i}"
+        for proj in ("query", "key", "value", "out"):
+            state[f"{p}.self_attn.{proj}_projection.weight"] = w(d, d)
+            state[f"{p}.self_attn.{proj}_projection.bias"] = b(d)
+        state[f"{p}._ff_block.0.weight"], state[f"{p}._ff_block.0.bias"] = w(2 * d, d), b(2 * d)
+        state[f"{p}._ff_block.3.weight"], state[f"{p}._ff_block.3.bias"] = w(d, 2 * d), b(d)
+        for n in ("norm1", "norm2"):
+            state[f"{p}.{n}.weight"], state[f"{p}.{n}.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+    state["pre_latent_norm.norm.weight"], state["pre_latent_norm.norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+    p = "latent.layers.1.inference"
+    state[f"{p}.inference_qyx.0.logits.weight"], state[f"{p}.inference_qyx.0.logits.bias"] = w(k, d), b(k)
+    state[f"{p}.inference_qzyx.0.weight"], state[f"{p}.inference_qzyx.0.bias"] = w(qz, d + k), b(qz)
+    state[f"{p}.inference_qzyx.2.mu.weight"], state[f"{p}.inference_qzyx.2.mu.bias"] = w(z, qz), b(z)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = "20231027_85M"
+    save_checkpoint(out / f"{prefix}.best.ckpt", state, lambda sd: {"model_state_dict": sd})
+    config = {"name": "random_85M_shape", "enc_mod": "flowformer", "enc_hid": d, "enc_layers": layers, "enc_head": 8, "latent_mod": "gmvae",
+              "post_latent_dim": z, "norm": "groupnorm", "num_clusters": k, "cat_pe": False, "dar": False, "input_covariate": False,
+              "ecs": False, "dsbn": False, "gene_list": genes}
+    (out / f"{prefix}.config.json").write_text(json.dumps(config))
+    print(json.dumps({"model": "cellplm", "parameters": int(sum(v.size for v in state.values())), "genes": n_genes,
+                      "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes), "out": str(out)}))
+
+
+def novae(args) -> None:
+    e, hidden, layers, out_size, heads = 100, 128, 10, 64, 8
+    names = [n.lower() for n in var_names(args.data)]
+    w, b = weight_makers(args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    t: list = [("cell_embedder.embedding.weight", (len(names), e), lambda: w(len(names), e) * np.float32(np.sqrt(e))),
+               ("cell_embedder.linear.weight", (e, e), lambda: w(e, e)), ("cell_embedder.linear.bias", (e,), lambda: b(e))]
+    for i in range(layers):
+        inp = e if i == 0 else hidden
+        c = out_size if i + 1 == layers else hidden // heads
+        hc, p = heads * c, f"encoder.gnn.convs.{i}."
+        for n in ("lin_l", "lin_r"):
+            t += [(p + n + ".weight", (hc, inp), lambda hc=hc, inp=inp: w(hc, inp)), (p + n + ".bias", (hc,), lambda hc=hc: b(hc))]
+        t += [(p + "lin_edge.weight", (hc, 1), lambda hc=hc: w(hc, 1)),
+              (p + "att", (1, heads, c), lambda c=c: 0.05 * rng.standard_normal((1, heads, c), dtype=np.float32)),
+              (p + "bias", (hc if i + 1 < layers else c,), lambda n=(hc if i + 1 < layers else c): b(n))]
+    a = "encoder.node_aggregation.attention_aggregation."
+    t += [(a + "gate_nn.weight", (1, out_size), lambda: w(1, out_size)), (a + "gate_nn.bias", (1,), lambda: b(1)),
+          (a + "nn.weight", (out_size, out_size), lambda: w(out_size, out_size)), (a + "nn.bias", (out_size,), lambda: b(out_size))]
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = write_safetensors(out / "model.safetensors", t)
+    config = {"embedding_size": e, "hidden_size": hidden, "num_layers": layers, "output_size": out_size, "heads": heads,
+              "n_hops_local": 2, "n_hops_view": 2, "batch_size": 256, "var_names": names}
+    (out / "config.json").write_text(json.dumps(config))
+    print(json.dumps({"model": "novae", "parameters": n, "vocabulary": len(names), "out": str(out)}))
+
+
+def scbert(args) -> None:
+    d, depth, heads, dh, nb, ffn, bins, n_genes = 200, 6, 10, 64, 266, 800, 7, 16906
+    inner = heads * dh
+    names = var_names(args.data)
+    cells = expressing_cells(args.data, len(names))
+    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
+    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
+    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    w, b = weight_makers(args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    state: dict[str, np.ndarray] = {"token_emb.weight": w(bins, d) * np.float32(np.sqrt(d)),
+                                    "pos_emb.emb.weight": rng.standard_normal((n_genes + 1, d), dtype=np.float32)}
+    ones, zeros = (lambda n: np.ones(n, np.float32)), (lambda n: np.zeros(n, np.float32))
+    for i in range(depth):
+        p = f"performer.net.layers.{i}."
+        state[p + "0.norm.weight"], state[p + "0.norm.bias"] = ones(d), zeros(d)
+        for n in ("to_q", "to_k", "to_v"):
+            state[p + f"0.fn.{n}.weight"] = w(inner, d)
+        state[p + "0.fn.to_out.weight"], state[p + "0.fn.to_out.bias"] = w(d, inner), b(d)
+        state[p + "0.fn.fast_attention.projection_matrix"] = rng.standard_normal((nb, dh), dtype=np.float32)
+        state[p + "1.norm.weight"], state[p + "1.norm.bias"] = ones(d), zeros(d)
+        state[p + "1.fn.fn.w1.weight"], state[p + "1.fn.fn.w1.bias"] = w(ffn, d), b(ffn)
+        state[p + "1.fn.fn.w2.weight"], state[p + "1.fn.fn.w2.bias"] = w(d, ffn), b(d)
+    state["norm.weight"], state["norm.bias"] = ones(d), zeros(d)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out / "panglao_pretrained.pth", state, lambda sd: {"model_state_dict": sd})
+    with h5py.File(out / "panglao_10000.h5ad", "w") as f:
+        def strings(group, name, values):
+            ds = group.create_dataset(name, data=np.array(values, dtype=object), dtype=h5py.string_dtype("utf-8"))
+            ds.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
+        x = f.create_group("X")
+        x.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0"})
+        x.attrs["shape"] = np.array([1, n_genes], dtype=np.int64)
+        x.create_dataset("data", data=np.zeros(0, np.float32))
+        x.create_dataset("indices", data=np.zeros(0, np.int32))
+        x.create_dataset("indptr", data=np.zeros(2, np.int64))
+        for name, index in (("obs", ["cell0"]), ("var", genes)):
+            g = f.create_group(name)
+            g.attrs.update({"encoding-type": "dataframe", "encoding-version": "0.2.0", "_index": "_index"})
+            g.attrs["column-order"] = np.array([], dtype=h5py.string_dtype("utf-8"))
+            strings(g, "_index", index)
+        for name in ("layers", "obsm", "obsp", "varm", "varp", "uns"):
+            f.create_group(name).attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+        f.attrs.update({"encoding-type": "anndata", "encoding-version": "0.1.0"})
+    print(json.dumps({"model": "scbert", "parameters": int(sum(v.size for v in state.values())), "genes": n_genes,
+                      "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes), "out": str(out)}))
+
+
 def expressing_cells(data: str, n_var: int) -> np.ndarray:
     """Per var column of DATA's X (CSR or dense), the cells with a non-zero value."""
     with h5py.File(data, "r") as f:
@@ -434,12 +579,16 @@ def main() -> None:
     c.add_argument("--size", choices=["410m", "160m"], default="410m")
     m = sub.add_parser("cellfm")
     m.add_argument("--depth", type=int, default=40)
-    for p in (g, s, f, r, v, c, m):
+    pl = sub.add_parser("cellplm")
+    pl.add_argument("--gene-column", default="gene_ids")
+    nv = sub.add_parser("novae")
+    sb = sub.add_parser("scbert")
+    for p in (g, s, f, r, v, c, m, pl, nv, sb):
         p.add_argument("data")
         p.add_argument("out_dir")
         p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint, "scvi": scvi, "c2s": c2s, "cellfm": cellfm}[args.kind](args)
+    {"genept": genept, "scimilarity": scimilarity, "scfoundation": scfoundation, "scprint": scprint, "scvi": scvi, "c2s": c2s, "cellfm": cellfm, "cellplm": cellplm, "novae": novae, "scbert": scbert}[args.kind](args)
 
 
 if __name__ == "__main__":

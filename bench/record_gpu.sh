@@ -215,6 +215,25 @@ sf() {
   fi
 }
 
+# sf_fused METHOD BATCH -- COMMAND...: scbert's and novae's f32 paths: candle's ops (the default)
+# and our one-kernel FAVOR+ features / GATv2 attention (`--fused`, which also checks the first
+# batch against candle's ops: fused_vs_candle_ops), shown as the fastest
+sf_fused() {
+  local m=$1 b=$2; shift 3
+  step "$m" sf_default "$STEP_TIMEOUT" precision=f32 batch="$b" metric=cells_per_s -- "$@" --batch "$b"
+  step "$m" sf_fastest "$STEP_TIMEOUT" precision=f32 batch="$b" metric=cells_per_s \
+    note="the one-kernel path (--fused), off in embed until its check on a GPU is recorded" -- "$@" --batch "$b" --fused
+}
+
+# careful METHOD BATCHES ATTENTION -- COMMAND...: the careful PyTorch sweep (bf16, cells sorted),
+# COMMAND --batch B for each batch B of BATCHES (or $BATCHES)
+careful() {
+  local m=$1 batches=$2 attn=$3 x; shift 4
+  for x in $(sweep "$m" "$batches"); do
+    step "$m" torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" ${attn:+attention="$attn"} metric=cells_per_s -- "$@" --batch "$x"
+  done
+}
+
 tput_geneformer() {
   local b; b=$(default_batch geneformer 100)
   local shape=(--layers 6 --hidden 256 --heads 4 --ffn 512 --max-len 2048 --activation relu --lengths "$L" --cells 2048)
@@ -223,10 +242,7 @@ tput_geneformer() {
   sf geneformer cells_per_s yes "$b" -- "$BB" __bench-encoder --arch bert "${shape[@]}" --order sorted
   step geneformer torch_upstream "$STEP_TIMEOUT" dtype=f32 order=sorted batch=100 metric=cells_per_s -- \
     "$PY" bench/encoder_torch.py "${shape[@]}" --dtype f32 --order sorted --batch 100
-  for x in $(sweep geneformer "8 16 32 64 128"); do
-    step geneformer torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoder metric=cells_per_s -- \
-      "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful geneformer "8 16 32 64 128" "nn.TransformerEncoder" -- "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted
 }
 tput_scgpt() {
   local b; b=$(default_batch scgpt 64)
@@ -236,10 +252,7 @@ tput_scgpt() {
   local shape=(--layers 12 --hidden 512 --heads 8 --ffn 512 --max-len 1200 --activation relu --lengths "$L" --cells 2048)
   step scgpt torch_upstream "$STEP_TIMEOUT" dtype=f16 order=file batch=64 metric=cells_per_s -- \
     "$PY" bench/encoder_torch.py "${shape[@]}" --dtype f16 --order file --batch 64
-  for x in $(sweep scgpt "8 16 32 64 128"); do
-    step scgpt torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoder metric=cells_per_s -- \
-      "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful scgpt "8 16 32 64 128" "nn.TransformerEncoder" -- "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted
 }
 tput_uce() {
   local b; b=$(default_batch uce 16)
@@ -252,10 +265,7 @@ tput_uce() {
   sf uce cells_per_s yes "$b" -- "$BB" __bench-encoder --arch bert "${shape[@]}" --order sorted
   step uce torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=25 pad_to=1536 metric=cells_per_s -- \
     "$PY" bench/encoder_torch.py "${shape[@]}" --dtype f32 --order file --batch 25 --pad-to 1536
-  for x in $(sweep uce "8 16 32 64 128"); do
-    step uce torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoder metric=cells_per_s -- \
-      "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful uce "8 16 32 64 128" "nn.TransformerEncoder" -- "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted
 }
 tput_bert_cell() {  # sccello | langcell
   local m=$1 shape_text=$2 up_batch=$3
@@ -266,10 +276,7 @@ tput_bert_cell() {  # sccello | langcell
   sf "$m" cells_per_s yes "$b" -- "$BB" __bench-encoder --arch "$m" "${common[@]}" --order sorted
   step "$m" torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch="$up_batch" metric=cells_per_s -- \
     "$PY" "bench/${m}_torch.py" "${common[@]}" --dtype f32 --order file --batch "$up_batch"
-  for x in $(sweep "$m" "8 16 32 64 128"); do
-    step "$m" torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoder metric=cells_per_s -- \
-      "$PY" "bench/${m}_torch.py" "${common[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful "$m" "8 16 32 64 128" "nn.TransformerEncoder" -- "$PY" "bench/${m}_torch.py" "${common[@]}" --dtype bf16 --order sorted
 }
 tput_sccello() { tput_bert_cell sccello "6 x 256, 4 heads, FFN 512, 2,048 positions" 24; }
 tput_langcell() { tput_bert_cell langcell "12 x 512, 8 heads, FFN 1,024 (Geneformer 12L-30M's shape, assumed), cell_proj 512 -> 256" 32; }
@@ -281,10 +288,7 @@ tput_scfoundation() {
   sf scfoundation cells_per_s yes "$b" -- "$BB" __bench-encoder --arch scfoundation "${common[@]}" --order sorted
   step scfoundation torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=1 metric=cells_per_s -- \
     "$PY" bench/scfoundation_torch.py "${common[@]}" --dtype f32 --order file --batch 1
-  for x in $(sweep scfoundation "8 16 32 64 128"); do
-    step scfoundation torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoderLayer metric=cells_per_s -- \
-      "$PY" bench/scfoundation_torch.py "${common[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful scfoundation "8 16 32 64 128" "nn.TransformerEncoderLayer" -- "$PY" bench/scfoundation_torch.py "${common[@]}" --dtype bf16 --order sorted
 }
 tput_scprint() {
   local b; b=$(default_batch scprint 64)
@@ -294,10 +298,7 @@ tput_scprint() {
   sf scprint cells_per_s yes "$b" -- "$BB" __bench-encoder --arch scprint "${common[@]}"
   step scprint torch_upstream "$STEP_TIMEOUT" dtype=f16 order=file batch=64 attention=sdpa metric=cells_per_s -- \
     "$PY" bench/scprint_torch.py "${common[@]}" --dtype f16 --attention sdpa --order file --batch 64
-  for x in $(sweep scprint "8 16 32 64 128"); do
-    step scprint torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=sdpa metric=cells_per_s -- \
-      "$PY" bench/scprint_torch.py "${common[@]}" --dtype bf16 --attention sdpa --order sorted --batch "$x"
-  done
+  careful scprint "8 16 32 64 128" "sdpa" -- "$PY" bench/scprint_torch.py "${common[@]}" --dtype bf16 --attention sdpa --order sorted
 }
 tput_c2s() {
   local b; b=$(default_batch c2s 64)
@@ -307,10 +308,7 @@ tput_c2s() {
   sf c2s cells_per_s yes "$b" -- "$BB" __bench-encoder "${common[@]}" --order sorted
   step c2s torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=8 attention=sdpa metric=cells_per_s -- \
     "$PY" bench/c2s_torch.py "${common[@]}" --device cuda --dtype f32 --order file --batch 8
-  for x in $(sweep c2s "8 16 32 64 128"); do
-    step c2s torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=sdpa metric=cells_per_s -- \
-      "$PY" bench/c2s_torch.py "${common[@]}" --device cuda --dtype bf16 --order sorted --batch "$x"
-  done
+  careful c2s "8 16 32 64 128" "sdpa" -- "$PY" bench/c2s_torch.py "${common[@]}" --device cuda --dtype bf16 --order sorted
 }
 tput_cellfm() {
   local b; b=$(default_batch cellfm 4)
@@ -320,16 +318,13 @@ tput_cellfm() {
   sf cellfm cells_per_s yes "$b" -- "$BB" __bench-encoder --arch cellfm "${common[@]}" --order sorted
   step cellfm torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=4 pad_to=2048 metric=cells_per_s -- \
     "$PY" bench/cellfm_torch.py "${common[@]}" --dtype f32 --order file --batch 4 --pad-to-nonz-len
-  for x in $(sweep cellfm "8 16 32 64 128"); do
-    step cellfm torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" metric=cells_per_s -- \
-      "$PY" bench/cellfm_torch.py "${common[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful cellfm "8 16 32 64 128" "" -- "$PY" bench/cellfm_torch.py "${common[@]}" --dtype bf16 --order sorted
 }
 tput_scbert() {
   local b; b=$(default_batch scbert 3)
   record scbert info shape="Performer: 6 x 200, 10 heads, 16,907 tokens a cell; 60 cells" \
     note_upstream="upstream-style: float32 without TF32, one cell at a time (predict.py); careful: TF32 products (the script offers no bf16), every cell has the same length (nothing to sort)"
-  sf scbert cells_per_s no "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
+  sf_fused scbert "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
   step scbert torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=1 metric=cells_per_s -- \
     "$PY" bench/scbert_torch.py --device cuda --cells 60 --repeat 2 --batch 1
   for x in $(sweep scbert "1 3 8 16 32"); do
@@ -340,18 +335,19 @@ tput_scbert() {
 tput_cellplm() {
   local b; b=$(default_batch cellplm 50000)
   record cellplm info shape="19,374 genes, 4 x 1024 Flowformer, latent 512; 100,000 synthetic cells of 1,000 genes" \
-    note_upstream="upstream-style: float32, passes of 50,000 cells (the tutorial's inference batch); careful = upstream-style: cells attend to each other, so the batch is part of the model, and cellplm_torch.py offers no other precision or order"
-  sf cellplm cells_per_s none "$b" -- "$BB" __bench-cellplm --device cuda --cells 100000
+    note_upstream="upstream-style: float32, passes of 50,000 cells (the tutorial's inference batch); careful: bf16 autocast and page-locked, non-blocking copies at the same passes (cells attend to each other, so the batch is part of the model: no sweep)"
+  sf cellplm cells_per_s yes "$b" -- "$BB" __bench-cellplm --device cuda --cells 100000
   step cellplm torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=50000 metric=cells_per_s -- \
     "$PY" bench/cellplm_torch.py --device cuda --cells 100000 --batch 50000
-  record cellplm torch_careful same_as=torch_upstream why="the batch changes CellPLM's embeddings; the script has no bf16"
+  step cellplm torch_careful "$STEP_TIMEOUT" dtype=bf16 order=file batch=50000 pinned=1 metric=cells_per_s -- \
+    "$PY" bench/cellplm_torch.py --device cuda --cells 100000 --batch 50000 --dtype bf16 --pin
 }
 tput_novae() {
   local b; b=$(default_batch novae 256)
   local graph=$OUT/novae_graph.json
   record novae info shape="GATv2 10 x 128, 8 heads, 2-hop subgraphs; a synthetic slide of 20,000 cells, 500 genes" \
     note_upstream="upstream-style: float32, 256 subgraphs a batch (Novae(batch_size=256)); careful: the best batch (novae_torch.py offers no other precision)"
-  sf novae cells_per_s none "$b" -- "$BB" __bench-encoder --arch novae --cells 20000 --device cuda --repeat 3 --lengths "$L" --graph-out "$graph"
+  sf_fused novae "$b" -- "$BB" __bench-encoder --arch novae --cells 20000 --device cuda --repeat 3 --lengths "$L" --graph-out "$graph"
   step novae torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=256 metric=cells_per_s -- \
     "$PY" bench/novae_torch.py --graph "$graph" --genes 500 --device cuda --repeat 3 --batch 256
   for x in $NOVAE_BATCHES; do
@@ -395,10 +391,7 @@ tput_cellama() {
   sf cellama cells_per_s no "$b" -- "$BB" __bench-encoder --arch bert "${shape[@]}" --order file --padded --batching cells
   step cellama torch_upstream "$STEP_TIMEOUT" dtype=f32 order=sorted batch=32 metric=cells_per_s -- \
     "$PY" bench/encoder_torch.py "${shape[@]}" --dtype f32 --order sorted --batch 32
-  for x in $(sweep cellama "8 16 32 64 128"); do
-    step cellama torch_careful "$STEP_TIMEOUT" dtype=bf16 order=sorted batch="$x" attention=nn.TransformerEncoder metric=cells_per_s -- \
-      "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted --batch "$x"
-  done
+  careful cellama "8 16 32 64 128" "nn.TransformerEncoder" -- "$PY" bench/encoder_torch.py "${shape[@]}" --dtype bf16 --order sorted
 }
 
 # --- accuracy against f32 -------------------------------------------------------------------------
@@ -420,11 +413,14 @@ accuracy() {
 e2e_cells() {  # METHOD DEFAULT
   echo "${E2E_CELLS:-$2}"
 }
-tile() {  # N: TILED = N tiled wu2020 cells (made once)
-  TILED=$OUT/data/cells-$1.h5ad
+tile() {  # N [spatial]: TILED = N tiled wu2020 cells (made once); `spatial` adds obsm['spatial']
+  # and var['highly_variable'] (the 2,000 genes detected in the most cells), for Novae
+  local n=$1 extra=() name=cells-$1
+  [[ ${2:-} == spatial ]] && extra=(--spatial --hvg 2000) && name=cells-$1-spatial
+  TILED=$OUT/data/$name.h5ad
   if [[ $DRY == 1 || ! -f $TILED ]]; then
     [[ $DRY == 1 ]] || mkdir -p "$OUT/data"
-    prep "cells-$1.h5ad" "$LONG_TIMEOUT" -- "$PY" bench/tile_h5ad.py "$DATA" "$1" "$TILED"
+    prep "$name.h5ad" "$LONG_TIMEOUT" -- "$PY" bench/tile_h5ad.py "$DATA" "$n" "$TILED" "${extra[@]}"
   fi
 }
 # a model in OUT/weights written once (the layout precision_fidelity_gpu.sh writes and reads)
@@ -433,22 +429,23 @@ model() {  # METHOD
   case $m in
     sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
     scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;;
-    c2s) f=c2s/model.safetensors ;; cellfm) f=cellfm/cellfm_torch.pt ;;
+    c2s) f=c2s/model.safetensors ;; cellfm) f=cellfm/cellfm_torch.pt ;; cellplm) f=cellplm/20231027_85M.best.ckpt ;;
+    novae) f=novae/model.safetensors ;; scbert) f=scbert/panglao_pretrained.pth ;;
     scimilarity) f=scimilarity/encoder.ckpt ;; scvi) f=scvi/model.pt ;; cellama) f=cellama/manifest.toml ;;
   esac
   [[ $DRY != 1 && -f $W/$f ]] && return 0
   case $m in
     sccello|langcell) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/fullsize_checkpoints.py "$W" --only "$m" --genes-from "$DATA:gene_ids" --symbols-from "$DATA" ;;
-    scfoundation|scprint|c2s|cellfm) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" ;;
+    scfoundation|scprint|c2s|cellfm|cellplm|novae|scbert) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" ;;
     scimilarity) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/random_models.py scimilarity "$DATA" "$W/scimilarity" --genes 28231 --hidden 1024,1024 --latent 128 --seed 0 ;;
     scvi) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/random_models.py scvi "$DATA" "$W/scvi" --genes 2000 --seed 0 ;;
     cellama) prep "model $m" "$LONG_TIMEOUT" -- "$PY" bench/random_minilm.py .devcarry/minilm "$W/cellama/weights" "$W/cellama/manifest.toml" --seed 0 ;;
   esac
 }
 # embed METHOD CELLS EMBED_ARGS...: `embed` end to end, E2E_REPEAT times, nvidia-smi sampled
-embed_e2e() {
-  local m=$1 n=$2; shift 2
-  tile "$n"
+embed_e2e() {  # METHOD CELLS[:spatial] EMBED_ARGS...
+  local m=$1 n=${2%%:*} how=; [[ $2 == *:spatial ]] && how=spatial; shift 2
+  tile "$n" $how
   local r
   for r in $(seq "$E2E_REPEAT"); do
     local o=$OUT/e2e/$m-$RUN-$r
@@ -485,9 +482,9 @@ e2e() {  # METHOD
       fi
       model cellama
       embed_e2e cellama "$(e2e_cells cellama 50000)" env SCFOUNDRY_MANIFEST="$W/cellama/manifest.toml" SCFOUNDRY_WEIGHTS_DIR="$W/cellama/weights" "$B" embed -m cellama ;;
-    scbert) record scbert e2e not_wired="no writer of a full-size random scBERT model (panglao gene list, gene2vec table, checkpoint)" ;;
-    cellplm) record cellplm e2e not_wired="no writer of a full-size random CellPLM model" ;;
-    novae) record novae e2e not_wired="no writer of a full-size random Novae model, and wu2020 has no spatial coordinates" ;;
+    scbert) model "$m"; embed_e2e "$m" "$(e2e_cells "$m" 2000)" "$B" embed -m "$m" --model-dir "$W/$m" ;;
+    cellplm) model "$m"; embed_e2e "$m" "$(e2e_cells "$m" 200000)" "$B" embed -m "$m" --model-dir "$W/$m" --gene-column gene_ids ;;
+    novae) model "$m"; embed_e2e "$m" "$(e2e_cells "$m" 200000):spatial" "$B" embed -m "$m" --model-dir "$W/$m" ;;
   esac
 }
 

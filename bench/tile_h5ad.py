@@ -2,12 +2,15 @@
 so timings see real per-cell gene counts at atlas scale. Needs numpy + h5py only (no anndata:
 the GPU machine has neither anndata nor network).
 
-    python3 bench/tile_h5ad.py SRC.h5ad N OUT.h5ad [--genes-out GENES.txt]
+    python3 bench/tile_h5ad.py SRC.h5ad N OUT.h5ad [--genes-out GENES.txt] [--spatial] [--hvg K]
 
 The output holds X (CSR, the source's dtypes, int64 indptr), obs with a unique index
 (`<source name>-<copy>`) and the source's var copied; layers, obsm, obsp, varm, varp and uns are
 empty. `--genes-out` writes the var_names of the genes detected in at least one cell, one per
-line (what bench/random_geneformer.py takes as its vocabulary).
+line (what bench/random_geneformer.py takes as its vocabulary). `--spatial` adds obsm['spatial']: the
+cells on a square grid 15 microns apart, each moved by up to 5 microns (seeded, seed 0), as
+`__bench-encoder --arch novae` lays out its slide. `--hvg K` adds var['highly_variable'], true
+for the K genes detected in the most cells (what Novae needs above 100 genes).
 """
 
 import sys
@@ -25,6 +28,7 @@ def strings(group, name, values):
 def main():
     src, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     genes_out = sys.argv[sys.argv.index("--genes-out") + 1] if "--genes-out" in sys.argv else None
+    hvg = int(sys.argv[sys.argv.index("--hvg") + 1]) if "--hvg" in sys.argv else None
     with h5py.File(src, "r") as f, h5py.File(out, "w") as g:
         x = f["X"]
         if x.attrs.get("encoding-type") != "csr_matrix":
@@ -61,6 +65,25 @@ def main():
         for name in ["layers", "obsm", "obsp", "varm", "varp", "uns"]:
             e = g.create_group(name)
             e.attrs.update({"encoding-type": "dict", "encoding-version": "0.1.0"})
+        if "--spatial" in sys.argv:
+            side = int(np.ceil(np.sqrt(n)))
+            k = np.arange(n)
+            jitter = np.random.default_rng(0).uniform(-5.0, 5.0, (n, 2))
+            xy = np.stack([(k % side) * 15.0, (k // side) * 15.0], axis=1) + jitter
+            sp = g["obsm"].create_dataset("spatial", data=xy)
+            sp.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+        if hvg is not None:
+            detected_in = np.bincount(indices, minlength=cols)
+            top = np.argsort(-detected_in, kind="stable")[:hvg]
+            flag = np.zeros(cols, dtype=bool)
+            flag[top] = True
+            var = g["var"]
+            if "highly_variable" in var:
+                del var["highly_variable"]
+            hv = var.create_dataset("highly_variable", data=flag)
+            hv.attrs.update({"encoding-type": "array", "encoding-version": "0.2.0"})
+            order = [c.decode() if isinstance(c, bytes) else str(c) for c in var.attrs.get("column-order", [])]
+            var.attrs["column-order"] = np.array([c for c in order if c != "highly_variable"] + ["highly_variable"], dtype=h5py.string_dtype("utf-8"))
         g.attrs.update({"encoding-type": "anndata", "encoding-version": "0.1.0"})
         if genes_out:
             var = f["var"]
