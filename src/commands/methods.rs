@@ -85,6 +85,8 @@ pub fn show(reg: &Registry, m: &Method) -> String {
     writeln!(o, "  device:      {}", device(m.cuda)).unwrap();
     if let Some(p) = &m.precision {
         o.push_str(&gpu_precision(p));
+    } else if m.cuda {
+        writeln!(o, "  GPU default precision: f32, its only precision in embed (no --precision: the GPU computes what the CPU does)").unwrap();
     }
     writeln!(o, "  parameters:  {}{}", params(m.parameters), m.parameters_note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()).unwrap();
     writeln!(o, "  cost tier:   {} of 5", m.cost_tier).unwrap();
@@ -137,4 +139,22 @@ pub fn run(reg: &Registry, name: Option<&str>) -> anyhow::Result<ExitStatus> {
         Some(n) => print!("{}", show(reg, reg.get(n)?)),
     }
     Ok(ExitStatus::Success)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_names_every_gpu_methods_default_precision() {
+        let reg = Registry::builtin();
+        let line = |name: &str| show(&reg, &reg.methods[name]).lines().find(|l| l.contains("GPU default precision")).map(str::to_string);
+        // a bf16 default with its measured distance; an f32-only GPU method; a CPU-only method
+        assert!(line("geneformer").is_some_and(|l| l.contains("bf16 (bf16 vs f32: lowest cosine")), "{:?}", line("geneformer"));
+        assert!(line("cellplm").is_some_and(|l| l.contains(": f32, its only precision")), "{:?}", line("cellplm"));
+        assert_eq!(line("pca"), None);
+        for m in reg.methods.values().filter(|m| m.cuda) {
+            assert!(line(&m.name).is_some(), "{} has no GPU default precision line", m.name);
+        }
+    }
 }
