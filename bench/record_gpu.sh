@@ -53,8 +53,8 @@ declare -A FAMILY_METHODS=(
 FAMILIES=(bert uce bert-cells scfoundation scprint c2s cellfm scbert cellplm novae mlp cellama)
 # rough minutes a family takes on an H100 80GB with everything measured (model writing included)
 declare -A MINUTES=(
-  [bert]=9 [uce]=10 [bert-cells]=6 [scfoundation]=4 [scprint]=4 [c2s]=5 [cellfm]=7 [scbert]=2
-  [cellplm]=2 [novae]=4 [mlp]=7 [cellama]=3
+  [bert]=9 [uce]=10 [bert-cells]=6 [scfoundation]=4 [scprint]=4 [c2s]=5 [cellfm]=7 [scbert]=6
+  [cellplm]=4 [novae]=5 [mlp]=7 [cellama]=3
 )
 
 usage() { echo "usage: record_gpu.sh list | FAMILY OUT_DIR   (FAMILY: ${FAMILIES[*]})" >&2; exit 2; }
