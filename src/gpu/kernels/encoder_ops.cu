@@ -201,7 +201,7 @@ __device__ __forceinline__ float gelu_erf(float v) {
     const float z = fabsf(v) * 0.70710678118654752f;
     const float t = __fdividef(1.f, fmaf(0.3275911f, z, 1.f));
     const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-    const float q = poly * expf(-z * z);
+    const float q = poly * __expf(-z * z);
     return 0.5f * v * (v >= 0.f ? 2.f - q : q);  // 1 + erf(v / sqrt 2), without cancellation for v < 0
 }
 __device__ __forceinline__ float gelu_tanh(float v) {
