@@ -37,10 +37,11 @@
 //! allocation_i = sigmoid(conserved_sink_i), competition_j = softmax_j(conserved_source) * L,
 //! out_i = ((q_i incoming_i) (sum_j k_j^T (v_j competition_j))) allocation_i.
 //!
-//! Precision: f32 is upstream's computation. In bf16 (the GPU default, `--precision`) the matrix
-//! products of the embedder and of the encoder's Linear layers take bf16 inputs and weights and
-//! return f32, as torch's autocast runs `nn.Linear`; the flow attention's sums over all cells of
-//! the pass, the norms and the latent head (whose argmax picks the cluster) stay in f32.
+//! Precision: f32 is upstream's computation, and what `embed` runs. In bf16 (the bench's
+//! `--dtype bf16`, not yet measured on a GPU) the matrix products of the embedder and of the
+//! encoder's Linear layers take bf16 inputs and weights and return f32, as torch's autocast runs
+//! `nn.Linear`; the flow attention's sums over all cells of the pass, the norms and the latent
+//! head (whose argmax picks the cluster) stay in f32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -33,7 +33,7 @@ pub struct BenchCellplmArgs {
     /// cpu or cuda.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// f32 (upstream's) or bf16 (the products in bfloat16, as `embed`'s GPU default).
+    /// f32 (upstream's, and embed's) or bf16 (the products in bfloat16: methods/cellplm.rs).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
     /// Timed passes (the best is reported), after one warm-up forward pass.

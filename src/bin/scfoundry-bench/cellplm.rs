@@ -7,7 +7,8 @@
 //! cut into forward passes of `--batch` cells (cells attend to each other within a pass, as
 //! the embed task runs them); the time is the best of `--repeat` passes over all cells, from
 //! the (gene, log1p count) lists on the host to the embeddings back on the host. `--dtype bf16`
-//! runs the products in bf16 (`embed`'s GPU default) and checks the first pass against f32.
+//! runs the products in bf16 (a path `embed` does not take yet) and checks the first pass
+//! against f32.
 
 use std::time::Instant;
 
