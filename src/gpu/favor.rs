@@ -23,10 +23,10 @@ impl candle_core::CustomOp3 for Favor {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout, d: &CpuStorage, dl: &Layout, s: &CpuStorage, sl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let slice = |st: &CpuStorage, l: &Layout| -> Result<Vec<f32>> {
+        fn slice<'s>(st: &'s CpuStorage, l: &Layout) -> Result<&'s [f32]> {
             let Some((a, b)) = l.contiguous_offsets() else { candle_core::bail!("favor-features: inputs must be contiguous") };
-            Ok(st.as_slice::<f32>()?[a..b].to_vec())
-        };
+            Ok(&st.as_slice::<f32>()?[a..b])
+        }
         let (x, diag, stab) = (slice(x, xl)?, slice(d, dl)?, slice(s, sl)?);
         let mut out = vec![0f32; x.len()];
         for (row, (xs, os)) in x.chunks(self.m).zip(out.chunks_mut(self.m)).enumerate() {

@@ -133,7 +133,8 @@ mod cuda {
         pub profile: Option<(usize, &'a Mutex<Vec<(&'static str, f64)>>)>,
     }
 
-    /// A tensor's bf16 elements on the GPU, with the read guard that keeps them there.
+    /// A tensor's elements on the GPU (bf16 by `view`, any dtype by `view_as`), with the read
+    /// guard that keeps them there.
     pub(crate) struct Held<'t> {
         guard: candle_core::StorageRef<'t>,
         start: usize,
@@ -148,8 +149,13 @@ mod cuda {
         }
 
         pub(crate) fn view(&self) -> Result<CudaView<'_, bf16>> {
+            self.view_as::<bf16>()
+        }
+
+        /// The elements as `T` (the tensor's dtype).
+        pub(crate) fn view_as<T: candle_core::cuda_backend::CudaDType>(&self) -> Result<CudaView<'_, T>> {
             match &*self.guard {
-                Storage::Cuda(s) => Ok(s.as_cuda_slice::<bf16>()?.slice(self.start..self.start + self.len)),
+                Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(self.start..self.start + self.len)),
                 _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
             }
         }

@@ -84,19 +84,12 @@ fn host(xl: &Tensor, xr: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, li
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::op::BackpropOp;
     use candle_core::{CudaStorage, Result, Storage, Tensor};
 
-    /// The values of a contiguous CUDA tensor, as `T`.
-    fn with_view<T: DeviceRepr + candle_core::cuda_backend::CudaDType, R>(t: &Tensor, f: impl FnOnce(&CudaView<T>) -> Result<R>) -> Result<R> {
-        let t = t.contiguous()?;
-        let (st, l) = t.storage_and_layout();
-        let Storage::Cuda(s) = &*st else { candle_core::bail!("gatv2-attention: a tensor is not on the GPU") };
-        let v = s.as_cuda_slice::<T>()?.slice(l.start_offset()..l.start_offset() + l.shape().elem_count());
-        f(&v)
-    }
+    use crate::gpu::fused_encoder::Held;
 
     #[allow(clippy::too_many_arguments)]
     pub fn launch(xl: &Tensor, xr: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, lin_edge: &Tensor, att: &Tensor, n: usize, degree: usize, heads: usize, channels: usize) -> Result<Tensor> {
@@ -110,35 +103,26 @@ mod cuda {
             let func = load_kernel!(dev, "gatv2_attention_f32", crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
             let (n32, d32, h32, c32) = (n as i32, degree as i32, heads as i32, channels as i32);
             let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (hc as u32, 1, 1), shared_mem_bytes: ((degree * heads + hc) * 4) as u32 };
-            with_view::<f32, _>(xl, |xl| {
-                with_view::<f32, _>(xr, |xr| {
-                    with_view::<u32, _>(nbr, |nbr| {
-                        with_view::<f32, _>(attr, |attr| {
-                            with_view::<f32, _>(mask, |mask| {
-                                with_view::<f32, _>(lin_edge, |we| {
-                                    with_view::<f32, _>(att, |wa| {
-                                        let mut b = func.builder();
-                                        b.arg(xl);
-                                        b.arg(xr);
-                                        b.arg(nbr);
-                                        b.arg(attr);
-                                        b.arg(mask);
-                                        b.arg(we);
-                                        b.arg(wa);
-                                        b.arg(&mut out);
-                                        b.arg(&n32);
-                                        b.arg(&d32);
-                                        b.arg(&h32);
-                                        b.arg(&c32);
-                                        unsafe { b.launch(cfg) }.w()?;
-                                        Ok(())
-                                    })
-                                })
-                            })
-                        })
-                    })
-                })
-            })?;
+            // the inputs contiguous, held on the GPU while the kernel reads them
+            let ts = [xl, xr, nbr, attr, mask, lin_edge, att].map(|t| t.contiguous());
+            let ts = ts.into_iter().collect::<Result<Vec<Tensor>>>()?;
+            let held = ts.iter().map(Held::new).collect::<Result<Vec<Held>>>()?;
+            let (xl, xr, nbr) = (held[0].view_as::<f32>()?, held[1].view_as::<f32>()?, held[2].view_as::<u32>()?);
+            let (attr, mask, we, wa) = (held[3].view_as::<f32>()?, held[4].view_as::<f32>()?, held[5].view_as::<f32>()?, held[6].view_as::<f32>()?);
+            let mut b = func.builder();
+            b.arg(&xl);
+            b.arg(&xr);
+            b.arg(&nbr);
+            b.arg(&attr);
+            b.arg(&mask);
+            b.arg(&we);
+            b.arg(&wa);
+            b.arg(&mut out);
+            b.arg(&n32);
+            b.arg(&d32);
+            b.arg(&h32);
+            b.arg(&c32);
+            unsafe { b.launch(cfg) }.w()?;
         }
         let storage = CudaStorage::wrap_cuda_slice(out, dev);
         Ok(Tensor::from_storage(Storage::Cuda(storage), (n, hc), BackpropOp::none(), false))

@@ -293,7 +293,7 @@ impl ScBert {
         let ratio = (m as f64).powf(-0.5);
         let dash = (data * normalizer)?.reshape((b * h * n, e))?.matmul(projection_t)?.reshape((b, h, n, m))?;
         let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
-        if self.fused && dash.dtype() == DType::F32 {
+        if self.fused {
             // the steps below in one op (one kernel on a GPU; the keys' maximum still by candle)
             let stab = if is_query { None } else { Some(dash.max_keepdim(D::Minus1)?.reshape((b, h * n))?.max_keepdim(1)?) };
             return crate::gpu::favor::features(&dash, &diag, stab.as_ref(), ratio, KERNEL_EPS);
