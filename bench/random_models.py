@@ -106,6 +106,24 @@ def var_names(data: str) -> list[str]:
         return [x.decode() if isinstance(x, bytes) else str(x) for x in var[idx][:]]
 
 
+def var_column(data: str, column: str) -> list[str]:
+    """DATA's var[column] as strings (a categorical column decoded)."""
+    with h5py.File(data, "r") as f:
+        col = f[f"var/{column}"]
+        if isinstance(col, h5py.Group):  # categorical
+            cats = [x.decode() if isinstance(x, bytes) else str(x) for x in col["categories"][:]]
+            return [cats[i] for i in col["codes"][:]]
+        return [x.decode() if isinstance(x, bytes) else str(x) for x in col[:]]
+
+
+def expressed_first(names: list[str], cells: np.ndarray, n: int, placeholder=lambda i: f"SCFOUNDRY_PLACEHOLDER_{i}") -> list[str]:
+    """n gene names: those expressed in the most cells first (stable, repeats dropped), then
+    placeholder(0), placeholder(1), ..."""
+    ranked = sorted(range(len(names)), key=lambda j: -cells[j])
+    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n]
+    return genes + [placeholder(i) for i in range(n - len(genes))]
+
+
 def genept(args) -> None:
     genes = var_names(args.data)
     rng = np.random.default_rng(args.seed)
@@ -257,9 +275,7 @@ def scfoundation(args) -> None:
     save_checkpoint(out / "models" / "models.ckpt", state, lambda sd: {"cell": {"state_dict": sd, "config": config}})
     names = var_names(args.data)
     cells = expressing_cells(args.data, len(names))
-    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
-    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
-    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    genes = expressed_first(names, cells, n_genes)
     (out / "OS_scRNA_gene_index.19264.tsv").write_text("gene_name\tindex\n" + "".join(f"{g}\t{i}\n" for i, g in enumerate(genes)))
     print(json.dumps({"model": "scfoundation", "parameters": int(sum(v.size for v in state.values())),
                       "layers": depth, "hidden": d, "heads": heads, "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes),
@@ -270,17 +286,8 @@ def scprint(args) -> None:
     d, layers, heads, ff = 256, 8, 4, 1024
     w, b = weight_makers(args.seed)
 
-    with h5py.File(args.data, "r") as f:
-        col = f["var"][args.gene_column]
-        if isinstance(col, h5py.Group):  # categorical
-            cats = [x.decode() if isinstance(x, bytes) else str(x) for x in col["categories"][:]]
-            ids = [cats[i] for i in col["codes"][:]]
-        else:
-            ids = [x.decode() if isinstance(x, bytes) else str(x) for x in col[:]]
-    cells = expressing_cells(args.data, len(ids))
-    ranked = sorted(range(len(ids)), key=lambda j: -cells[j])
-    genes = list(dict.fromkeys(ids[j] for j in ranked if cells[j]))[: args.genes]
-    genes += [f"ENSG9{i:010d}" for i in range(args.genes - len(genes))]
+    ids = var_column(args.data, args.gene_column)
+    genes = expressed_first(ids, expressing_cells(args.data, len(ids)), args.genes, lambda i: f"ENSG9{i:010d}")
     classes = ["cell_type_ontology_term_id", "tissue_ontology_term_id", "disease_ontology_term_id", "age_group",
                "assay_ontology_term_id", "self_reported_ethnicity_ontology_term_id", "sex_ontology_term_id",
                "organism_ontology_term_id"]
@@ -417,9 +424,7 @@ def cellfm(args) -> None:
     save_checkpoint(out / "cellfm_torch.pt", state, lambda sd: sd)
     names = var_names(args.data)
     cells = expressing_cells(args.data, len(names))
-    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
-    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
-    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    genes = expressed_first(names, cells, n_genes)
     (out / "gene_info.csv").write_text("HGNC_gene,h5_sample_frequency,biotype\n" + "".join(f"{g},0,placeholder\n" for g in genes))
     print(json.dumps({"model": "cellfm", "parameters": int(sum(v.size for v in state.values())), "layers": args.depth, "hidden": d,
                       "genes_from_data": sum(not g.startswith("SCFOUNDRY_PLACEHOLDER_") for g in genes), "out": str(out)}))
@@ -427,17 +432,8 @@ def cellfm(args) -> None:
 
 def cellplm(args) -> None:
     n_genes, d, layers, k, z, qz = 19374, 1024, 4, 16, 512, 512
-    with h5py.File(args.data, "r") as f:
-        col = f[f"var/{args.gene_column}"]
-        if isinstance(col, h5py.Group):  # categorical
-            ids = [c.decode() if isinstance(c, bytes) else str(c) for c in col["categories"][:]]
-            ids = [ids[i] for i in col["codes"][:]]
-        else:
-            ids = [c.decode() if isinstance(c, bytes) else str(c) for c in col[:]]
-    cells = expressing_cells(args.data, len(ids))
-    ranked = sorted(range(len(ids)), key=lambda j: -cells[j])
-    genes = list(dict.fromkeys(ids[j] for j in ranked if cells[j]))[:n_genes]
-    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    ids = var_column(args.data, args.gene_column)
+    genes = expressed_first(ids, expressing_cells(args.data, len(ids)), n_genes)
     w, b = weight_makers(args.seed)
     state: dict[str, np.ndarray] = {"embedder.feat_enc.emb": w(n_genes, d) * np.float32(np.sqrt(d) / 30),
                                     "embedder.extra_linear.0.weight": w(d, d), "embedder.extra_linear.0.bias": b(d),
@@ -501,9 +497,7 @@ def scbert(args) -> None:
     inner = heads * dh
     names = var_names(args.data)
     cells = expressing_cells(args.data, len(names))
-    ranked = sorted(range(len(names)), key=lambda j: -cells[j])  # most cells first (stable)
-    genes = list(dict.fromkeys(names[j] for j in ranked if cells[j]))[:n_genes]
-    genes += [f"SCFOUNDRY_PLACEHOLDER_{i}" for i in range(n_genes - len(genes))]
+    genes = expressed_first(names, cells, n_genes)
     w, b = weight_makers(args.seed)
     rng = np.random.default_rng(args.seed + 1)
     state: dict[str, np.ndarray] = {"token_emb.weight": w(bins, d) * np.float32(np.sqrt(d)),
