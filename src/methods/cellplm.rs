@@ -350,9 +350,10 @@ impl FlowLayer {
         let h = self.heads;
         let dh = d / h;
         let split = |t: Tensor| t.reshape((l, h, dh))?.transpose(0, 1)?.contiguous(); // (h, l, dh)
-        let q = split(candle_nn::ops::sigmoid(&self.q.forward(x)?)?)?;
-        let k = split(candle_nn::ops::sigmoid(&self.k.forward(x)?)?)?;
-        let v = split(self.v.forward(x)?)?;
+        let x = x.to_dtype(self.q.dtype())?; // cast once for the three projections
+        let q = split(candle_nn::ops::sigmoid(&self.q.forward(&x)?)?)?;
+        let k = split(candle_nn::ops::sigmoid(&self.k.forward(&x)?)?)?;
+        let v = split(self.v.forward(&x)?)?;
         let qe = (&q + FLOW_EPS)?;
         let ke = (&k + FLOW_EPS)?;
         // (h, l, dh) . (h, dh, 1) -> (h, l, 1)
@@ -386,17 +387,21 @@ enum Latent {
     Vae { mu: Linear },
 }
 
-/// `nn.Linear` whose product runs in its weight's dtype: an f32 input is cast to it and the
-/// result returned as f32 (torch's autocast of a Linear; the identity when the weight is f32).
+/// `nn.Linear` whose product runs in its weight's dtype: the input is cast to it (a no-op when
+/// it is already of that dtype) and the result returned as f32 (torch's autocast of a Linear;
+/// the plain Linear when the weight is f32).
 struct Lin(Linear);
 
 impl Lin {
+    fn dtype(&self) -> DType {
+        self.0.weight().dtype()
+    }
+
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let dt = self.0.weight().dtype();
-        if x.dtype() == dt {
+        if self.dtype() == DType::F32 {
             return self.0.forward(x);
         }
-        self.0.forward(&x.to_dtype(dt)?)?.to_dtype(DType::F32)
+        self.0.forward(&x.to_dtype(self.dtype())?)?.to_dtype(DType::F32)
     }
 }
 
