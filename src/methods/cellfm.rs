@@ -282,10 +282,8 @@ fn srms_norm(x: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
 
 /// MHRetention, parallel form (no decay): linear attention with relu kernels.
 struct Retention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    u: Linear,
+    /// q_proj, k_proj, v_proj and u_proj stacked: one product for the four (4d x d)
+    qkvu: Linear,
     o: Linear,
     heads: usize,
     head_dim: usize,
@@ -293,19 +291,21 @@ struct Retention {
 
 impl Retention {
     fn new(d: usize, heads: usize, vb: VarBuilder) -> candle_core::Result<Retention> {
-        let lin = |n: &str| candle_nn::linear_no_bias(d, d, vb.pp(n));
-        Ok(Retention { q: lin("q_proj")?, k: lin("k_proj")?, v: lin("v_proj")?, u: lin("u_proj")?, o: lin("o_proj")?, heads, head_dim: d / heads })
+        let w = |n: &str| vb.pp(n).get((d, d), "weight");
+        let qkvu = Tensor::cat(&[w("q_proj")?, w("k_proj")?, w("v_proj")?, w("u_proj")?], 0)?;
+        Ok(Retention { qkvu: Linear::new(qkvu, None), o: candle_nn::linear_no_bias(d, d, vb.pp("o_proj"))?, heads, head_dim: d / heads })
     }
 
     /// x: (b, L, d); key_mask: (b, 1, L, 1), 1 at tokens, 0 at padding; v_scale: (b, 1, 1, 1).
     fn forward(&self, x: &Tensor, key_mask: &Tensor, v_scale: &Tensor) -> candle_core::Result<Tensor> {
         let (b, l, d) = x.dims3()?;
-        let heads = |t: Tensor| t.reshape((b, l, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous();
+        // the four projections in one product, split into heads by one copy: (4, b, heads, L, hd)
+        let qkvu = self.qkvu.forward(x)?.reshape((b, l, 4, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let scale = (self.head_dim as f64).sqrt();
-        let q = (heads(self.q.forward(x)?)?.relu()? / scale)?;
-        let k = (heads(self.k.forward(x)?)?.relu()? / scale)?.broadcast_mul(key_mask)?;
-        let v = heads(self.v.forward(x)?)?.broadcast_mul(v_scale)?;
-        let u = heads(self.u.forward(x)?)?.silu()?;
+        let q = (qkvu.get(0)?.relu()? / scale)?;
+        let k = (qkvu.get(1)?.relu()? / scale)?.broadcast_mul(key_mask)?;
+        let v = qkvu.get(2)?.broadcast_mul(v_scale)?;
+        let u = qkvu.get(3)?.silu()?;
         let kv = k.transpose(2, 3)?.contiguous()?.matmul(&v)?;
         let o = q.matmul(&kv)?;
         let o = (srms_norm(&o, self.head_dim)? * u)?;
@@ -315,19 +315,23 @@ impl Retention {
 
 /// GatedLinearUnit: Wo (x Wu * x Wv) (its SRMSNorm is not applied upstream).
 struct Glu {
-    u: Linear,
-    v: Linear,
+    /// u_proj and v_proj stacked: one product for the two (2d x d)
+    uv: Linear,
     o: Linear,
+    d: usize,
 }
 
 impl Glu {
     fn new(d: usize, vb: VarBuilder) -> candle_core::Result<Glu> {
-        let lin = |n: &str| candle_nn::linear_no_bias(d, d, vb.pp(n));
-        Ok(Glu { u: lin("u_proj")?, v: lin("v_proj")?, o: lin("o_proj")? })
+        let w = |n: &str| vb.pp(n).get((d, d), "weight");
+        let uv = Tensor::cat(&[w("u_proj")?, w("v_proj")?], 0)?;
+        Ok(Glu { uv: Linear::new(uv, None), o: candle_nn::linear_no_bias(d, d, vb.pp("o_proj"))?, d })
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.o.forward(&(self.u.forward(x)? * self.v.forward(x)?)?)
+        let uv = self.uv.forward(x)?;
+        let last = uv.rank() - 1;
+        self.o.forward(&(uv.narrow(last, 0, self.d)? * uv.narrow(last, self.d, self.d)?)?)
     }
 }
 
