@@ -60,7 +60,8 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     )];
 
     let dev = TaskDevice::start(spec)?;
-    let model = CellFm::load_on(&ckpt, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let dtype = crate::tasks::runtime::precision(spec, &dev.device, &mut notes);
+    let model = CellFm::load_on(&ckpt, dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     let need = gene_info.len() + 1;
     if model.dims.gene_rows < need || model.dims.gene_rows >= need + 8 {
@@ -113,6 +114,7 @@ pub(super) fn embed_cellfm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     let mut params = spec.params.clone();
     batches.finish(&mut notes, true);
     batches.record(spec, &mut params);
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(dtype)));
     params.insert("layers".into(), json!(model.dims.depth));
     params.insert("enc_dims".into(), json!(model.dims.dim));
     params.insert("heads".into(), json!(model.dims.heads));

@@ -90,7 +90,8 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut notes = Vec::new();
 
     let dev = TaskDevice::start(spec)?;
-    let model = CellPlm::load(&dir, &prefix, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let dtype = crate::tasks::runtime::precision(spec, &dev.device, &mut notes);
+    let model = CellPlm::load(&dir, &prefix, dtype, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
 
     // Ensembl ids as in gene_list, found and mapped from symbols where needed (tasks::genes)
@@ -221,6 +222,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     params.insert("device".into(), json!(spec.device.kind.to_string()));
     params.insert("model_genes".into(), json!(model.cfg.gene_list.len()));
     params.insert("genes_used".into(), json!(align.matched));
+    params.insert("precision".into(), json!(crate::tasks::runtime::precision_name(dtype)));
     params.insert("enc_hid".into(), json!(model.cfg.enc_hid));
     params.insert("enc_layers".into(), json!(model.cfg.enc_layers));
     params.insert("latent_dim".into(), json!(dim));
