@@ -205,13 +205,13 @@ sf() {
   local p; p=$(default_precision "$m")
   local dt=(--dtype "$p"); [[ $bf == none ]] && dt=()   # benches with no --dtype (f32 only)
   step "$m" sf_default "$STEP_TIMEOUT" precision="$p" batch="$b" metric="$metric" -- "$@" --batch "$b" "${dt[@]}"
-  if [[ $bf != yes || $p == bf16 ]]; then
+  if [[ $bf != yes || ( $p == bf16 && -z ${FASTEST_EXTRA:-} ) ]]; then
     record "$m" sf_fastest same_as=sf_default precision="$p" \
       why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || echo "f32 is the only precision of this method's path")"
   else
     local why="bf16"
     has_precision_knob "$m" || why="bf16 in the bench only: methods/$m.toml has no --precision for embed"
-    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why" -- "$@" --batch "$b" --dtype bf16
+    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why${FASTEST_EXTRA:+; $FASTEST_EXTRA}" -- "$@" --batch "$b" --dtype bf16 $FASTEST_EXTRA
   fi
 }
 
@@ -315,7 +315,8 @@ tput_cellfm() {
   local common=(--lengths "$L" --cells 256 --device cuda)
   record cellfm info shape="800M: 40 x 1536, 48 heads, linear retention; 256 cells of wu2020's lengths (at most 2,048 genes)" \
     note_upstream="upstream-style: float32, every cell padded to 2,048 genes (the port's collate), file order, batch 4 (train.py --batch)"
-  sf cellfm cells_per_s yes "$b" -- "$BB" __bench-encoder --arch cellfm "${common[@]}" --order sorted
+  # the fastest: bf16 with gpu/retention.rs's kernels (--fused, checked against candle's ops)
+  FASTEST_EXTRA=--fused sf cellfm cells_per_s yes "$b" -- "$BB" __bench-encoder --arch cellfm "${common[@]}" --order sorted
   step cellfm torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=4 pad_to=2048 metric=cells_per_s -- \
     "$PY" bench/cellfm_torch.py "${common[@]}" --dtype f32 --order file --batch 4 --pad-to-nonz-len
   careful cellfm "8 16 32 64 128" "" -- "$PY" bench/cellfm_torch.py "${common[@]}" --dtype bf16 --order sorted

@@ -78,6 +78,7 @@ pub mod cuda;
 pub mod csr_dense;
 pub mod favor;
 pub mod gat_attention;
+pub mod retention;
 #[cfg(feature = "cuda")]
 pub mod dropout;
 #[cfg(feature = "cuda")]

@@ -296,21 +296,41 @@ impl Retention {
         Ok(Retention { qkvu: Linear::new(qkvu, None), o: candle_nn::linear_no_bias(d, d, vb.pp("o_proj"))?, heads, head_dim: d / heads })
     }
 
-    /// x: (b, L, d); key_mask: (b, 1, L, 1), 1 at tokens, 0 at padding; v_scale: (b, 1, 1, 1).
-    fn forward(&self, x: &Tensor, key_mask: &Tensor, v_scale: &Tensor) -> candle_core::Result<Tensor> {
+    /// x: (b, L, d); `m`: the key mask and value scales (see [`Masks`]).
+    fn forward(&self, x: &Tensor, m: &Masks) -> candle_core::Result<Tensor> {
         let (b, l, d) = x.dims3()?;
-        // the four projections in one product, split into heads by one copy: (4, b, heads, L, hd)
-        let qkvu = self.qkvu.forward(x)?.reshape((b, l, 4, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
+        // the four projections in one product over every token row
+        let y = self.qkvu.forward(&x.reshape((b * l, d))?)?;
         let scale = (self.head_dim as f64).sqrt();
+        if let Some((mask, vscale)) = &m.fused {
+            // gpu::retention: relu, scale, mask, value scale and silu as the product is split
+            // into heads, SRMSNorm times u as the heads go back into token rows
+            let parts = crate::gpu::retention::split(&y, mask, vscale, b, l, self.heads, self.head_dim, 1.0 / scale)?;
+            let (q, k, v, u) = (parts.get(0)?, parts.get(1)?, parts.get(2)?, parts.get(3)?);
+            let o = q.matmul(&k.transpose(2, 3)?.contiguous()?.matmul(&v)?)?;
+            let o = crate::gpu::retention::merge(&o, &u)?;
+            return self.o.forward(&o.reshape((b * l, d))?)?.reshape((b, l, d));
+        }
+        // split into heads by one copy: (4, b, heads, L, hd)
+        let qkvu = y.reshape((b, l, 4, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let q = (qkvu.get(0)?.relu()? / scale)?;
-        let k = (qkvu.get(1)?.relu()? / scale)?.broadcast_mul(key_mask)?;
-        let v = qkvu.get(2)?.broadcast_mul(v_scale)?;
+        let k = (qkvu.get(1)?.relu()? / scale)?.broadcast_mul(&m.key_mask)?;
+        let v = qkvu.get(2)?.broadcast_mul(&m.v_scale)?;
         let u = qkvu.get(3)?.silu()?;
         let kv = k.transpose(2, 3)?.contiguous()?.matmul(&v)?;
         let o = q.matmul(&kv)?;
         let o = (srms_norm(&o, self.head_dim)? * u)?;
-        self.o.forward(&o.transpose(1, 2)?.reshape((b, l, d))?)
+        self.o.forward(&o.transpose(1, 2)?.reshape((b * l, d))?)?.reshape((b, l, d))
     }
+}
+
+/// A batch's masks for every layer: `key_mask` (b, 1, L, 1) and `v_scale` (b, 1, 1, 1) in the
+/// model's dtype for candle's ops; with `fused`, the same as f32 vectors (b * L and b) for
+/// `gpu::retention`.
+struct Masks {
+    key_mask: Tensor,
+    v_scale: Tensor,
+    fused: Option<(Tensor, Tensor)>,
 }
 
 /// GatedLinearUnit: Wo (x Wu * x Wv) (its SRMSNorm is not applied upstream).
@@ -328,10 +348,11 @@ impl Glu {
         Ok(Glu { uv: Linear::new(uv, None), o: candle_nn::linear_no_bias(d, d, vb.pp("o_proj"))?, d })
     }
 
+    /// x: (b, L, d), the products over every token row at once
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let uv = self.uv.forward(x)?;
-        let last = uv.rank() - 1;
-        self.o.forward(&(uv.narrow(last, 0, self.d)? * uv.narrow(last, self.d, self.d)?)?)
+        let (b, l, d) = x.dims3()?;
+        let uv = self.uv.forward(&x.reshape((b * l, d))?)?;
+        self.o.forward(&(uv.narrow(1, 0, self.d)? * uv.narrow(1, self.d, self.d)?)?)?.reshape((b, l, d))
     }
 }
 
@@ -355,8 +376,8 @@ impl Layer {
         })
     }
 
-    fn forward(&self, x: &Tensor, key_mask: &Tensor, v_scale: &Tensor) -> candle_core::Result<Tensor> {
-        let x = self.norm1.forward(&((x * self.alpha)? + self.attn.forward(x, key_mask, v_scale)?)?)?;
+    fn forward(&self, x: &Tensor, m: &Masks) -> candle_core::Result<Tensor> {
+        let x = self.norm1.forward(&((x * self.alpha)? + self.attn.forward(x, m)?)?)?;
         self.norm2.forward(&((&x * self.alpha)? + self.ffn.forward(&x)?)?)
     }
 }
@@ -392,6 +413,10 @@ pub struct CellFm {
     layers: Vec<Layer>,
     dtype: DType,
     device: Device,
+    /// Retention's elementwise steps by `gpu::retention` (two kernels a layer on a GPU, their loops
+    /// on the host on the CPU) instead of candle's ops. Off in `embed` until checked against
+    /// candle's ops on a GPU (`__bench-encoder --arch cellfm --fused`).
+    pub fused: bool,
 }
 
 /// The config sizes the state_dict cannot give, from an optional JSON file beside it
@@ -493,7 +518,7 @@ impl CellFm {
         let prefix = if dims.st_tokens { Tensor::cat(&[cls, vb.get((1, 2, d), "ST_emb")?], 1)? } else { cls };
         let value_enc = ValueFfn::new(d, vb.pp("value_enc").pp("value_enc"))?;
         let layers = (0..dims.depth).map(|i| Layer::new(d, dims.heads, dims.depth, vb.pp(format!("encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(CellFm { dims, path: path.into(), gene_emb, prefix, value_enc, layers, dtype, device })
+        Ok(CellFm { dims, path: path.into(), gene_emb, prefix, value_enc, layers, dtype, device, fused: false })
     }
 
     /// Width of the cell embedding (enc_dims).
@@ -540,15 +565,20 @@ impl CellFm {
             let ids = Tensor::from_vec(ids, b * lg, dev)?;
             let gene = self.gene_emb.index_select(&ids, 0)?.reshape((b, lg, d))?;
             let v = Tensor::from_vec(vals, (b, lg, 1), dev)?.to_dtype(self.dtype)?;
-            let mask = Tensor::from_vec(mask, (b, p + lg, 1), dev)?.to_dtype(self.dtype)?;
+            let mask_f32 = Tensor::from_vec(mask, (b, p + lg, 1), dev)?;
+            let mask = mask_f32.to_dtype(self.dtype)?;
             let genes = (gene + self.value_enc.forward(&v)?)?;
             let x = Tensor::cat(&[self.prefix.broadcast_as((b, p, d))?, genes], 1)?;
             // pad_zero: padded tokens zeroed; their keys masked in every layer
             let mut x = x.broadcast_mul(&mask)?;
-            let key_mask = mask.unsqueeze(1)?;
-            let v_scale = Tensor::from_vec(vscale, (b, 1, 1, 1), dev)?.to_dtype(self.dtype)?;
+            let fused = if self.fused && crate::gpu::retention::applies(&x) {
+                Some((mask_f32.flatten_all()?, Tensor::from_vec(vscale.clone(), b, dev)?))
+            } else {
+                None
+            };
+            let m = Masks { key_mask: mask.unsqueeze(1)?, v_scale: Tensor::from_vec(vscale, (b, 1, 1, 1), dev)?.to_dtype(self.dtype)?, fused };
             for layer in &self.layers {
-                x = layer.forward(&x, &key_mask, &v_scale)?;
+                x = layer.forward(&x, &m)?;
             }
             x.narrow(1, 0, 1)?.squeeze(1)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
         };
@@ -666,5 +696,27 @@ mod tests {
             assert!(d < 1e-5, "{d}");
         }
         assert_eq!(Dims::released().gene_rows, 24_080);
+    }
+
+    #[test]
+    fn retention_kernels_equal_candle_ops() {
+        // gpu::retention's loops (the kernels' on a GPU) against candle's ops: padded cells of
+        // different lengths, so the key mask and the value scales matter
+        let dims = Dims { gene_rows: 40, dim: 24, depth: 3, heads: 3, st_tokens: true };
+        let mut m = CellFm::from_tensors(random_tensors(&dims, 11, &Device::Cpu).unwrap(), 3, Path::new("random"), DType::F32, Device::Cpu).unwrap();
+        let cells: Vec<CellInput> = (0..4).map(|i| CellInput { genes: (0..(5 + 4 * i)).map(|k| 1 + (k as u32 * 3 + i as u32) % 38).collect(), values: (0..(5 + 4 * i)).map(|k| 0.5 + ((k * 7 + i) % 5) as f32 * 0.4).collect() }).collect();
+        let refs: Vec<&CellInput> = cells.iter().collect();
+        let want = m.embed(&refs).unwrap();
+        m.fused = true;
+        let got = m.embed(&refs).unwrap();
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(d <= 1e-5 * scale, "{d} of {scale}");
+        // a wrong key mask (every slot a token) is caught
+        let (q, mask, vs) = (Tensor::randn(0f32, 1.0, (2 * 3, 4 * 6), &Device::Cpu).unwrap(), Tensor::new(&[1f32, 1.0, 0.0, 1.0, 1.0, 1.0], &Device::Cpu).unwrap(), Tensor::new(&[0.5f32, 2.0], &Device::Cpu).unwrap());
+        let a = crate::gpu::retention::split(&q, &mask, &vs, 2, 3, 2, 3, 0.5).unwrap();
+        let b = crate::gpu::retention::split(&q, &mask.ones_like().unwrap(), &vs, 2, 3, 2, 3, 0.5).unwrap();
+        assert_ne!(a.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        assert!(crate::gpu::retention::split(&q, &mask, &vs, 2, 4, 2, 3, 0.5).is_err());
     }
 }

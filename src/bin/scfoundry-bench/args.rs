@@ -96,8 +96,9 @@ pub struct BenchEncoderArgs {
     /// bench/novae_torch.py.
     #[arg(long, value_name = "FILE")]
     pub graph_out: Option<PathBuf>,
-    /// scbert, novae on a GPU: our one-kernel FAVOR+ features (gpu/favor.rs) / GATv2 attention
-    /// (gpu/gat_attention.rs) instead of candle's ops; the first batch is checked against them.
+    /// scbert, novae, cellfm on a GPU: our one-kernel FAVOR+ features (gpu/favor.rs) / GATv2
+    /// attention (gpu/gat_attention.rs) / retention split and merge (gpu/retention.rs) instead of
+    /// candle's ops; the first batch is checked against them.
     #[arg(long)]
     pub fused: bool,
     /// Encoder layers.

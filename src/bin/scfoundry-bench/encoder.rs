@@ -560,11 +560,22 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let dtype = dtype_of(&a.dtype)?;
     let device = device_of(&a.device)?;
     let tensors = cellfm::random_tensors(&dims, 0, &device)?;
-    let model = CellFm::from_tensors(tensors, dims.heads, std::path::Path::new("random weights"), dtype, device.clone())?;
+    let mut model = CellFm::from_tensors(tensors, dims.heads, std::path::Path::new("random weights"), dtype, device.clone())?;
     let (genes, order) = lengths(a, a.max_len.unwrap_or(cellfm::NONZ_LEN).min(cellfm::NONZ_LEN))?;
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| cellfm_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.genes.len() + model.n_prefix()).collect();
     let batches = plan_batches(a, &order, &lens);
+    // --fused on a GPU: the first batch through gpu::retention's kernels against candle's ops,
+    // in the same dtype
+    let fused_check = match batches.first() {
+        Some(first) if a.fused && device.is_cuda() => {
+            let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
+            let want = model.embed(&refs)?;
+            model.fused = true;
+            Some(against_f32(&model.embed(&refs)?, &want, model.dim()))
+        }
+        _ => None,
+    };
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
@@ -586,6 +597,7 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         "seconds": best, "cells_per_s": a.cells as f64 / best,
         "useful_tflops": flops / best / 1e12, "mean_tokens": real as f64 / a.cells as f64,
         "padding_share": 1.0 - real as f64 / computed.max(1) as f64, "against_f32": check,
+        "fused": model.fused, "fused_vs_candle_ops": fused_check,
     });
     println!("{out}");
     Ok(ExitStatus::Success)

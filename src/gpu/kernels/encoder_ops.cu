@@ -20,6 +20,10 @@
 //                     gpu/favor.rs)
 //   gatv2_attention_f32  one GATv2 layer's attention over padded neighbour lists, scores,
 //                     softmax and weighted sum in one pass (gpu/gat_attention.rs; Novae)
+//   retention_split_*  CellFM's q/k/v/u from their one product, into heads, with relu, scale,
+//                     key mask, value scale and silu in the same pass (gpu/retention.rs)
+//   retention_merge_*  CellFM's SRMSNorm of each head's output times u, back to token rows
+//                     (gpu/retention.rs)
 
 #include <cuda_bf16.h>
 
@@ -652,3 +656,68 @@ extern "C" __global__ void favor_features_f32(const float *__restrict__ dash, co
         out[row * m + j] = (expf(b) + eps) * ratio;
     }
 }
+
+// CellFM's retention, around its two small products (gpu/retention.rs; methods/cellfm.rs
+// Retention is the rule and its reference). qkvu: rows = cells x l tokens of 4 d values (q, k, v,
+// u, each heads x hd), as the one product of the four projections writes them; out: (4, cells,
+// heads, l, hd) with q = relu(q) * inv_scale, k = relu(k) * inv_scale * mask[row],
+// v = v * vscale[cell], u = silu(u). One block a token row; math in f32, one rounding
+// (to_f / from_f above).
+template <typename T>
+__device__ __forceinline__ void retention_split(const T *__restrict__ qkvu, const float *__restrict__ mask,
+                                                const float *__restrict__ vscale, T *__restrict__ out, const int cells,
+                                                const int l, const int heads, const int hd, const float inv_scale) {
+    const long long row = blockIdx.x;
+    const int cell = (int)(row / l), pos = (int)(row % l);
+    const int d = heads * hd;
+    const float mk = mask[row], vs = vscale[cell];
+    const T *x = qkvu + row * 4LL * d;
+    for (int e = threadIdx.x; e < 4 * d; e += blockDim.x) {
+        const int part = e / d, rem = e % d, head = rem / hd, c = rem % hd;
+        const float v = to_f(x[e]);
+        float y;
+        if (part == 0) y = fmaxf(v, 0.f) * inv_scale;
+        else if (part == 1) y = fmaxf(v, 0.f) * inv_scale * mk;
+        else if (part == 2) y = v * vs;
+        else y = v / (1.f + expf(-v));
+        from_f(out + ((((long long)part * cells + cell) * heads + head) * l + pos) * hd + c, y);
+    }
+}
+
+// o, u: (cells, heads, l, hd); out: (cells, l, heads x hd) = o / max(|o / sqrt(hd)|_2, 1e-12) * u,
+// one warp a (cell, head, token) row, the norm in f32.
+template <typename T>
+__device__ __forceinline__ void retention_merge(const T *__restrict__ o, const T *__restrict__ u, T *__restrict__ out,
+                                                const long long rows, const int l, const int heads, const int hd) {
+    const long long r = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const T *x = o + r * hd;
+    const float inv_sqrt = rsqrtf((float)hd);
+    float ss = 0.f;
+    for (int c = lane; c < hd; c += 32) {
+        const float v = to_f(x[c]) * inv_sqrt;
+        ss += v * v;
+    }
+    for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, s);
+    const float inv = 1.f / fmaxf(sqrtf(ss), 1e-12f);
+    const long long cell = r / ((long long)heads * l);
+    const int head = (int)((r / l) % heads), pos = (int)(r % l);
+    T *dst = out + ((cell * l + pos) * heads + head) * hd;
+    for (int c = lane; c < hd; c += 32) from_f(dst + c, to_f(x[c]) * inv * to_f(u[r * hd + c]));
+}
+
+#define RETENTION(SUFFIX, T)                                                                                      \
+    extern "C" __global__ void retention_split_##SUFFIX(const T *__restrict__ qkvu, const float *__restrict__ mask, \
+                                                        const float *__restrict__ vscale, T *__restrict__ out,      \
+                                                        const int cells, const int l, const int heads, const int hd, \
+                                                        const float inv_scale) {                                   \
+        retention_split<T>(qkvu, mask, vscale, out, cells, l, heads, hd, inv_scale);                              \
+    }                                                                                                             \
+    extern "C" __global__ void retention_merge_##SUFFIX(const T *__restrict__ o, const T *__restrict__ u,         \
+                                                        T *__restrict__ out, const long long rows, const int l,     \
+                                                        const int heads, const int hd) {                          \
+        retention_merge<T>(o, u, out, rows, l, heads, hd);                                                        \
+    }
+RETENTION(f32, float)
+RETENTION(bf16, __nv_bfloat16)
