@@ -211,7 +211,7 @@ sf() {
   else
     local why="bf16"
     has_precision_knob "$m" || why="bf16 in the bench only: methods/$m.toml has no --precision for embed"
-    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why${FASTEST_EXTRA:+; $FASTEST_EXTRA}" -- "$@" --batch "$b" --dtype bf16 $FASTEST_EXTRA
+    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why${FASTEST_EXTRA:+; $FASTEST_EXTRA}" -- "$@" --batch "$b" --dtype bf16 ${FASTEST_EXTRA:-}
   fi
 }
 
