@@ -302,20 +302,23 @@ impl Retention {
         // the four projections in one product over every token row
         let y = self.qkvu.forward(&x.reshape((b * l, d))?)?;
         let scale = (self.head_dim as f64).sqrt();
-        if let Some((mask, vscale)) = &m.fused {
-            // gpu::retention: relu, scale, mask, value scale and silu as the product is split
-            // into heads, SRMSNorm times u as the heads go back into token rows
-            let parts = crate::gpu::retention::split(&y, mask, vscale, b, l, self.heads, self.head_dim, 1.0 / scale)?;
-            let (q, k, v, u) = (parts.get(0)?, parts.get(1)?, parts.get(2)?, parts.get(3)?);
-            let o = q.matmul(&k.transpose(2, 3)?.contiguous()?.matmul(&v)?)?;
-            let o = crate::gpu::retention::merge(&o, &u)?;
-            return self.o.forward(&o.reshape((b * l, d))?)?.reshape((b, l, d));
-        }
+        let (key_mask, v_scale) = match m {
+            Masks::Candle { key_mask, v_scale } => (key_mask, v_scale),
+            Masks::Fused { mask, vscale } => {
+                // gpu::retention: relu, scale, mask, value scale and silu as the product is split
+                // into heads, SRMSNorm times u as the heads go back into token rows
+                let parts = crate::gpu::retention::split(&y, mask, vscale, b, l, self.heads, self.head_dim, 1.0 / scale)?;
+                let (q, k, v, u) = (parts.get(0)?, parts.get(1)?, parts.get(2)?, parts.get(3)?);
+                let o = q.matmul(&k.transpose(2, 3)?.contiguous()?.matmul(&v)?)?;
+                let o = crate::gpu::retention::merge(&o, &u)?;
+                return self.o.forward(&o.reshape((b * l, d))?)?.reshape((b, l, d));
+            }
+        };
         // split into heads by one copy: (4, b, heads, L, hd)
         let qkvu = y.reshape((b, l, 4, self.heads, self.head_dim))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
         let q = (qkvu.get(0)?.relu()? / scale)?;
-        let k = (qkvu.get(1)?.relu()? / scale)?.broadcast_mul(&m.key_mask)?;
-        let v = qkvu.get(2)?.broadcast_mul(&m.v_scale)?;
+        let k = (qkvu.get(1)?.relu()? / scale)?.broadcast_mul(key_mask)?;
+        let v = qkvu.get(2)?.broadcast_mul(v_scale)?;
         let u = qkvu.get(3)?.silu()?;
         let kv = k.transpose(2, 3)?.contiguous()?.matmul(&v)?;
         let o = q.matmul(&kv)?;
@@ -324,13 +327,13 @@ impl Retention {
     }
 }
 
-/// A batch's masks for every layer: `key_mask` (b, 1, L, 1) and `v_scale` (b, 1, 1, 1) in the
-/// model's dtype for candle's ops; with `fused`, the same as f32 vectors (b * L and b) for
-/// `gpu::retention`.
-struct Masks {
-    key_mask: Tensor,
-    v_scale: Tensor,
-    fused: Option<(Tensor, Tensor)>,
+/// A batch's key mask (1 at tokens, 0 at padding) and value scales for every layer, in the form
+/// the layers' path reads them.
+enum Masks {
+    /// candle's ops: (b, 1, L, 1) and (b, 1, 1, 1) in the model's dtype
+    Candle { key_mask: Tensor, v_scale: Tensor },
+    /// `gpu::retention`: f32 vectors of b * L and b values
+    Fused { mask: Tensor, vscale: Tensor },
 }
 
 /// GatedLinearUnit: Wo (x Wu * x Wv) (its SRMSNorm is not applied upstream).
@@ -571,12 +574,11 @@ impl CellFm {
             let x = Tensor::cat(&[self.prefix.broadcast_as((b, p, d))?, genes], 1)?;
             // pad_zero: padded tokens zeroed; their keys masked in every layer
             let mut x = x.broadcast_mul(&mask)?;
-            let fused = if self.fused && crate::gpu::retention::applies(&x) {
-                Some((mask_f32.flatten_all()?, Tensor::from_vec(vscale.clone(), b, dev)?))
+            let m = if self.fused && crate::gpu::retention::applies(&x) {
+                Masks::Fused { mask: mask_f32.flatten_all()?, vscale: Tensor::from_vec(vscale, b, dev)? }
             } else {
-                None
+                Masks::Candle { key_mask: mask.unsqueeze(1)?, v_scale: Tensor::from_vec(vscale, (b, 1, 1, 1), dev)?.to_dtype(self.dtype)? }
             };
-            let m = Masks { key_mask: mask.unsqueeze(1)?, v_scale: Tensor::from_vec(vscale, (b, 1, 1, 1), dev)?.to_dtype(self.dtype)?, fused };
             for layer in &self.layers {
                 x = layer.forward(&x, &m)?;
             }
