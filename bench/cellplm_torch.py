@@ -12,8 +12,9 @@ torch only (no numpy, no CellPLM package). Prints one JSON line.
     python3 bench/cellplm_torch.py --device cuda --cells 100000 --batch 50000
     python3 bench/cellplm_torch.py --device cuda --dtype bf16 --pin    # the careful user's run
 
---dtype bf16 runs the forward pass under torch.autocast(bfloat16) (its Linear layers in bf16;
-upstream runs float32); --pin keeps the host's sparse passes page-locked and copies them
+--dtype bf16 runs the forward pass under torch.autocast(bfloat16) (its Linear layers and einsums in bf16,
+the sparse gene-table product in float32, which CUDA's sparse kernels need; upstream runs
+float32); --pin keeps the host's sparse passes page-locked and copies them
 non-blocking.
 """
 
@@ -75,7 +76,9 @@ class CellPLM(nn.Module):
         self.clusters = clusters
 
     def forward(self, x_sparse):
-        h = torch.sparse.mm(torch.log1p(x_sparse), self.emb)
+        # CUDA's sparse product has no bf16 kernel: it runs in float32 outside autocast
+        with torch.autocast(x_sparse.device.type, enabled=False):
+            h = torch.sparse.mm(torch.log1p(x_sparse), self.emb)
         h = self.extra(h)
         for l in self.layers:
             h = l(h)

@@ -6,7 +6,8 @@
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
-# `--precision f32` and the default. Per method, one TSV row: the precision the default
+# `--precision f32` and the default (`--precision bf16` where methods/<name>.toml keeps f32 as
+# the GPU default and offers bf16: CellFM). Per method, one TSV row: the precision the default
 # resolved to (from the output's uns['scfoundry']['parameters']), the lowest cosine and the
 # largest relative error (||a - b|| / ||a||) of a cell's embedding, the scIB totals of both
 # embeddings (`scfoundry benchmark --batch-key batch --label-key cell_type`), and each run's
@@ -100,8 +101,11 @@ run() {
 for m in $MODELS; do
   # shellcheck disable=SC2046
   run "${m}_f32" $(args_of "$m") -d cells.h5ad -o "${m}_f32.h5ad" --device "$DEVICE" --precision f32
+  # the default; where methods/<m>.toml keeps f32 as the GPU default, bf16 asked for (its opt-in)
+  alt=()
+  grep -q '^gpu_default = "f32"' "methods/$m.toml" && alt=(--precision bf16)
   # shellcheck disable=SC2046
-  run "${m}_default" $(args_of "$m") -d cells.h5ad -o "${m}_default.h5ad" --device "$DEVICE"
+  run "${m}_default" $(args_of "$m") -d cells.h5ad -o "${m}_default.h5ad" --device "$DEVICE" "${alt[@]}"
   for p in f32 default; do
     [[ -f "$R/${m}_$p.h5ad" ]] || continue
     run "${m}_${p}_scib" benchmark -d "${m}_$p.h5ad" -e "X_$m" --batch-key batch --label-key cell_type -o "$OUT/${m}_${p}_scib"

@@ -205,24 +205,14 @@ sf() {
   local p; p=$(default_precision "$m")
   local dt=(--dtype "$p"); [[ $bf == none ]] && dt=()   # benches with no --dtype (f32 only)
   step "$m" sf_default "$STEP_TIMEOUT" precision="$p" batch="$b" metric="$metric" -- "$@" --batch "$b" "${dt[@]}"
-  if [[ $bf != yes || ( $p == bf16 && -z ${FASTEST_EXTRA:-} ) ]]; then
+  if [[ $bf != yes || $p == bf16 ]]; then
     record "$m" sf_fastest same_as=sf_default precision="$p" \
       why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || echo "f32 is the only precision of this method's path")"
   else
     local why="bf16"
     has_precision_knob "$m" || why="bf16 in the bench only: methods/$m.toml has no --precision for embed"
-    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why${FASTEST_EXTRA:+; $FASTEST_EXTRA}" -- "$@" --batch "$b" --dtype bf16 ${FASTEST_EXTRA:-}
+    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why" -- "$@" --batch "$b" --dtype bf16
   fi
-}
-
-# sf_fused METHOD BATCH -- COMMAND...: scbert's and novae's f32 paths: candle's ops (the default)
-# and our one-kernel FAVOR+ features / GATv2 attention (`--fused`, which also checks the first
-# batch against candle's ops: fused_vs_candle_ops), shown as the fastest
-sf_fused() {
-  local m=$1 b=$2; shift 3
-  step "$m" sf_default "$STEP_TIMEOUT" precision=f32 batch="$b" metric=cells_per_s -- "$@" --batch "$b"
-  step "$m" sf_fastest "$STEP_TIMEOUT" precision=f32 batch="$b" metric=cells_per_s \
-    note="the one-kernel path (--fused), off in embed until its check on a GPU is recorded" -- "$@" --batch "$b" --fused
 }
 
 # careful METHOD BATCHES ATTENTION -- COMMAND...: the careful PyTorch sweep (bf16, cells sorted),
@@ -315,8 +305,8 @@ tput_cellfm() {
   local common=(--lengths "$L" --cells 256 --device cuda)
   record cellfm info shape="800M: 40 x 1536, 48 heads, linear retention; 256 cells of wu2020's lengths (at most 2,048 genes)" \
     note_upstream="upstream-style: float32, every cell padded to 2,048 genes (the port's collate), file order, batch 4 (train.py --batch)"
-  # the fastest: bf16 with gpu/retention.rs's kernels (--fused, checked against candle's ops)
-  FASTEST_EXTRA=--fused sf cellfm cells_per_s yes "$b" -- "$BB" __bench-encoder --arch cellfm "${common[@]}" --order sorted
+  # both with gpu/retention.rs's kernels, the GPU default (the bench checks them against candle's ops)
+  sf cellfm cells_per_s yes "$b" -- "$BB" __bench-encoder --arch cellfm "${common[@]}" --order sorted
   step cellfm torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=4 pad_to=2048 metric=cells_per_s -- \
     "$PY" bench/cellfm_torch.py "${common[@]}" --dtype f32 --order file --batch 4 --pad-to-nonz-len
   careful cellfm "8 16 32 64 128" "" -- "$PY" bench/cellfm_torch.py "${common[@]}" --dtype bf16 --order sorted
@@ -325,7 +315,8 @@ tput_scbert() {
   local b; b=$(default_batch scbert 3)
   record scbert info shape="Performer: 6 x 200, 10 heads, 16,907 tokens a cell; 60 cells" \
     note_upstream="upstream-style: float32 without TF32, one cell at a time (predict.py); careful: TF32 products (the script offers no bf16), every cell has the same length (nothing to sort)"
-  sf_fused scbert "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
+  # its one-kernel FAVOR+ features, the GPU default (the bench checks them against candle's ops)
+  sf scbert cells_per_s no "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
   step scbert torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=1 metric=cells_per_s -- \
     "$PY" bench/scbert_torch.py --device cuda --cells 60 --repeat 2 --batch 1
   for x in $(sweep scbert "1 3 8 16 32"); do
@@ -348,7 +339,8 @@ tput_novae() {
   local graph=$OUT/novae_graph.json
   record novae info shape="GATv2 10 x 128, 8 heads, 2-hop subgraphs; a synthetic slide of 20,000 cells, 500 genes" \
     note_upstream="upstream-style: float32, 256 subgraphs a batch (Novae(batch_size=256)); careful: the best batch (novae_torch.py offers no other precision)"
-  sf_fused novae "$b" -- "$BB" __bench-encoder --arch novae --cells 20000 --device cuda --repeat 3 --lengths "$L" --graph-out "$graph"
+  # its one-kernel GATv2 attention, the GPU default (checked against candle's ops); no --dtype
+  sf novae cells_per_s none "$b" -- "$BB" __bench-encoder --arch novae --cells 20000 --device cuda --repeat 3 --lengths "$L" --graph-out "$graph"
   step novae torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=256 metric=cells_per_s -- \
     "$PY" bench/novae_torch.py --graph "$graph" --genes 500 --device cuda --repeat 3 --batch 256
   for x in $NOVAE_BATCHES; do

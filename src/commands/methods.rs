@@ -71,7 +71,10 @@ fn gpu_precision(p: &PrecisionDefault) -> String {
     let mut o = String::new();
     writeln!(o, "  GPU default precision: {} (bf16 vs f32: lowest cosine {}, largest rel. error {:.1e}; {scib})", p.gpu_default.name(), f.lowest_cosine, f.largest_rel_error).unwrap();
     writeln!(o, "    measured on {}; {}; {}, {}, commit {}", f.cells, f.source, f.machine, f.date, f.commit).unwrap();
-    writeln!(o, "    --precision auto (the default) runs it on a GPU of compute capability 8.0 or newer, f32 on the CPU; --precision f32 for exact parity").unwrap();
+    match p.gpu_default {
+        Dtype::Bf16 => writeln!(o, "    --precision auto (the default) runs it on a GPU of compute capability 8.0 or newer, f32 on the CPU; --precision f32 for exact parity").unwrap(),
+        Dtype::F32 => writeln!(o, "    --precision auto (the default) runs f32 everywhere; --precision bf16 runs bf16 on a GPU of compute capability 8.0 or newer, at the distance above").unwrap(),
+    }
     o
 }
 
@@ -151,7 +154,10 @@ mod tests {
         let line = |name: &str| show(&reg, &reg.methods[name]).lines().find(|l| l.contains("GPU default precision")).map(str::to_string);
         // a bf16 default with its measured distance; an f32-only GPU method; a CPU-only method
         assert!(line("geneformer").is_some_and(|l| l.contains("bf16 (bf16 vs f32: lowest cosine")), "{:?}", line("geneformer"));
-        assert!(line("cellplm").is_some_and(|l| l.contains(": f32, its only precision")), "{:?}", line("cellplm"));
+        assert!(line("scbert").is_some_and(|l| l.contains(": f32, its only precision")), "{:?}", line("scbert"));
+        // an f32 default that offers bf16, with bf16's distance
+        assert!(line("cellfm").is_some_and(|l| l.contains("precision: f32 (bf16 vs f32: lowest cosine")), "{:?}", line("cellfm"));
+        assert!(show(&reg, &reg.methods["cellfm"]).contains("--precision bf16 runs bf16 on a GPU"));
         assert_eq!(line("pca"), None);
         for m in reg.methods.values().filter(|m| m.cuda) {
             assert!(line(&m.name).is_some(), "{} has no GPU default precision line", m.name);

@@ -1,10 +1,10 @@
 //! Performer's FAVOR+ features in one pass (`kernels/encoder_ops.cu` `favor_features_f32`):
 //! scBERT's `softmax_kernel` after the projection, `(exp(dash - diag - stab) + eps) * ratio`.
 //! candle's ops take five passes over the `cells x heads x genes x features` tensor for it (and
-//! one more for each row's maximum); `methods/scbert.rs` keeps them as its default path and this
-//! op's reference. On the CPU the op runs the kernel's loop on the host (what the unit test
-//! checks against candle's ops); on a GPU, `__bench-encoder --arch scbert --fused` compares the
-//! kernel with them.
+//! one more for each row's maximum); `methods/scbert.rs` keeps them as its CPU path and this
+//! op's reference, and takes this op on a GPU. On the CPU the op runs the kernel's loop on the
+//! host (what the unit test checks against candle's ops); on a GPU, `__bench-encoder --arch
+//! scbert` compares the kernel with them on the first batch (`--unfused` times candle's ops).
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 

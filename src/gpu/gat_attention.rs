@@ -2,10 +2,10 @@
 //! `gatv2_attention_f32`): the scores of each node's padded neighbour slots, their softmax and
 //! the weighted sum of the neighbours' `lin_l` rows, for Novae's graph encoder on a GPU. candle's
 //! ops take a dozen kernels over `nodes x degree x heads x channels` tensors for the same
-//! (`methods/novae.rs` keeps them: its default path and this op's reference). On the CPU the op
-//! runs the kernel's loop on the host (what `methods/novae.rs`'s unit test checks against
-//! candle's ops); on a GPU, `__bench-encoder --arch novae --fused` compares the kernel with
-//! them. f32 throughout, as upstream.
+//! (`methods/novae.rs` keeps them: its CPU path and this op's reference; a GPU takes this op). On
+//! the CPU the op runs the kernel's loop on the host (what `methods/novae.rs`'s unit test checks
+//! against candle's ops); on a GPU, `__bench-encoder --arch novae` compares the kernel with them
+//! on the first batch (`--unfused` times candle's ops). f32 throughout, as upstream.
 
 use candle_core::{DType, Result, Tensor};
 

@@ -3,10 +3,11 @@
 //! projections (token rows of `4 d`) into heads with relu and the `1 / sqrt(hd)` scale (q, k), the
 //! key mask (k), each cell's value scale (v) and silu (u) applied as it copies; `merge` takes each
 //! head's output through SRMSNorm, times u, back into token rows. candle's ops take about twenty
-//! passes for the same (`methods/cellfm.rs` keeps them: its default path and these ops'
-//! reference). f32 and bf16, math in f32 with one rounding. On the CPU the ops run the kernels'
-//! loops on the host in f32 (what `methods/cellfm.rs`'s unit test checks against candle's ops); on
-//! a GPU, `__bench-encoder --arch cellfm --fused` compares the kernels with them.
+//! passes for the same (`methods/cellfm.rs` keeps them: its CPU path and these ops' reference; a
+//! GPU takes these ops). f32 and bf16, math in f32 with one rounding. On the CPU the ops run the
+//! kernels' loops on the host in f32 (what `methods/cellfm.rs`'s unit test checks against
+//! candle's ops); on a GPU, `__bench-encoder --arch cellfm` compares the kernels with them on the
+//! first batch (`--unfused` times candle's ops).
 
 use candle_core::{DType, Result, Tensor};
 

@@ -417,8 +417,8 @@ pub struct CellFm {
     dtype: DType,
     device: Device,
     /// Retention's elementwise steps by `gpu::retention` (two kernels a layer on a GPU, their loops
-    /// on the host on the CPU) instead of candle's ops. Off in `embed` until checked against
-    /// candle's ops on a GPU (`__bench-encoder --arch cellfm --fused`).
+    /// on the host on the CPU) instead of candle's ops. On by default on a GPU (docs/cellfm.md);
+    /// `__bench-encoder --arch cellfm --unfused` times candle's ops.
     pub fused: bool,
 }
 
@@ -521,7 +521,8 @@ impl CellFm {
         let prefix = if dims.st_tokens { Tensor::cat(&[cls, vb.get((1, 2, d), "ST_emb")?], 1)? } else { cls };
         let value_enc = ValueFfn::new(d, vb.pp("value_enc").pp("value_enc"))?;
         let layers = (0..dims.depth).map(|i| Layer::new(d, dims.heads, dims.depth, vb.pp(format!("encoder.{i}")))).collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(CellFm { dims, path: path.into(), gene_emb, prefix, value_enc, layers, dtype, device, fused: false })
+        let fused = device.is_cuda();
+        Ok(CellFm { dims, path: path.into(), gene_emb, prefix, value_enc, layers, dtype, device, fused })
     }
 
     /// Width of the cell embedding (enc_dims).

@@ -37,8 +37,9 @@
 //! allocation_i = sigmoid(conserved_sink_i), competition_j = softmax_j(conserved_source) * L,
 //! out_i = ((q_i incoming_i) (sum_j k_j^T (v_j competition_j))) allocation_i.
 //!
-//! Precision: f32 is upstream's computation, and what `embed` runs. In bf16 (the bench's
-//! `--dtype bf16`, not yet measured on a GPU) the matrix products of the embedder and of the
+//! Precision: f32 is upstream's computation, what the CPU and `--precision f32` run. On a GPU
+//! `embed` runs bf16 by default (methods/cellplm.toml's `[precision]`: lowest cosine 0.999 to
+//! f32 on real cells, the same scIB total; docs/cellplm.md). In bf16 the matrix products of the embedder and of the
 //! encoder's Linear layers take bf16 inputs and weights and return f32, as torch's autocast runs
 //! `nn.Linear`; the flow attention's sums over all cells of the pass, the norms and the latent
 //! head (whose argmax picks the cluster) stay in f32.

@@ -442,8 +442,8 @@ pub struct Novae {
     nn: Linear,
     pub device: Device,
     /// Each GATv2 layer's attention by `gpu::gat_attention` (one kernel on a GPU, its loop on the
-    /// host on the CPU) instead of candle's ops. Off by default: the kernel has not been checked
-    /// on a GPU yet (`__bench-encoder --arch novae --fused`).
+    /// host on the CPU) instead of candle's ops. On by default on a GPU (docs/novae.md);
+    /// `__bench-encoder --arch novae --unfused` times candle's ops.
     pub fused: bool,
 }
 
@@ -482,7 +482,8 @@ impl Novae {
         let o = cfg.output_size;
         let gate_nn = Linear::new(agg.get((1, o), "gate_nn.weight")?, Some(agg.get(1, "gate_nn.bias")?));
         let nn = Linear::new(agg.get((o, o), "nn.weight")?, Some(agg.get(o, "nn.bias")?));
-        Ok(Novae { cfg, embedding, linear, layers, gate_nn, nn, device, fused: false })
+        let fused = device.is_cuda();
+        Ok(Novae { cfg, embedding, linear, layers, gate_nn, nn, device, fused })
     }
 
     /// Random weights at `cfg`'s sizes (the bench path): normal(0, 0.05) everywhere.

@@ -96,11 +96,6 @@ pub struct BenchEncoderArgs {
     /// bench/novae_torch.py.
     #[arg(long, value_name = "FILE")]
     pub graph_out: Option<PathBuf>,
-    /// scbert, novae, cellfm on a GPU: our one-kernel FAVOR+ features (gpu/favor.rs) / GATv2
-    /// attention (gpu/gat_attention.rs) / retention split and merge (gpu/retention.rs) instead of
-    /// candle's ops; the first batch is checked against them.
-    #[arg(long)]
-    pub fused: bool,
     /// Encoder layers.
     #[arg(long)]
     pub layers: Option<usize>,
@@ -156,8 +151,11 @@ pub struct BenchEncoderArgs {
     /// against the same layers in candle ops).
     #[arg(long)]
     pub check: bool,
-    /// --arch bert: run the packed encoder through candle's separate ops instead of the fused
-    /// GPU path (`gpu/fused_encoder.rs`), for comparison.
+    /// Run candle's separate ops instead of the fused GPU path, for comparison: --arch bert's
+    /// packed encoder (`gpu/fused_encoder.rs`); scbert's FAVOR+ features (`gpu/favor.rs`), novae's
+    /// GATv2 attention (`gpu/gat_attention.rs`) and cellfm's retention steps (`gpu/retention.rs`),
+    /// whose fused path (their default on a GPU, as in `embed`) is otherwise checked against
+    /// candle's ops on the first batch (`fused_vs_candle_ops`).
     #[arg(long)]
     pub unfused: bool,
     /// --arch bert, GPU bf16: also time each step of one layer on the first batch (median of 20)

@@ -297,9 +297,12 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let n = dims.seq_len;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
     let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
-    // --fused on a GPU: the first batch with the one-kernel FAVOR+ features against candle's ops
+    // the fused path (the GPU default): the first batch with the one-kernel FAVOR+ features
+    // against candle's ops
+    let fused = model.fused && !a.unfused;
+    model.fused = false;
     let check = match batches.first() {
-        Some(first) if a.fused && device.is_cuda() => {
+        Some(first) if fused => {
             let rows: Vec<&[u32]> = first.iter().map(|&i| cells[i].as_slice()).collect();
             let want = model.embed(&rows)?;
             model.fused = true;
@@ -307,6 +310,7 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         }
         _ => None,
     };
+    model.fused = fused;
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
         Ok(())
@@ -504,15 +508,19 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
             (b, zb)
         })
         .collect();
-    // --fused on a GPU: the first batch through the one-kernel GATv2 attention against candle's ops
+    // the fused path (the GPU default): the first batch through the one-kernel GATv2 attention
+    // against candle's ops
+    let fused = model.fused && !a.unfused;
+    model.fused = false;
     let check = match batches.first() {
-        Some((b, zb)) if a.fused && device.is_cuda() => {
+        Some((b, zb)) if fused => {
             let want = model.encode(&gm, zb, b)?;
             model.fused = true;
             Some(against_f32(&model.encode(&gm, zb, b)?, &want, model.dim()))
         }
         _ => None,
     };
+    model.fused = fused;
     let best = time_batches(&device, &batches, a.repeat, |(b, zb)| {
         model.encode(&gm, zb, b)?;
         Ok(())
@@ -565,10 +573,12 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| cellfm_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.genes.len() + model.n_prefix()).collect();
     let batches = plan_batches(a, &order, &lens);
-    // --fused on a GPU: the first batch through gpu::retention's kernels against candle's ops,
-    // in the same dtype
+    // the fused path (the GPU default): the first batch through gpu::retention's kernels
+    // against candle's ops, in the same dtype
+    let fused = model.fused && !a.unfused;
+    model.fused = false;
     let fused_check = match batches.first() {
-        Some(first) if a.fused && device.is_cuda() => {
+        Some(first) if fused => {
             let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
             let want = model.embed(&refs)?;
             model.fused = true;
@@ -576,6 +586,7 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
         }
         _ => None,
     };
+    model.fused = fused;
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
