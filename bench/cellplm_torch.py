@@ -12,10 +12,9 @@ torch only (no numpy, no CellPLM package). Prints one JSON line.
     python3 bench/cellplm_torch.py --device cuda --cells 100000 --batch 50000
     python3 bench/cellplm_torch.py --device cuda --dtype bf16 --pin    # the careful user's run
 
---dtype bf16 runs the forward pass under torch.autocast(bfloat16) (its Linear layers and einsums in bf16,
-the sparse gene-table product in float32, which CUDA's sparse kernels need; upstream runs
-float32); --pin keeps the host's sparse passes page-locked and copies them
-non-blocking.
+--dtype bf16 runs the forward pass under torch.autocast(bfloat16) (its Linear layers and einsums
+in bf16, the sparse gene-table product in float32, which CUDA's sparse kernels need; upstream
+runs float32); --pin keeps the host's sparse passes page-locked and copies them non-blocking.
 """
 
 import argparse

@@ -39,10 +39,10 @@
 //!
 //! Precision: f32 is upstream's computation, what the CPU and `--precision f32` run. On a GPU
 //! `embed` runs bf16 by default (methods/cellplm.toml's `[precision]`: lowest cosine 0.999 to
-//! f32 on real cells, the same scIB total; docs/cellplm.md). In bf16 the matrix products of the embedder and of the
-//! encoder's Linear layers take bf16 inputs and weights and return f32, as torch's autocast runs
-//! `nn.Linear`; the flow attention's sums over all cells of the pass, the norms and the latent
-//! head (whose argmax picks the cluster) stay in f32.
+//! f32 on real cells, the same scIB total; docs/cellplm.md). In bf16 the matrix products of the
+//! embedder and of the encoder's Linear layers take bf16 inputs and weights and return f32, as
+//! torch's autocast runs `nn.Linear`; the flow attention's sums over all cells of the pass, the
+//! norms and the latent head (whose argmax picks the cluster) stay in f32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -297,20 +297,10 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let n = dims.seq_len;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
     let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
-    // the fused path (the GPU default): the first batch with the one-kernel FAVOR+ features
-    // against candle's ops
-    let fused = model.fused && !a.unfused;
-    model.fused = false;
-    let check = match batches.first() {
-        Some(first) if fused => {
-            let rows: Vec<&[u32]> = first.iter().map(|&i| cells[i].as_slice()).collect();
-            let want = model.embed(&rows)?;
-            model.fused = true;
-            Some(against_f32(&model.embed(&rows)?, &want, dims.dim))
-        }
-        _ => None,
-    };
-    model.fused = fused;
+    // the one-kernel FAVOR+ features (the GPU default) against candle's ops on the first batch
+    let check = fused_vs_candle_ops(&mut model, |m: &mut ScBert| &mut m.fused, a.unfused, dims.dim, |m| {
+        batches.first().map(|first| Ok(m.embed(&first.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?)).transpose()
+    })?;
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
         Ok(())
@@ -324,6 +314,24 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     });
     println!("{out}");
     Ok(ExitStatus::Success)
+}
+
+/// The fused path (scbert's, novae's and cellfm's default on a GPU; `flag` is the model's
+/// `fused`) unless `--unfused`: the first batch's embeddings through it against candle's ops
+/// (`first` embeds that batch on the model's path as set; `None` without a batch). The model is
+/// left on the path the timing runs.
+fn fused_vs_candle_ops<M>(model: &mut M, flag: fn(&mut M) -> &mut bool, unfused: bool, dim: usize, first: impl Fn(&M) -> anyhow::Result<Option<Vec<f32>>>) -> anyhow::Result<Option<serde_json::Value>> {
+    let fused = *flag(model) && !unfused;
+    *flag(model) = false;
+    let mut check = None;
+    if fused {
+        if let Some(want) = first(model)? {
+            *flag(model) = true;
+            check = first(model)?.map(|got| against_f32(&got, &want, dim));
+        }
+    }
+    *flag(model) = fused;
+    Ok(check)
 }
 
 /// Below f32, the first batch's embeddings against the same weights in f32 on the same device
@@ -508,19 +516,11 @@ fn run_novae(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
             (b, zb)
         })
         .collect();
-    // the fused path (the GPU default): the first batch through the one-kernel GATv2 attention
-    // against candle's ops
-    let fused = model.fused && !a.unfused;
-    model.fused = false;
-    let check = match batches.first() {
-        Some((b, zb)) if fused => {
-            let want = model.encode(&gm, zb, b)?;
-            model.fused = true;
-            Some(against_f32(&model.encode(&gm, zb, b)?, &want, model.dim()))
-        }
-        _ => None,
-    };
-    model.fused = fused;
+    // the one-kernel GATv2 attention (the GPU default) against candle's ops on the first batch
+    let dim = model.dim();
+    let check = fused_vs_candle_ops(&mut model, |m: &mut Novae| &mut m.fused, a.unfused, dim, |m| {
+        batches.first().map(|(b, zb)| Ok(m.encode(&gm, zb, b)?)).transpose()
+    })?;
     let best = time_batches(&device, &batches, a.repeat, |(b, zb)| {
         model.encode(&gm, zb, b)?;
         Ok(())
@@ -573,20 +573,12 @@ fn run_cellfm(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let cells: Vec<CellInput> = genes.iter().enumerate().map(|(i, &s)| cellfm_cell(i, s, n_genes)).collect();
     let lens: Vec<usize> = cells.iter().map(|c| c.genes.len() + model.n_prefix()).collect();
     let batches = plan_batches(a, &order, &lens);
-    // the fused path (the GPU default): the first batch through gpu::retention's kernels
-    // against candle's ops, in the same dtype
-    let fused = model.fused && !a.unfused;
-    model.fused = false;
-    let fused_check = match batches.first() {
-        Some(first) if fused => {
-            let refs: Vec<&CellInput> = first.iter().map(|&i| &cells[i]).collect();
-            let want = model.embed(&refs)?;
-            model.fused = true;
-            Some(against_f32(&model.embed(&refs)?, &want, model.dim()))
-        }
-        _ => None,
-    };
-    model.fused = fused;
+    // gpu::retention's kernels (the GPU default) against candle's ops on the first batch, in
+    // the same dtype
+    let dim = model.dim();
+    let fused_check = fused_vs_candle_ops(&mut model, |m: &mut CellFm| &mut m.fused, a.unfused, dim, |m| {
+        batches.first().map(|first| Ok(m.embed(&first.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?)).transpose()
+    })?;
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| &cells[i]).collect::<Vec<_>>())?;
         Ok(())
@@ -929,6 +921,32 @@ impl SimpleBackend for RecordingBackend<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check runs both paths on a model whose fused path is on (a GPU) and leaves it on;
+    /// with `--unfused` or on the CPU (fused off) there is no check and candle's ops are timed.
+    #[test]
+    fn fused_check_runs_both_paths_and_leaves_the_timed_one() {
+        struct Toy {
+            fused: bool,
+            runs: std::cell::RefCell<Vec<bool>>,
+        }
+        let embed = |m: &Toy| {
+            m.runs.borrow_mut().push(m.fused);
+            Ok(Some(if m.fused { vec![1.0, 0.1] } else { vec![1.0, 0.0] }))
+        };
+        let toy = |fused| Toy { fused, runs: Default::default() };
+        let mut m = toy(true);
+        let check = fused_vs_candle_ops(&mut m, |m: &mut Toy| &mut m.fused, false, 2, embed).unwrap().expect("a check");
+        assert!(m.fused && *m.runs.borrow() == [false, true], "candle's ops first, then the fused path");
+        let low = check["lowest_cosine"].as_f64().unwrap();
+        assert!(low < 0.999 && low > 0.99, "{check}");
+        let mut m = toy(true);
+        assert!(fused_vs_candle_ops(&mut m, |m: &mut Toy| &mut m.fused, true, 2, embed).unwrap().is_none());
+        assert!(!m.fused && m.runs.borrow().is_empty(), "--unfused times candle's ops, unchecked");
+        let mut m = toy(false);
+        assert!(fused_vs_candle_ops(&mut m, |m: &mut Toy| &mut m.fused, false, 2, embed).unwrap().is_none());
+        assert!(!m.fused && m.runs.borrow().is_empty());
+    }
 
     #[test]
     fn flops_match_the_anchor_table() {
