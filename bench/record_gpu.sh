@@ -51,7 +51,8 @@ declare -A FAMILY_METHODS=(
   [novae]="novae" [mlp]="scimilarity scvi" [cellama]="cellama"
 )
 FAMILIES=(bert uce bert-cells scfoundation scprint c2s cellfm scbert cellplm novae mlp cellama)
-# rough minutes a family takes on an H100 80GB with everything measured (model writing included)
+# rough minutes a family takes on an H100 80GB with everything measured (model writing included);
+# STEPS=throughput alone took 1-3 minutes a family (bert-cells and cellfm 4-6) on 2026-12-07
 declare -A MINUTES=(
   [bert]=9 [uce]=10 [bert-cells]=6 [scfoundation]=4 [scprint]=4 [c2s]=5 [cellfm]=7 [scbert]=6
   [cellplm]=4 [novae]=5 [mlp]=7 [cellama]=3
