@@ -20,7 +20,9 @@
 //! N layers are `methods/bert.rs`'s differentiable ones) over the tokens of `tokenizer.json`
 //! (truncated at `max_seq_length` from `sentence_bert_config.json`, 256), then mean pooling over
 //! the attention mask and L2 normalisation, as the model's sentence-transformers modules
-//! (Transformer, Pooling(mean), Normalize). Sentences are encoded in batches of
+//! (Transformer, Pooling(mean), Normalize). Sentences are tokenized once a block of rows on all
+//! cores and encoded longest first (`longest_first`; sentence-transformers' `encode` sorts by
+//! characters, longest first) in batches of
 //! `--batch-size` (default `BATCH_SIZE`, 32, sentence-transformers' `encode` default), on the
 //! CPU or, with `--device cuda`, on the GPU runtime (`gpu/`), halving the batch on out-of-memory.
 
@@ -122,6 +124,8 @@ pub struct Encoder {
     model: Bert,
     tokenizer: Tokenizer,
     device: Device,
+    /// The id batches are padded with (`[PAD]`, else the config's `pad_token_id`).
+    pad_id: u32,
     pub max_seq_length: usize,
     pub hidden: usize,
 }
@@ -176,13 +180,23 @@ impl Encoder {
         // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
         let trainable = hook.map(|h| h.unfreeze).unwrap_or(0);
         let model = Bert::load(vb, &config, trainable).map_err(|e| bad("model.safetensors", e.to_string()))?;
-        Ok(Encoder { model, tokenizer, device, max_seq_length, hidden: config.hidden_size })
+        Ok(Encoder { model, tokenizer, device, pad_id, max_seq_length, hidden: config.hidden_size })
     }
 
     /// Token ids of one sentence (with [CLS]/[SEP], truncated), for tests and diagnostics.
     pub fn token_ids(&self, sentence: &str) -> Result<Vec<u32>> {
         let enc = self.tokenizer.encode(sentence, true).map_err(|e| Error::Model { context: "tokenizing".into(), detail: e.to_string() })?;
         Ok(enc.get_ids().iter().zip(enc.get_attention_mask()).filter(|(_, &m)| m == 1).map(|(&i, _)| i).collect())
+    }
+
+    /// Token ids of each sentence (with [CLS]/[SEP], truncated at `max_seq_length`, no padding),
+    /// tokenized together on all cores.
+    pub fn tokenize(&self, sentences: &[String]) -> Result<Vec<Vec<u32>>> {
+        let encs = self
+            .tokenizer
+            .encode_batch(sentences.to_vec(), true)
+            .map_err(|e| Error::Model { context: "tokenizing cell sentences".into(), detail: e.to_string() })?;
+        Ok(encs.iter().map(|e| e.get_ids().iter().zip(e.get_attention_mask()).filter(|(_, &m)| m == 1).map(|(&i, _)| i).collect()).collect())
     }
 
     /// Embed a batch of sentences: row-major `n x hidden`, each row of unit length.
@@ -194,23 +208,37 @@ impl Encoder {
         out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the BERT encoder"))
     }
 
+    /// As `encode`, from sentences already tokenized by [`Self::tokenize`].
+    pub fn encode_ids(&self, ids: &[&[u32]]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let out = self.forward_ids(ids)?;
+        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the BERT encoder"))
+    }
+
     /// As `encode`, as a `(n, hidden)` tensor on the model's device (gradients flow through
     /// trainable layers).
     pub fn encode_tensor(&self, sentences: &[String]) -> Result<Tensor> {
-        let encs = self
-            .tokenizer
-            .encode_batch(sentences.to_vec(), true)
-            .map_err(|e| Error::Model { context: "tokenizing cell sentences".into(), detail: e.to_string() })?;
-        let n = encs.len();
-        let len = encs[0].get_ids().len();
-        let mut ids = Vec::with_capacity(n * len);
+        let ids = self.tokenize(sentences)?;
+        self.forward_ids(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())
+    }
+
+    /// The encoder over token ids padded to the batch's longest (sentence-transformers'
+    /// padding), mean pooling over the real tokens, L2 normalisation: `(n, hidden)`.
+    fn forward_ids(&self, ids: &[&[u32]]) -> Result<Tensor> {
+        let n = ids.len();
+        let len = ids.iter().map(|t| t.len()).max().unwrap_or(0);
+        let mut flat = Vec::with_capacity(n * len);
         let mut mask = Vec::with_capacity(n * len);
-        for e in &encs {
-            ids.extend_from_slice(e.get_ids());
-            mask.extend_from_slice(e.get_attention_mask());
+        for t in ids {
+            flat.extend_from_slice(t);
+            flat.extend(std::iter::repeat_n(self.pad_id, len - t.len()));
+            mask.extend(std::iter::repeat_n(1u32, t.len()));
+            mask.extend(std::iter::repeat_n(0u32, len - t.len()));
         }
         let ctx = model_err("running the BERT encoder");
-        let ids = Tensor::from_vec(ids, (n, len), &self.device).map_err(&ctx)?;
+        let ids = Tensor::from_vec(flat, (n, len), &self.device).map_err(&ctx)?;
         let mask = Tensor::from_vec(mask, (n, len), &self.device).map_err(&ctx)?;
         let types = ids.zeros_like().map_err(&ctx)?;
         let hidden = self.model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
@@ -223,6 +251,14 @@ impl Encoder {
         let norm = mean.sqr().map_err(&ctx)?.sum_keepdim(1).map_err(&ctx)?.sqrt().map_err(&ctx)?.clamp(1e-12f32, f32::MAX).map_err(&ctx)?;
         mean.broadcast_div(&norm).map_err(&ctx)
     }
+}
+
+/// The order sentences are batched in: longest first by tokens, ties in input order, so each
+/// batch pads little (sentence-transformers' `encode` sorts by characters, longest first).
+pub fn longest_first(ids: &[Vec<u32>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(ids[i].len()));
+    order
 }
 
 /// The model folder for a weights folder, from the manifest entry of model.safetensors.
@@ -253,6 +289,13 @@ mod tests {
         assert_eq!(top_genes(&idx, &val, 7, 30), vec![1, 3, 6, 2, 0, 4, 5]);
         // a stored zero sorts among the zeros, in gene order
         assert_eq!(top_genes(&[0, 2], &[0.0, 5.0], 4, 4), vec![2, 0, 1, 3]);
+    }
+
+    #[test]
+    fn batches_go_longest_first_with_ties_in_input_order() {
+        let ids: Vec<Vec<u32>> = [3usize, 5, 3, 7, 5].iter().map(|&n| vec![0; n]).collect();
+        assert_eq!(longest_first(&ids), vec![3, 1, 4, 0, 2]);
+        assert!(longest_first(&[]).is_empty());
     }
 
     #[test]

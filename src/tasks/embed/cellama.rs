@@ -81,14 +81,11 @@ fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, row
     for (s, e) in rows.blocks() {
         let b = x.read_rows(s, e)?;
         let sentences = cellama_sentences(&b, &job.genes.names, &job.obs, job.top);
-        for snt in &sentences {
-            if enc.token_ids(snt)?.len() >= enc.max_seq_length {
-                truncated += 1;
-            }
-        }
-        // in input order: each batch is a run of consecutive sentences
-        let order: Vec<usize> = (0..sentences.len()).collect();
-        let rows = job.batches.run(sentences.len(), dim, &order, 0.0, |idx| enc.encode(&sentences[idx[0]..idx[0] + idx.len()]), |k| p.inc(k as u64))?;
+        // tokenized once, on all cores; batched longest first, so each batch pads little
+        let ids = enc.tokenize(&sentences)?;
+        truncated += ids.iter().filter(|t| t.len() >= enc.max_seq_length).count();
+        let order = cellama::longest_first(&ids);
+        let rows = job.batches.run(ids.len(), dim, &order, 0.0, |idx| enc.encode_ids(&idx.iter().map(|&i| ids[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
         sink(s, &rows)?;
     }
     p.finish();
