@@ -268,11 +268,21 @@ fn cellplm_embed_command_matches_upstream() {
     assert_eq!(read_i64(&out, "uns/scfoundry/parameters/forward_passes"), 13);
     // --model-dir, chunks of 4 cells
     let m = ckpt_copy(&ctx, "m", |_| {});
-    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "b.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "4"]);
+    let runs = ctx.path("runs-b");
+    let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "b.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "4", "--runs-dir", runs.to_str().unwrap()]);
     r.success();
     let (got, _) = read_obsm(&ctx.path("b.h5ad"), "X_cellplm");
     let err = max_rel_err(&got, &want("by_batch_chunks_4"));
     assert!(err < MAX_REL_ERR, "chunks of 4: {err:.3e}");
+    // where the task's time went, as the pipelined methods report it
+    let run = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir()).unwrap();
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+    let phases: Vec<(String, f64)> = serde_json::from_value(report["tasks"][0]["result"]["phases"].clone()).unwrap();
+    let phases: std::collections::HashMap<String, f64> = phases.into_iter().collect();
+    for stage in ["setup", "read", "tokenise", "device", "write", "blocks wall", "wall"] {
+        assert!(phases.get(stage).is_some_and(|&s| s >= 0.0), "no `{stage}` in {phases:?}");
+    }
+    assert!(phases["device"] > 0.0 && phases["read"] > 0.0 && phases["blocks wall"] <= phases["wall"], "{phases:?}");
     // all cells one group (no batch key), in passes of 24, in 2 shards (of 1 and 2 passes)
     let r = ctx.run(&["embed", "-m", "cellplm", "-d", "cells.h5ad", "-o", "c.h5ad", "--model-dir", m.to_str().unwrap(), "--batch-size", "24", "--batch-key", "", "--shards", "2"]);
     r.success().stderr_has("(3 tasks)");

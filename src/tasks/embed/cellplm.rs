@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::tasks::genes::{self, match_genes, Kind};
+use crate::tasks::pipeline::{self, Stage, StageClock};
 use crate::tasks::runtime::{verified_weights, TaskDevice};
 use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::tasks::shard::{self, EmbeddingOut, GroupOrder, TaskRows};
@@ -79,6 +80,7 @@ pub fn passes(ad: &AnnData, params: &serde_json::Map<String, Value>) -> Result<(
 }
 
 pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
+    let clock = StageClock::new();
     let rep = reporter(!spec.progress);
     let wdir = spec.weights_dir.clone().unwrap_or_else(weights::default_dir);
     let given = spec.params.get("model_dir").and_then(Value::as_str).is_some_and(|s| !s.is_empty());
@@ -155,21 +157,17 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut rows: Vec<usize> = task_rows.groups.as_ref().map(|g| g.rows.clone()).unwrap_or_default();
     rows.sort_unstable();
     let mut cells: Vec<Vec<(u32, f32)>> = Vec::with_capacity(rows.len());
+    let setup = clock.elapsed();
     for (s, e) in x.row_runs(&rows, 1_000_000) {
-        let b = x.read_rows(s, e)?;
-        for i in 0..b.n_rows() {
-            let (idx, vals) = b.row(i);
-            if fractional.is_none() {
-                if let Some(v) = vals.iter().find(|v| v.fract() != 0.0) {
-                    fractional = Some((s + i, *v));
-                }
-            }
-            if negative.is_none() {
-                if let Some(v) = vals.iter().find(|v| **v < 0.0 || !v.is_finite()) {
-                    negative = Some((s + i, *v));
-                }
-            }
-            let c = align.cell(idx, vals);
+        // each row's model-gene values and its first non-integer / negative value, on all cores
+        let mapped = pipeline::read_and_map(&clock, &x, (s, e), 256, |row, idx, vals| {
+            let frac = vals.iter().find(|v| v.fract() != 0.0).map(|v| (row, *v));
+            let neg = vals.iter().find(|v| **v < 0.0 || !v.is_finite()).map(|v| (row, *v));
+            (align.cell(idx, vals), frac, neg)
+        })?;
+        for (c, frac, neg) in mapped {
+            fractional = fractional.or(frac);
+            negative = negative.or(neg);
             if c.is_empty() {
                 empty += 1;
             }
@@ -188,7 +186,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     let mut z_all = Vec::with_capacity(task_rows.len() * dim);
     for pass in mine {
         let input: Vec<Vec<(u32, f32)>> = pass.iter().map(|i| rows.binary_search(i).map(|k| std::mem::take(&mut cells[k])).unwrap_or_default()).collect();
-        let z = model.embed(&input).map_err(|e| {
+        let z = clock.time(Stage::Device, || model.embed(&input)).map_err(|e| {
             if crate::gpu::is_out_of_memory(&e.to_string()) {
                 dev.write_report(task_dir, None, Some(batch));
                 Error::from(crate::gpu::GpuError::OutOfMemory {
@@ -203,7 +201,8 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
         z_all.extend_from_slice(&z[..pass.len() * dim]);
         p.inc(pass.len() as u64);
     }
-    out.write(task_rows.start, &z_all)?;
+    clock.time(Stage::Write, || out.write(task_rows.start, &z_all))?;
+    let blocks_wall = clock.elapsed() - setup;
     p.finish();
     if let Some((row, v)) = fractional {
         notes.push(format!("{} holds non-integer values (e.g. {v} at cell {row}): CellPLM takes log1p of raw counts itself; pass the counts layer with --layer if this is not one", x.field));
@@ -235,6 +234,7 @@ pub(super) fn embed_cellplm(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResu
     w.insert("model_dir".into(), json!(dir.display().to_string()));
     w.insert("prefix".into(), json!(prefix));
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
+    result.phases = clock.phases(setup, blocks_wall);
     result.gene_match = Some(gmatch.to_json());
     Ok(result)
 }
