@@ -4,8 +4,7 @@
 
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
+use candle_core::{CudaDevice, CudaStorage, Result, Tensor};
 
 /// The dense `n x n_cols` f32 matrix of the CSR rows (`offsets`, n + 1 of them; the columns and
 /// the values, each given in parts that joined are the CSR arrays), each column at most once a
@@ -32,6 +31,5 @@ pub fn to_dense(offsets: &[u32], cols: &[&[u32]], vals: &[&[f32]], n: usize, n_c
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         unsafe { b.launch(cfg) }.w()?;
     }
-    let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
-    Ok(Tensor::from_storage(Storage::Cuda(storage), (n, n_cols), BackpropOp::none(), false))
+    Ok(super::kernel_io::output(CudaStorage::wrap_cuda_slice(out, dev.clone()), (n, n_cols)))
 }

@@ -110,7 +110,8 @@ mod cuda {
     use candle_core::{CpuStorage, CudaStorage, Layout, Result, Shape};
     use half::bf16;
 
-    use crate::gpu::fused_encoder::{norm_launch, Held, MODULE, PTX};
+    use crate::gpu::fused_encoder::{norm_launch, MODULE, PTX};
+    use crate::gpu::kernel_io::Held;
 
     pub struct GatherNorm<'a> {
         pub kernel: super::Kernel,

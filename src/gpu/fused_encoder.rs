@@ -106,7 +106,7 @@ pub fn profile(stack: &TransformerStack, x: &Tensor, cu: &[u32], repeat: usize) 
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{norm_launch, Held, MODULE, PTX};
+pub(crate) use cuda::{norm_launch, MODULE, PTX};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -119,6 +119,7 @@ mod cuda {
     use half::bf16;
 
     use crate::gpu::gemm_layer_norm;
+    use crate::gpu::kernel_io::Held;
     use crate::gpu::KernelImage;
     use crate::nn::transformer::{Act, Order, TransformerLayer, TransformerStack};
 
@@ -131,34 +132,6 @@ mod cuda {
         pub longest: usize,
         /// (repeat, where to put the step times): time layer 0's steps instead of running
         pub profile: Option<(usize, &'a Mutex<Vec<(&'static str, f64)>>)>,
-    }
-
-    /// A tensor's elements on the GPU (bf16 by `view`, any dtype by `view_as`), with the read
-    /// guard that keeps them there.
-    pub(crate) struct Held<'t> {
-        guard: candle_core::StorageRef<'t>,
-        start: usize,
-        len: usize,
-    }
-
-    impl<'t> Held<'t> {
-        pub(crate) fn new(t: &'t Tensor) -> Result<Held<'t>> {
-            let (guard, layout) = t.storage_and_layout();
-            let Some((start, end)) = layout.contiguous_offsets() else { candle_core::bail!("fused encoder: a weight is not contiguous") };
-            Ok(Held { guard, start, len: end - start })
-        }
-
-        pub(crate) fn view(&self) -> Result<CudaView<'_, bf16>> {
-            self.view_as::<bf16>()
-        }
-
-        /// The elements as `T` (the tensor's dtype).
-        pub(crate) fn view_as<T: candle_core::cuda_backend::CudaDType>(&self) -> Result<CudaView<'_, T>> {
-            match &*self.guard {
-                Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(self.start..self.start + self.len)),
-                _ => candle_core::bail!("fused encoder: a weight is not on the GPU"),
-            }
-        }
     }
 
     /// One layer's weights and biases, held on the GPU while its kernels read them.

@@ -86,17 +86,13 @@ fn host(xl: &Tensor, xr: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, li
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaStorage, Result, Storage, Tensor};
+    use candle_core::{CudaStorage, Result, Tensor};
 
-    use crate::gpu::fused_encoder::Held;
+    use crate::gpu::kernel_io::{contiguous, cuda_device, output, Held};
 
     #[allow(clippy::too_many_arguments)]
     pub fn launch(xl: &Tensor, xr: &Tensor, nbr: &Tensor, attr: &Tensor, mask: &Tensor, lin_edge: &Tensor, att: &Tensor, n: usize, degree: usize, heads: usize, channels: usize) -> Result<Tensor> {
-        let dev = match xl.device() {
-            candle_core::Device::Cuda(d) => d.clone(),
-            _ => candle_core::bail!("gatv2-attention: not on a GPU"),
-        };
+        let dev = cuda_device(xl, "gatv2-attention")?;
         let hc = heads * channels;
         let mut out = unsafe { dev.alloc::<f32>(n * hc)? };
         if n > 0 {
@@ -104,8 +100,7 @@ mod cuda {
             let (n32, d32, h32, c32) = (n as i32, degree as i32, heads as i32, channels as i32);
             let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (hc as u32, 1, 1), shared_mem_bytes: ((degree * heads + hc) * 4) as u32 };
             // the inputs contiguous, held on the GPU while the kernel reads them
-            let ts = [xl, xr, nbr, attr, mask, lin_edge, att].map(|t| t.contiguous());
-            let ts = ts.into_iter().collect::<Result<Vec<Tensor>>>()?;
+            let ts = contiguous(&[xl, xr, nbr, attr, mask, lin_edge, att])?;
             let held = ts.iter().map(Held::new).collect::<Result<Vec<Held>>>()?;
             let (xl, xr, nbr) = (held[0].view_as::<f32>()?, held[1].view_as::<f32>()?, held[2].view_as::<u32>()?);
             let (attr, mask, we, wa) = (held[3].view_as::<f32>()?, held[4].view_as::<f32>()?, held[5].view_as::<f32>()?, held[6].view_as::<f32>()?);
@@ -124,7 +119,6 @@ mod cuda {
             b.arg(&c32);
             unsafe { b.launch(cfg) }.w()?;
         }
-        let storage = CudaStorage::wrap_cuda_slice(out, dev);
-        Ok(Tensor::from_storage(Storage::Cuda(storage), (n, hc), BackpropOp::none(), false))
+        Ok(output(CudaStorage::wrap_cuda_slice(out, dev), (n, hc)))
     }
 }

@@ -93,6 +93,8 @@ pub mod embedding;
 pub mod pinned;
 pub mod fused_encoder;
 #[cfg(feature = "cuda")]
+pub mod kernel_io;
+#[cfg(feature = "cuda")]
 pub(crate) mod gemm;
 #[cfg(feature = "cuda")]
 pub(crate) mod gemm_layer_norm;

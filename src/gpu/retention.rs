@@ -95,29 +95,17 @@ pub fn merge(o: &Tensor, u: &Tensor) -> Result<Tensor> {
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaDevice, CudaStorage, DType, Result, Storage, Tensor};
+    use candle_core::{CudaStorage, DType, Result, Tensor};
     use half::bf16;
 
-    use crate::gpu::fused_encoder::{Held, MODULE, PTX};
-
-    fn device(t: &Tensor) -> Result<CudaDevice> {
-        match t.device() {
-            candle_core::Device::Cuda(d) => Ok(d.clone()),
-            _ => candle_core::bail!("retention: not on a GPU"),
-        }
-    }
-
-    fn wrap(storage: CudaStorage, shape: impl Into<candle_core::Shape>) -> Tensor {
-        Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
-    }
+    use crate::gpu::fused_encoder::{MODULE, PTX};
+    use crate::gpu::kernel_io::{contiguous, cuda_device, output, Held};
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn split(qkvu: &Tensor, mask: &Tensor, vscale: &Tensor, cells: usize, l: usize, heads: usize, hd: usize, inv_scale: f32) -> Result<Tensor> {
-        let dev = device(qkvu)?;
+        let dev = cuda_device(qkvu, "retention")?;
         let n = qkvu.elem_count();
-        let ts = [qkvu, mask, vscale].map(|t| t.contiguous());
-        let ts = ts.into_iter().collect::<Result<Vec<Tensor>>>()?;
+        let ts = contiguous(&[qkvu, mask, vscale])?;
         let held = ts.iter().map(Held::new).collect::<Result<Vec<Held>>>()?;
         let (mk, vs) = (held[1].view_as::<f32>()?, held[2].view_as::<f32>()?);
         let (c32, l32, h32, d32) = (cells as i32, l as i32, heads as i32, hd as i32);
@@ -144,14 +132,13 @@ mod cuda {
             }};
         }
         let storage = if qkvu.dtype() == DType::BF16 { run!(bf16, "retention_split_bf16") } else { run!(f32, "retention_split_f32") };
-        Ok(wrap(storage, (4, cells, heads, l, hd)))
+        Ok(output(storage, (4, cells, heads, l, hd)))
     }
 
     pub(super) fn merge(o: &Tensor, u: &Tensor, cells: usize, heads: usize, l: usize, hd: usize) -> Result<Tensor> {
-        let dev = device(o)?;
+        let dev = cuda_device(o, "retention")?;
         let n = o.elem_count();
-        let ts = [o, u].map(|t| t.contiguous());
-        let ts = ts.into_iter().collect::<Result<Vec<Tensor>>>()?;
+        let ts = contiguous(&[o, u])?;
         let held = ts.iter().map(Held::new).collect::<Result<Vec<Held>>>()?;
         let rows = (cells * heads * l) as i64;
         let (l32, h32, d32) = (l as i32, heads as i32, hd as i32);
@@ -177,6 +164,6 @@ mod cuda {
             }};
         }
         let storage = if o.dtype() == DType::BF16 { run!(bf16, "retention_merge_bf16") } else { run!(f32, "retention_merge_f32") };
-        Ok(wrap(storage, (cells, l, heads * hd)))
+        Ok(output(storage, (cells, l, heads * hd)))
     }
 }

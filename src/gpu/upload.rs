@@ -41,8 +41,7 @@ mod cuda {
     use super::super::pinned::PinnedRing;
     use candle_core::cuda_backend::cudarc::driver::{result, CudaSlice, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::op::BackpropOp;
-    use candle_core::{CudaDevice, CudaStorage, Result, Storage, Tensor};
+    use candle_core::{CudaDevice, CudaStorage, Result, Tensor};
     use std::cell::RefCell;
     use std::thread::LocalKey;
 
@@ -81,7 +80,7 @@ mod cuda {
     pub fn upload<T: Staged>(data: &[T], dev: &CudaDevice) -> Result<Tensor> {
         let dst = upload_slice(data, dev)?;
         let n = dst.len();
-        Ok(Tensor::from_storage(Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, dev.clone())), n, BackpropOp::none(), false))
+        Ok(crate::gpu::kernel_io::output(CudaStorage::wrap_cuda_slice(dst, dev.clone()), n))
     }
 
     /// `data` on the device's stream as a raw slice (for kernels that take their indices
