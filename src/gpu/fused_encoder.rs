@@ -115,7 +115,7 @@ mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Storage, Tensor};
+    use candle_core::{CpuStorage, CudaDevice, CudaStorage, Layout, Result, Shape, Tensor};
     use half::bf16;
 
     use crate::gpu::gemm_layer_norm;
