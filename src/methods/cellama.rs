@@ -185,8 +185,7 @@ impl Encoder {
 
     /// Token ids of one sentence (with [CLS]/[SEP], truncated), for tests and diagnostics.
     pub fn token_ids(&self, sentence: &str) -> Result<Vec<u32>> {
-        let enc = self.tokenizer.encode(sentence, true).map_err(|e| Error::Model { context: "tokenizing".into(), detail: e.to_string() })?;
-        Ok(enc.get_ids().iter().zip(enc.get_attention_mask()).filter(|(_, &m)| m == 1).map(|(&i, _)| i).collect())
+        Ok(self.tokenize(&[sentence.to_string()])?.pop().unwrap_or_default())
     }
 
     /// Token ids of each sentence (with [CLS]/[SEP], truncated at `max_seq_length`, no padding),
@@ -204,8 +203,8 @@ impl Encoder {
         if sentences.is_empty() {
             return Ok(vec![]);
         }
-        let out = self.encode_tensor(sentences)?;
-        out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(model_err("running the BERT encoder"))
+        let ids = self.tokenize(sentences)?;
+        self.encode_ids(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
     /// As `encode`, from sentences already tokenized by [`Self::tokenize`].
