@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # bf16 against f32 on real cells, for the methods whose `--precision auto` (the default) runs
-# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S, CellFM and CellPLM at their
+# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S, CellFM, CellPLM and CELLama at their
 # released sizes with random weights in the upstream file formats (bench/fullsize_checkpoints.py;
 # scFoundation's, scPRINT's, C2S-Pythia-410M's, CellFM's and CellPLM's: bench/random_models.py; the
+# CELLama's all-MiniLM-L6-v2: its real config and tokenizer with seeded random weights,
+# bench/random_minilm.py, from .devcarry/minilm (scripts/devcarry.sh); the
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
@@ -49,10 +51,16 @@ for m in $MODELS; do
     geneformer) f=geneformer_v1/pytorch_model.bin ;; scgpt) f=scgpt/whole_human/best_model.pt ;;
     uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
     scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;; c2s) f=c2s/model.safetensors ;;
-    cellfm) f=cellfm/cellfm_torch.pt ;; cellplm) f=cellplm/20231027_85M.best.ckpt ;;
-    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm cellplm)" >&2; exit 1 ;;
+    cellfm) f=cellfm/cellfm_torch.pt ;; cellplm) f=cellplm/20231027_85M.best.ckpt ;; cellama) f=cellama/manifest.toml ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm cellplm cellama)" >&2; exit 1 ;;
   esac
   [[ -f $W/$f ]] && continue
+  if [[ $m == cellama ]]; then
+    [[ -f .devcarry/minilm/safetensors_header.json ]] || { echo "cellama needs .devcarry/minilm (bash scripts/devcarry.sh)" >&2; exit 1; }
+    "$PY" bench/random_minilm.py .devcarry/minilm "$W/cellama/weights" "$W/cellama/manifest.toml" --seed 0 | tee -a "$OUT/checkpoints.jsonl"
+    [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
+    continue
+  fi
   # scFoundation's, scPRINT's, C2S's, CellFM's and CellPLM's random models need no torch (bench/random_models.py)
   if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm || $m == cellplm ]]; then
     "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" | tee -a "$OUT/checkpoints.jsonl"
@@ -80,6 +88,7 @@ args_of() {
     c2s) echo "embed -m c2s --model-dir $W/c2s" ;;
     cellfm) echo "embed -m cellfm --model-dir $W/cellfm" ;;
     cellplm) echo "embed -m cellplm --model-dir $W/cellplm --gene-column gene_ids" ;;
+    cellama) echo "--weights-dir $W/cellama/weights embed -m cellama" ;;
   esac
 }
 
@@ -87,7 +96,7 @@ args_of() {
 run() {
   local name=$1; shift
   local t0 t1; t0=$(date +%s.%N)
-  ( cd "$R" && timeout 600 "$B" "$@" ) > "$OUT/$name.log" 2>&1; local rc=$?
+  ( cd "$R" && ${MANIFEST:+env SCFOUNDRY_MANIFEST="$MANIFEST"} timeout 600 "$B" "$@" ) > "$OUT/$name.log" 2>&1; local rc=$?
   t1=$(date +%s.%N)
   echo "$rc $(awk "BEGIN { print $t1 - $t0 }")" > "$OUT/$name.wall"
   local rep; rep=$(grep -o "run folder: [^ ]*" "$OUT/$name.log" | head -1 | cut -d' ' -f3)
@@ -99,6 +108,7 @@ run() {
 }
 
 for m in $MODELS; do
+  MANIFEST=; [[ $m == cellama ]] && MANIFEST=$W/cellama/manifest.toml   # the random model's pins
   # shellcheck disable=SC2046
   run "${m}_f32" $(args_of "$m") -d cells.h5ad -o "${m}_f32.h5ad" --device "$DEVICE" --precision f32
   # the default; where methods/<m>.toml keeps f32 as the GPU default, bf16 asked for (its opt-in)

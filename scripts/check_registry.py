@@ -96,8 +96,8 @@ EXPECTED_COST_TIER = {
     "langcell": 4, "scprint": 5, "uce": 5, "c2s": 5, "cellama": 2, "novae": 2,
     "harmony": 1, "seurat": 2, "scvi_denovo": 2, "scgpt_integrated": 4,
 }
-NO_BATCH_DEFAULT = {"cellama", "scfoundation", "genept", "pca", "harmony", "seurat"}
-FIXED_BATCH_DEFAULT = {"c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64, "novae": 256}
+NO_BATCH_DEFAULT = {"scfoundation", "genept", "pca", "harmony", "seurat"}
+FIXED_BATCH_DEFAULT = {"cellama": 32, "c2s": 8, "uce": 16, "scimilarity": 2048, "scgpt": 64, "novae": 256}
 # Methods with code: the entries of the method table (src/tasks/table.rs), one per line.
 TABLE = Path(__file__).resolve().parent.parent / "src" / "tasks" / "table.rs"
 IMPLEMENTED = set(re.findall(r'^\s*\("([a-z0-9_]+)",', TABLE.read_text(), re.M))
@@ -206,7 +206,6 @@ def check_method(path: Path, m: dict, problems: list[str]) -> None:
             # predicts in batches of --predict-batch-size
             "pca": {"embed": [], "transfer": [], "finetune": ["--batch-size", "--predict-batch-size"], "integrate": []},
             "cellplm": {"finetune": []},
-            "cellama": {"embed": [], "transfer": [], "finetune": ["--batch-size", "--predict-batch-size"]},
             "scgpt_integrated": {"integrate": ["--integration-batch-size"]},
         }
         for cmd, want in special.get(name, {}).items():

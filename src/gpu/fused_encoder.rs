@@ -28,6 +28,11 @@
 //! rotary embedding rotates the queries and keys in place between the QKV product and attention
 //! (`rotary_qk_bf16`, one thread a token, head and pair: `nn/rotary.rs` has the rule).
 //!
+//! Heads narrower than the attention kernel's 64 (all-MiniLM-L6-v2's 32) come widened with zero
+//! columns (`TransformerStack::pad_heads`, done where the stack is built in bf16 on a GPU): the
+//! QKV product is then `3 x heads x 64` wide, the output projection reads `heads x 64` columns,
+//! and the scores keep the real width's scale.
+//!
 //! Same answer as `TransformerStack::forward_unfused` within bf16 rounding.
 
 use candle_core::{DType, Result, Tensor};
@@ -46,7 +51,8 @@ impl TransformerStack {
 }
 
 /// Whether `forward` takes this input: a CUDA build, `x` (`tokens x d`) in bf16 on a GPU, heads
-/// 64 wide (the attention kernel's), d and the feed-forward width multiples of 8 (16-byte rows)
+/// 64 wide (the attention kernel's; narrower heads are widened with zero columns first,
+/// [`TransformerStack::pad_heads`]), d and the feed-forward width multiples of 8 (16-byte rows)
 /// and d at most 2048 (the layer-norm kernel's rows); causal and rotary stacks in pre-norm or
 /// parallel order only, at most 64 rotated values a head.
 pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
@@ -56,7 +62,9 @@ pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
         && x.device().is_cuda()
         && x.dtype() == DType::BF16
         && stack.heads > 0
-        && d == stack.heads * 64
+        && stack.head_width() == 64
+        && stack.layers.iter().all(|l| l.out.weight().dims2().is_ok_and(|(rows, _)| rows == d))
+        && d % 8 == 0
         && d <= 2048
         && ffn % 8 == 0
         && ffn > 0
@@ -68,7 +76,7 @@ pub fn applies(stack: &TransformerStack, x: &Tensor) -> bool {
 /// The stack over packed cells `x` (`tokens x d`, bf16, on a GPU; `applies` says when).
 pub fn forward(stack: &TransformerStack, x: &Tensor, cu: &[u32]) -> Result<Tensor> {
     if !applies(stack, x) {
-        candle_core::bail!("the fused encoder takes bf16 on a GPU with 64-wide heads (use TransformerStack::forward)");
+        candle_core::bail!("the fused encoder takes bf16 on a GPU with 64-wide heads (use TransformerStack::forward, or TransformerStack::pad_heads for narrower heads)");
     }
     #[cfg(feature = "cuda")]
     {
@@ -275,31 +283,33 @@ mod cuda {
         fn pre_norm(&self, dev: &CudaDevice, lt: &crate::gpu::gemm::Lt, h: &mut CudaSlice<bf16>, offsets: &CudaView<u32>, cells: usize, t: usize, d: usize, f: usize) -> Result<()> {
             let s = self.stack;
             let eps = s.eps as f32;
+            // the attention's width: d, or more where the heads are padded to 64
+            let (da, scale) = (s.heads * 64, s.attention_scale() as f32);
             let parallel = s.order == Order::Parallel;
             let rotation = match &s.rotary {
                 Some(r) if r.dims > 0 => Some((r.dims, crate::gpu::upload::upload_slice(&r.inv_freq, dev)?)),
                 _ => None,
             };
             let mut normed = unsafe { dev.alloc::<bf16>(t * d)? };
-            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
-            let mut att = dev.alloc_zeros::<bf16>(t * d)?;
+            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * da)? };
+            let mut att = dev.alloc_zeros::<bf16>(t * da)?;
             let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
             for l in &s.layers {
                 let lw = LayerWeights::new(l)?;
                 layer_norm_to(dev, h, &mut normed, &lw.n1w.view()?, &lw.n1b.view()?, t, d, eps)?;
-                lt.linear(&normed.as_view(), t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * d, &mut qkv, false, false, None)?;
+                lt.linear(&normed.as_view(), t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * da, &mut qkv, false, false, None)?;
                 if let Some((rot, inv_freq)) = &rotation {
                     rotary(dev, &mut qkv, offsets, &inv_freq.as_view(), s.heads, *rot, self.longest, cells)?;
                 }
                 if cells > 0 && self.longest > 0 {
-                    crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells, s.causal)?;
+                    crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), &mut att, offsets, s.heads, self.longest, cells, s.causal, scale)?;
                 }
                 if parallel {
                     // the feed-forward reads norm2 of the layer's input: before attention adds onto it
                     layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
                 }
                 // qkv is free once attention has read it: the residual products time their candidates there
-                lt.linear(&att.as_view(), t, d, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(&mut qkv))?;
+                lt.linear(&att.as_view(), t, da, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(&mut qkv))?;
                 if !parallel {
                     layer_norm_to(dev, h, &mut normed, &lw.n2w.view()?, &lw.n2b.view()?, t, d, eps)?;
                 }
@@ -333,6 +343,8 @@ mod cuda {
             let s = self.stack;
             let f = s.layers.first().map(|l| l.ff1.weight().dims2()).transpose()?.map(|x| x.0).unwrap_or(0);
             let eps = s.eps as f32;
+            // the attention's width: d, or more where the heads are padded to 64
+            let (da, scale) = (s.heads * 64, s.attention_scale() as f32);
             if s.order != Order::PostNorm {
                 let mut h = unsafe { dev.alloc::<bf16>(t * d)? };
                 dev.memcpy_dtod(&xs.as_cuda_slice::<bf16>()?.slice(x0..x1), &mut h)?;
@@ -354,12 +366,12 @@ mod cuda {
                 Ok(())
             };
             let (h_ready, input, ready) = (&h_ready, &input, &ready);
-            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * d)? };
-            let mut att = dev.alloc_zeros::<bf16>(t * d)?;
+            let mut qkv = unsafe { dev.alloc::<bf16>(t * 3 * da)? };
+            let mut att = dev.alloc_zeros::<bf16>(t * da)?;
             let mut ff = unsafe { dev.alloc::<bf16>(t * f)? };
             let mut times: Vec<(&'static str, f64)> = Vec::new();
             // 256-wide layers on Hopper: each residual product and the norm after it in one kernel
-            let norm_fused = (gemm_layer_norm::applies(&dev, d, d)?, gemm_layer_norm::applies(&dev, d, f)?);
+            let norm_fused = (gemm_layer_norm::applies(&dev, d, da)?, gemm_layer_norm::applies(&dev, d, f)?);
             for l in &s.layers {
                 let lw = LayerWeights::new(l)?;
                 // references, so that the steps' closures can take copies of them
@@ -370,14 +382,14 @@ mod cuda {
                         "qkv_gemm",
                         Box::new(|h, qkv, _, _| {
                             let src = if h_ready.get() { h.as_view() } else { input()? };
-                            lt.linear(&src, t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * d, qkv, false, false, None)
+                            lt.linear(&src, t, d, &lw.wq.view()?, &lw.bq.view()?, 3 * da, qkv, false, false, None)
                         }),
                     ),
                     (
                         "attention",
                         Box::new(|_, qkv, att, _| {
                             if cells > 0 && self.longest > 0 {
-                                crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells, false)?;
+                                crate::gpu::varlen_attention::launch_fused(dev, &qkv.as_view(), att, &offsets, s.heads, self.longest, cells, false, scale)?;
                             }
                             Ok(())
                         }),
@@ -386,7 +398,7 @@ mod cuda {
                 // qkv is free once attention has read it: the residual products time their candidates there
                 let out_proj = |h: &mut CudaSlice<bf16>, qkv: &mut CudaSlice<bf16>, att: &CudaSlice<bf16>| {
                     ready(h)?;
-                    lt.linear(&att.as_view(), t, d, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(qkv))
+                    lt.linear(&att.as_view(), t, da, &lw.wo.view()?, &lw.bo.view()?, d, h, true, false, Some(qkv))
                 };
                 let norm1 = |h: &mut CudaSlice<bf16>| layer_norm(dev, h, &lw.n1w.view()?, &lw.n1b.view()?, t, d, eps);
                 if norm_fused.0 {
@@ -394,7 +406,7 @@ mod cuda {
                         "out_gemm_residual_norm",
                         Box::new(move |h, qkv, att, _| {
                             let residual = if h_ready.get() { None } else { Some(input()?) };
-                            if gemm_layer_norm::launch(dev, &att.as_view(), &lw.wo.view()?, &lw.bo.view()?, &lw.n1w.view()?, &lw.n1b.view()?, h, residual.as_ref(), t, d, eps)? {
+                            if gemm_layer_norm::launch(dev, &att.as_view(), &lw.wo.view()?, &lw.bo.view()?, &lw.n1w.view()?, &lw.n1b.view()?, h, residual.as_ref(), t, da, eps)? {
                                 h_ready.set(true);
                             } else {
                                 out_proj(h, qkv, att)?;

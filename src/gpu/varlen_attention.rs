@@ -27,14 +27,28 @@ pub fn varlen_attention(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor
 pub fn varlen_attention_with(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool) -> Result<Tensor> {
     let (tokens, width) = qkv.dims2()?;
     check(tokens, width, cu, heads)?;
+    varlen_attention_scaled(qkv, cu, heads, causal, default_scale(width / 3 / heads))
+}
+
+/// [`varlen_attention_with`] with the scores multiplied by `scale` instead of
+/// `1 / sqrt(head_dim)`: for heads widened with zero columns (`TransformerStack::pad_heads`),
+/// whose scores keep their real width's scale.
+pub fn varlen_attention_scaled(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool, scale: f64) -> Result<Tensor> {
+    let (tokens, width) = qkv.dims2()?;
+    check(tokens, width, cu, heads)?;
     if fused_kernel_applies(qkv, width / 3 / heads) {
         #[cfg(feature = "cuda")]
         {
             let offsets = crate::gpu::upload::upload_u32(cu, qkv.device())?;
-            return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu), causal });
+            return qkv.contiguous()?.apply_op2_no_bwd(&offsets, &cuda::VarlenAttention { heads, longest: longest(cu), causal, scale: scale as f32 });
         }
     }
-    reference_with(qkv, cu, heads, causal)
+    reference_scaled(qkv, cu, heads, causal, scale)
+}
+
+/// `1 / sqrt(head_dim)`: the scores' scale of heads `head_dim` wide.
+pub fn default_scale(head_dim: usize) -> f64 {
+    1.0 / (head_dim.max(1) as f64).sqrt()
 }
 
 /// Whether `varlen_attention` runs the fused kernel for this input.
@@ -72,10 +86,16 @@ pub fn reference(qkv: &Tensor, cu: &[u32], heads: usize) -> Result<Tensor> {
 pub fn reference_with(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool) -> Result<Tensor> {
     let (tokens, width) = qkv.dims2()?;
     check(tokens, width, cu, heads)?;
+    reference_scaled(qkv, cu, heads, causal, default_scale(width / 3 / heads))
+}
+
+/// [`reference_with`] with the scores multiplied by `scale` (see [`varlen_attention_scaled`]).
+pub fn reference_scaled(qkv: &Tensor, cu: &[u32], heads: usize, causal: bool, scale: f64) -> Result<Tensor> {
+    let (tokens, width) = qkv.dims2()?;
+    check(tokens, width, cu, heads)?;
     let d = width / 3;
     let hd = d / heads;
     let x = qkv.to_dtype(DType::F32)?;
-    let scale = 1.0 / (hd as f64).sqrt();
     let mut parts = Vec::with_capacity(cu.len().saturating_sub(1));
     let mut c = 0;
     while c + 1 < cu.len() {
@@ -163,12 +183,13 @@ pub(crate) mod cuda {
     /// with tokens is written. `longest` is the longest cell's token count. The Hopper kernel reads
     /// `qkv` through a TMA tensor map (boxes of 64 columns x 32 rows); a `qkv` that cannot be one
     /// (not on a 16-byte boundary) takes the portable kernel. `causal`: each token attends to its
-    /// cell's tokens up to itself.
+    /// cell's tokens up to itself. `scale` multiplies the scores (`1/sqrt(64)` = 0.125 but for
+    /// heads widened with zero columns).
     #[allow(clippy::too_many_arguments)]
-    pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize, causal: bool) -> Result<()> {
+    pub fn launch(dev: &CudaDevice, qkv: &CudaView<half::bf16>, out: &mut CudaSlice<half::bf16>, offsets: &CudaView<u32>, heads: usize, longest: usize, cells: usize, causal: bool, scale: f32) -> Result<()> {
         // either kernel: a block takes 128 query rows of one head of one cell
         let grid_dim = (longest.div_ceil(128) as u32, heads as u32, cells as u32);
-        let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E; // 1/sqrt(64), in base 2
+        let scale_log2 = scale * std::f32::consts::LOG2_E; // the kernels work in base 2
         let width = 3 * heads * 64;
         let stream = dev.cuda_stream();
         // the guard records the kernel's read of qkv on the stream when it drops, after the launch
@@ -203,6 +224,7 @@ pub(crate) mod cuda {
         pub heads: usize,
         pub longest: usize,
         pub causal: bool,
+        pub scale: f32,
     }
 
     impl candle_core::CustomOp2 for VarlenAttention {
@@ -229,7 +251,7 @@ pub(crate) mod cuda {
             let offsets = cu.as_cuda_slice::<u32>()?.slice(c_start..c_end);
             let mut out = dev.alloc_zeros::<half::bf16>(tokens * d)?;
             if cells > 0 && self.longest > 0 {
-                launch(&dev, &q, &mut out, &offsets, self.heads, self.longest, cells, self.causal)?;
+                launch(&dev, &q, &mut out, &offsets, self.heads, self.longest, cells, self.causal, self.scale)?;
             }
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((tokens, d))))
         }

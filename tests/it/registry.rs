@@ -22,12 +22,14 @@ fn every_method_is_registered() {
 fn batch_defaults_and_options() {
     let reg = Registry::builtin();
     let batch = |m: &str| reg.methods[m].batch.as_ref().map(|b| b.default);
-    for m in ["cellama", "scfoundation", "genept", "pca"] {
+    for m in ["scfoundation", "genept", "pca"] {
         assert_eq!(batch(m), None, "{m} has no batch option");
     }
     // Novae's subgraphs per forward pass: upstream's Novae(batch_size=256).
     assert_eq!(batch("novae"), Some(256));
     assert_eq!(batch("c2s"), Some(8));
+    // sentence-transformers' encode(batch_size=32)
+    assert_eq!(batch("cellama"), Some(32));
     assert_eq!(batch("uce"), Some(16));
     assert_eq!(batch("scimilarity"), Some(2048));
     assert_eq!(batch("scgpt"), Some(64));

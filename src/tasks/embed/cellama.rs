@@ -14,7 +14,7 @@ use crate::tasks::method::{self as method, one_step, Method, Preflight};
 use crate::weights::{self, Manifest};
 use crate::methods::cellama::{self, Encoder};
 use crate::tasks::genes::{is_symbol, match_genes, GeneMatch, Kind, Resolved};
-use crate::tasks::runtime::{check_model_folder, model_folder, obs_strings, write_f32_file, Batches, TaskDevice};
+use crate::tasks::runtime::{check_model_folder, model_folder, obs_strings, precision, precision_name, write_f32_file, Batches, TaskDevice};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 
 /// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
@@ -36,6 +36,8 @@ struct CellamaJob {
     top: usize,
     obs: Vec<(String, Vec<String>)>,
     enc: Encoder,
+    /// The precision the encoder runs in (`--precision`).
+    dtype: candle_core::DType,
     model_dir: PathBuf,
     shas: serde_json::Map<String, Value>,
     notes: Vec<String>,
@@ -65,10 +67,11 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
     // gene names as text: Ensembl ids mapped to symbols (tasks::genes)
     let (genes, gene_match) = match_genes(&ad, &x, &spec.params, Kind::Symbols, &is_symbol, &mut notes)?;
     let dev = TaskDevice::start(spec)?;
-    let enc = Encoder::load_on(&model_dir, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    let dtype = precision(spec, &dev.device, &mut notes);
+    let enc = Encoder::load_dtype(&model_dir, dev.device.clone(), dtype).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
-    let batches = Batches::new(dev, cellama::BATCH_SIZE, task_dir);
-    Ok(CellamaJob { ad, x, top, obs, enc, model_dir, shas, notes, batches, genes, gene_match })
+    let batches = Batches::new(dev, p.batch_size.max(1), task_dir);
+    Ok(CellamaJob { ad, x, top, obs, enc, dtype, model_dir, shas, notes, batches, genes, gene_match })
 }
 
 /// Encode the cells of `rows`, batched within the blocks of its grid (so a shard's batches are
@@ -92,7 +95,7 @@ fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, row
     if truncated > 0 {
         job.notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
     }
-    job.batches.finish(&mut job.notes, false);
+    job.batches.finish(&mut job.notes, true);
     Ok(())
 }
 
@@ -104,12 +107,11 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rows = TaskRows::new(spec, job.ad.n_obs, Cellama.block_rows(&job.x, &spec.params))?;
     let out = EmbeddingOut::create(spec, &rows, key, job.ad.n_obs, dim)?;
     cellama_encode(&mut job, rep.as_ref(), &rows, |s, r| out.write(s, r))?;
-    let batch = job.batches.size();
-    let CellamaJob { x, enc, model_dir, shas, notes, genes, gene_match, .. } = job;
+    let CellamaJob { x, enc, dtype, model_dir, shas, notes, genes, gene_match, batches, .. } = job;
     let mut params = spec.params.clone();
     crate::tasks::genes::record(&gene_match, &genes, &mut params);
-    params.insert("batch_size".into(), json!(batch));
-    params.insert("device".into(), json!(spec.device.kind.to_string()));
+    batches.record(spec, &mut params);
+    params.insert("precision".into(), json!(precision_name(dtype)));
     params.insert("max_seq_length".into(), json!(enc.max_seq_length));
     params.insert("pooling".into(), json!("mean, L2-normalised"));
     params.insert("tie_order".into(), json!("gene order (stable argsort)"));
@@ -135,12 +137,13 @@ fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult
     Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![], ..Default::default() })
 }
 
-/// cellama's options, from `methods/cellama.toml` (it has no batch option: sentence-transformers'
-/// batch of `cellama::BATCH_SIZE`).
+/// cellama's options, from `methods/cellama.toml`.
 #[derive(Debug, Deserialize)]
 pub struct Params {
     pub top_genes: usize,
     pub obs_features: String,
+    /// Sentences a forward pass (`[batch]`: sentence-transformers' 32 on the CPU).
+    pub batch_size: usize,
 }
 
 /// cellama: the table's entry.
