@@ -366,10 +366,32 @@ def row(r):
         accuracy = f"{acc['lowest_cosine']} / {acc['largest_rel_error']}"
     elif acc.get("kind") == "exact":
         accuracy = "f32 (exact)"
+    elif acc.get("kind") == "not_run":
+        accuracy = recorded_accuracy(r["method"]) or "not measured"
     else:
         accuracy = "not measured"
     cells = [name, default, fastest, torch_cell(up), torch_cell(ca), r_up, r_ca, end, peak, accuracy]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def recorded_accuracy(method):
+    """Where a run did not measure accuracy: what methods/<method>.toml records of its GPU default
+    (`[precision.fidelity]`, from bench/precision_fidelity_gpu.sh), with where and when it was
+    measured; "f32 (exact)" where the GPU default is f32; None without a readable file."""
+    try:
+        import tomllib
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "methods", f"{method}.toml"), "rb") as f:
+            t = tomllib.load(f)
+    except (ImportError, OSError, ValueError):
+        return None
+    p = t.get("precision") or {}
+    if p.get("gpu_default", "f32") == "f32":
+        return "f32 (exact)"
+    fid = p.get("fidelity") or {}
+    if "lowest_cosine" not in fid:
+        return None
+    return (f"{fid['lowest_cosine']} / {fid['largest_rel_error']:.1e} (methods/{method}.toml: {fid.get('date', '?')}, "
+            f"commit {fid.get('commit', '?')})")
 
 
 def notes(r):
@@ -662,6 +684,9 @@ def self_test():
         assert "Not in these runs: uce, sccello, langcell, scfoundation, scprint, c2s, cellfm, novae, cellama." in text, text
         assert "geneformer, careful PyTorch at batch 128: " in text and "out of memory" in text
         assert "scbert, end to end: not wired" not in text
+        # accuracy not run: what methods/<m>.toml records of the default (bf16 or f32)
+        assert recorded_accuracy("geneformer").startswith("0.999981 / 6.1e-03 (methods/geneformer.toml: 2026-12-05, commit "), recorded_accuracy("geneformer")
+        assert recorded_accuracy("scvi") == "f32 (exact)" and recorded_accuracy("no-such-method") is None
         # a second run into the same folder replaces the measurements it makes and keeps the others
         p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), "scbert", outs["scbert"]], cwd=repo,
                            env=dict(env, STEPS="throughput", BATCHES="1 3"), capture_output=True, text=True, timeout=600)
