@@ -164,9 +164,19 @@ fn cellama_embed_command_with_obs_features() {
     assert!(Command::new(&py).args(["-c", &code]).status().unwrap().success());
     crate::common::assert_shards_equal(&ctx, &["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "--obs-features", &feats], &[], "X_cellama", 3, 0);
     // sentences are packed without padding: batches of 3 give the batches of 32's embeddings
+    let runs = ctx.path("runs-b3");
     for (b, o) in [("3", "b3.h5ad"), ("32", "b32.h5ad")] {
-        ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "-o", o, "--batch-size", b]).success();
+        ctx.run(&["--weights-dir", w.to_str().unwrap(), "embed", "-m", "cellama", "-d", "more.h5ad", "-o", o, "--batch-size", b, "--runs-dir", runs.to_str().unwrap()]).success();
     }
+    // where the task's time went, as the pipelined methods report it
+    let run = std::fs::read_dir(&runs).unwrap().flatten().map(|e| e.path()).find(|p| p.is_dir()).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+    let phases: Vec<(String, f64)> = serde_json::from_value(report["tasks"][0]["result"]["phases"].clone()).unwrap();
+    let phases: std::collections::HashMap<String, f64> = phases.into_iter().collect();
+    for stage in ["setup", "read", "tokenise", "device", "write", "blocks wall", "wall"] {
+        assert!(phases.get(stage).is_some_and(|&s| s >= 0.0), "no `{stage}` in {phases:?}");
+    }
+    assert!(phases["device"] > 0.0 && phases["tokenise"] > 0.0 && phases["blocks wall"] <= phases["wall"], "{phases:?}");
     let (b3, _) = read_obsm(&ctx.path("b3.h5ad"), "X_cellama");
     let (b32, _) = read_obsm(&ctx.path("b32.h5ad"), "X_cellama");
     assert_eq!(b3.len(), 20 * 384);

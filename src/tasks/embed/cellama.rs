@@ -15,6 +15,7 @@ use crate::weights::{self, Manifest};
 use crate::methods::cellama::{self, Encoder};
 use crate::tasks::genes::{is_symbol, match_genes, GeneMatch, Kind, Resolved};
 use crate::tasks::runtime::{check_model_folder, model_folder, obs_strings, precision, precision_name, write_f32_file, Batches, TaskDevice};
+use crate::tasks::pipeline::{self, Plan, Stage, StageClock};
 use crate::tasks::shard::{EmbeddingOut, TaskRows};
 
 /// Cell sentences for rows `start..` of a block (see `methods/cellama.rs`).
@@ -22,11 +23,16 @@ pub fn cellama_sentences(block: &crate::anndata::CsrBlock, var_names: &[String],
     (0..block.n_rows())
         .map(|i| {
             let (idx, vals) = block.row(i);
-            let genes: Vec<&str> = cellama::top_genes(idx, vals, var_names.len(), top).into_iter().map(|j| var_names[j].as_str()).collect();
-            let fields: Vec<(&str, &str)> = obs.iter().map(|(n, v)| (n.as_str(), v[block.start_row + i].as_str())).collect();
-            cellama::sentence(&genes, &fields)
+            row_sentence(block.start_row + i, idx, vals, var_names, obs, top)
         })
         .collect()
+}
+
+/// The sentence of row `row` of the file, given its (genes, values).
+fn row_sentence(row: usize, idx: &[u32], vals: &[f32], var_names: &[String], obs: &[(String, Vec<String>)], top: usize) -> String {
+    let genes: Vec<&str> = cellama::top_genes(idx, vals, var_names.len(), top).into_iter().map(|j| var_names[j].as_str()).collect();
+    let fields: Vec<(&str, &str)> = obs.iter().map(|(n, v)| (n.as_str(), v[row].as_str())).collect();
+    cellama::sentence(&genes, &fields)
 }
 
 /// What a cellama task needs: the data, its sentences' parts and the loaded encoder.
@@ -75,38 +81,53 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
 }
 
 /// Encode the cells of `rows`, batched within the blocks of its grid (so a shard's batches are
-/// the whole run's); `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows.
-/// Adds a note when sentences were truncated.
-fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, rows: &TaskRows, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
-    let (enc, x, dim) = (&job.enc, &job.x, job.enc.hidden);
+/// the whole run's); `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows. While the
+/// device runs a block, the next is read and its sentences built and tokenized on all cores
+/// (`tasks::pipeline`). Adds a note when sentences were truncated; returns the task's phases.
+fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, rows: &TaskRows, setup_clock: &StageClock, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<Vec<(String, f64)>> {
+    let CellamaJob { enc, x, genes, obs, top, batches, notes, .. } = job;
+    let (enc, x, dim, top) = (&*enc, &*x, enc.hidden, *top);
+    let (names, obs) = (&genes.names, &*obs);
+    let clock = setup_clock;
     let p = rep.step("cellama: encode", rows.len() as u64, "cells");
     let mut truncated = 0usize;
-    for (s, e) in rows.blocks() {
-        let b = x.read_rows(s, e)?;
-        let sentences = cellama_sentences(&b, &job.genes.names, &job.obs, job.top);
-        // tokenized once, on all cores; batched longest first, so each batch pads little
-        let ids = enc.tokenize(&sentences)?;
-        truncated += ids.iter().filter(|t| t.len() >= enc.max_seq_length).count();
-        let order = cellama::longest_first(&ids);
-        let rows = job.batches.run(ids.len(), dim, &order, 0.0, |idx| enc.encode_ids(&idx.iter().map(|&i| ids[i].as_slice()).collect::<Vec<_>>()), |k| p.inc(k as u64))?;
-        sink(s, &rows)?;
-    }
+    let blocks = rows.blocks();
+    let setup = clock.elapsed();
+    let started = std::time::Instant::now();
+    pipeline::run(
+        blocks.len(),
+        Plan::from_env(),
+        |k| {
+            let sentences = pipeline::read_and_map(clock, x, blocks[k], 64, |row, idx, vals| row_sentence(row, idx, vals, names, obs, top))?;
+            // tokenized once, on all cores
+            clock.time(Stage::Tokenise, || enc.tokenize(&sentences))
+        },
+        |k, ids| {
+            truncated += ids.iter().filter(|t| t.len() >= enc.max_seq_length).count();
+            // batched longest first, so each batch's sentences are of similar lengths
+            let order = cellama::longest_first(&ids);
+            let out = clock.time(Stage::Device, || batches.run(ids.len(), dim, &order, 0.0, |idx| enc.encode_ids(&idx.iter().map(|&i| ids[i].as_slice()).collect::<Vec<_>>()), |n| p.inc(n as u64)))?;
+            clock.time(Stage::Write, || sink(blocks[k].0, &out))
+        },
+    )?;
+    let blocks_wall = started.elapsed().as_secs_f64();
     p.finish();
     if truncated > 0 {
-        job.notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
+        notes.push(format!("{truncated} cell sentence(s) reached the model's {} tokens and were truncated, as sentence-transformers does", enc.max_seq_length));
     }
-    job.batches.finish(&mut job.notes, true);
-    Ok(())
+    batches.finish(notes, true);
+    Ok(clock.phases(setup, blocks_wall))
 }
 
 fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
+    let clock = StageClock::new();
     let mut job = cellama_prepare(spec, task_dir)?;
     let dim = job.enc.hidden;
     let key = "X_cellama";
     let rows = TaskRows::new(spec, job.ad.n_obs, Cellama.block_rows(&job.x, &spec.params))?;
     let out = EmbeddingOut::create(spec, &rows, key, job.ad.n_obs, dim)?;
-    cellama_encode(&mut job, rep.as_ref(), &rows, |s, r| out.write(s, r))?;
+    let phases = cellama_encode(&mut job, rep.as_ref(), &rows, &clock, |s, r| out.write(s, r))?;
     let CellamaJob { x, enc, dtype, model_dir, shas, notes, genes, gene_match, batches, .. } = job;
     let mut params = spec.params.clone();
     crate::tasks::genes::record(&gene_match, &genes, &mut params);
@@ -119,22 +140,24 @@ fn embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     w.insert("dir".into(), json!(model_dir.display().to_string()));
     let mut result = out.commit(spec, &x.field, params, w, Value::Object(shas), notes)?;
     result.gene_match = Some(gene_match.to_json());
+    result.phases = phases;
     Ok(result)
 }
 
 /// Embed `spec.data` with cellama (per cell, nothing fitted); write it to `spec.out`.
 fn transfer_embed_cellama(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResult> {
     let rep = reporter(!spec.progress);
+    let clock = StageClock::new();
     let mut job = cellama_prepare(spec, task_dir)?;
     let dim = job.enc.hidden;
     let mut emb = vec![0f32; job.ad.n_obs * dim];
     let rows = TaskRows::new(spec, job.ad.n_obs, Cellama.block_rows(&job.x, &spec.params))?;
-    cellama_encode(&mut job, rep.as_ref(), &rows, |start, rows| {
+    let phases = cellama_encode(&mut job, rep.as_ref(), &rows, &clock, |start, rows| {
         emb[start * dim..start * dim + rows.len()].copy_from_slice(rows);
         Ok(())
     })?;
     write_f32_file(&spec.out, &emb)?;
-    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases: vec![], ..Default::default() })
+    Ok(TaskResult { output: Some(spec.out.clone()), obsm_key: Some("X_cellama".into()), n_obs: job.ad.n_obs, dim, notes: job.notes, phases, ..Default::default() })
 }
 
 /// cellama's options, from `methods/cellama.toml`.
@@ -150,6 +173,12 @@ pub struct Params {
 pub struct Cellama;
 
 impl Method for Cellama {
+    /// Blocks of about 4 million stored values (about 4,000 cells of 1,000 genes); a sentence's
+    /// embedding does not depend on its batch, so blocks need not hold whole batches.
+    fn block_rows(&self, x: &crate::anndata::Matrix, _params: &serde_json::Map<String, Value>) -> usize {
+        crate::tasks::shard::block_rows(x, 4_000_000, 1)
+    }
+
     fn check(&self, pf: &Preflight) -> Result<()> {
         check_model_folder(pf.method, pf.weights_dir, pf.model_dir, cellama::REQUIRED_ENTRIES, cellama::FOLDER)
     }
