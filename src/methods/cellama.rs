@@ -194,17 +194,16 @@ impl Encoder {
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is memory-mapped read-only; scfoundry does not modify weights while
         // running, and a concurrent writer would be a user error that `weights verify` detects.
+        // fine-tuning trains in f32
+        let dtype = if hook.is_some() { DType::F32 } else { dtype };
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }.map_err(|e| bad("model.safetensors", e.to_string()))?;
         let net = match hook {
             // the layers a fine-tuning hook unfreezes run as differentiable layers (methods/bert.rs)
             Some(h) => {
-                let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }.map_err(|e| bad("model.safetensors", e.to_string()))?;
                 let vb = h.wrap(vb, "encoder.layer.", config.num_hidden_layers, &device)?;
                 Net::Padded(Bert::load(vb, &config, h.unfreeze).map_err(|e| bad("model.safetensors", e.to_string()))?)
             }
-            None => {
-                let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], dtype, &device) }.map_err(|e| bad("model.safetensors", e.to_string()))?;
-                Net::Packed(PackedBert::load(vb, &config).map_err(|e| bad("model.safetensors", e.to_string()))?)
-            }
+            None => Net::Packed(PackedBert::load(vb, &config).map_err(|e| bad("model.safetensors", e.to_string()))?),
         };
         Ok(Encoder { net, tokenizer, device, pad_id, max_seq_length, hidden: config.hidden_size })
     }

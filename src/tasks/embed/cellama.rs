@@ -84,11 +84,10 @@ fn cellama_prepare(spec: &TaskSpec, task_dir: &Path) -> Result<CellamaJob> {
 /// the whole run's); `sink(start_row, rows)` receives blocks of `enc.hidden`-wide rows. While the
 /// device runs a block, the next is read and its sentences built and tokenized on all cores
 /// (`tasks::pipeline`). Adds a note when sentences were truncated; returns the task's phases.
-fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, rows: &TaskRows, setup_clock: &StageClock, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<Vec<(String, f64)>> {
+fn cellama_encode(job: &mut CellamaJob, rep: &dyn crate::progress::Reporter, rows: &TaskRows, clock: &StageClock, mut sink: impl FnMut(usize, &[f32]) -> Result<()>) -> Result<Vec<(String, f64)>> {
     let CellamaJob { enc, x, genes, obs, top, batches, notes, .. } = job;
     let (enc, x, dim, top) = (&*enc, &*x, enc.hidden, *top);
     let (names, obs) = (&genes.names, &*obs);
-    let clock = setup_clock;
     let p = rep.step("cellama: encode", rows.len() as u64, "cells");
     let mut truncated = 0usize;
     let blocks = rows.blocks();
@@ -263,10 +262,11 @@ impl method::Backbone for Backbone {
         let x = ad.matrix(None)?;
         let obs = obs_strings(ad, &self.obs_features, notes)?;
         let (genes, _) = crate::tasks::genes::match_genes_with(ad, &x, self.gene_column.as_deref(), self.min_gene_match, Kind::Symbols, &is_symbol, notes)?;
+        // each block read, then its sentences built on all cores (as `embed` builds them)
+        let clock = StageClock::new();
         let mut sentences = Vec::with_capacity(ad.n_obs);
-        for (s, e) in x.blocks(1_000_000) {
-            let b = x.read_rows(s, e)?;
-            sentences.extend(cellama_sentences(&b, &genes.names, &obs, self.top));
+        for block in x.blocks(1_000_000) {
+            sentences.extend(pipeline::read_and_map(&clock, &x, block, 64, |row, idx, vals| row_sentence(row, idx, vals, &genes.names, &obs, self.top))?);
         }
         Ok((Box::new(Sentences { enc: &self.enc, sentences }), vec![true; ad.n_obs]))
     }
