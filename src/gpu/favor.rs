@@ -1,4 +1,5 @@
-//! Performer's FAVOR+ features in one pass (`kernels/encoder_ops.cu` `favor_features_f32`):
+//! Performer's FAVOR+ features in one pass (`kernels/encoder_ops.cu` `favor_features_f32`, and
+//! `favor_features_bf16` for bf16 rows, its math in f32):
 //! scBERT's `softmax_kernel` after the projection, `(exp(dash - diag - stab) + eps) * ratio`.
 //! candle's ops take five passes over the `cells x heads x genes x features` tensor for it (and
 //! one more for each row's maximum); `methods/scbert.rs` keeps them as its CPU path and this
@@ -53,12 +54,19 @@ pub fn features(dash: &Tensor, diag: &Tensor, stab: Option<&Tensor>, ratio: f64,
     if diag.elem_count() != rows || stab.is_some_and(|s| s.elem_count() == 0 || rows % s.elem_count() != 0) {
         candle_core::bail!("favor-features: {rows} rows of {m}, {} diagonal values, {:?} stabilisers", diag.elem_count(), stab.map(|s| s.elem_count()));
     }
-    if dash.dtype() != DType::F32 {
-        candle_core::bail!("favor-features takes f32 rows, not {:?}", dash.dtype());
+    if diag.dtype() != DType::F32 || stab.is_some_and(|s| s.dtype() != DType::F32) {
+        candle_core::bail!("favor-features takes f32 diagonal values and stabilisers");
     }
     let op = Favor { m, has_stab: stab.is_some(), rows_per_stab: stab.map_or(1, |s| rows / s.elem_count()), ratio: ratio as f32, eps: eps as f32 };
     let stab = stab.cloned().unwrap_or_else(|| diag.clone());
-    dash.contiguous()?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op)
+    match dash.dtype() {
+        DType::F32 => dash.contiguous()?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op),
+        // bf16 rows: the kernel's bf16 instance on a GPU (math in f32, one rounding of the
+        // output); on the CPU, the f32 loop between two conversions (the same roundings)
+        DType::BF16 if dash.device().is_cuda() => dash.contiguous()?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op),
+        DType::BF16 => dash.to_dtype(DType::F32)?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op)?.to_dtype(DType::BF16),
+        d => candle_core::bail!("favor-features takes f32 or bf16 rows, not {d:?}"),
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -72,29 +80,45 @@ mod cuda {
         let dev = x.device().clone();
         let range = |l: &Layout| l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("favor-features: inputs must be contiguous".into()));
         let ((x0, x1), (d0, d1), (s0, s1)) = (range(xl)?, range(dl)?, range(sl)?);
-        let n = x1 - x0;
-        let rows = n / op.m.max(1);
-        let mut out = unsafe { dev.alloc::<f32>(n)? };
-        if rows > 0 {
-            let func = load_kernel!(dev, "favor_features_f32", crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
-            let (m, has, per) = (op.m as i32, op.has_stab as i32, op.rows_per_stab as i64);
-            let xs = x.as_cuda_slice::<f32>()?.slice(x0..x1);
-            let ds = d.as_cuda_slice::<f32>()?.slice(d0..d1);
-            let ss = s.as_cuda_slice::<f32>()?.slice(s0..s1);
-            let mut b = func.builder();
-            b.arg(&xs);
-            b.arg(&ds);
-            b.arg(&ss);
-            b.arg(&mut out);
-            b.arg(&m);
-            b.arg(&has);
-            b.arg(&per);
-            b.arg(&op.ratio);
-            b.arg(&op.eps);
-            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            unsafe { b.launch(cfg) }.w()?;
+        let ds = d.as_cuda_slice::<f32>()?.slice(d0..d1);
+        let ss = s.as_cuda_slice::<f32>()?.slice(s0..s1);
+        // rows of T (f32 or bf16) through the kernel's instance for T
+        fn launch<T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
+            op: &super::Favor,
+            dev: &candle_core::cuda_backend::CudaDevice,
+            name: &'static str,
+            x: &CudaStorage,
+            (x0, x1): (usize, usize),
+            ds: &candle_core::cuda_backend::cudarc::driver::CudaView<f32>,
+            ss: &candle_core::cuda_backend::cudarc::driver::CudaView<f32>,
+        ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
+            let n = x1 - x0;
+            let rows = n / op.m.max(1);
+            let mut out = unsafe { dev.alloc::<T>(n)? };
+            if rows > 0 {
+                let func = load_kernel!(dev, name, crate::gpu::fused_encoder::MODULE, crate::gpu::fused_encoder::PTX)?;
+                let (m, has, per) = (op.m as i32, op.has_stab as i32, op.rows_per_stab as i64);
+                let xs = x.as_cuda_slice::<T>()?.slice(x0..x1);
+                let mut b = func.builder();
+                b.arg(&xs);
+                b.arg(ds);
+                b.arg(ss);
+                b.arg(&mut out);
+                b.arg(&m);
+                b.arg(&has);
+                b.arg(&per);
+                b.arg(&op.ratio);
+                b.arg(&op.eps);
+                let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            Ok(out)
         }
-        Ok((CudaStorage::wrap_cuda_slice(out, dev), xl.shape().clone()))
+        let out = match x.dtype() {
+            candle_core::DType::BF16 => CudaStorage::wrap_cuda_slice(launch::<half::bf16>(op, &dev, "favor_features_bf16", x, (x0, x1), &ds, &ss)?, dev),
+            _ => CudaStorage::wrap_cuda_slice(launch::<f32>(op, &dev, "favor_features_f32", x, (x0, x1), &ds, &ss)?, dev),
+        };
+        Ok((out, xl.shape().clone()))
     }
 }
 

@@ -193,8 +193,9 @@ pub struct ScBert {
     norm: LayerNorm,
     pub device: Device,
     /// The FAVOR+ features by `gpu::favor` (one kernel on a GPU, its loop on the host on the CPU)
-    /// instead of candle's ops. On by default on a GPU (equal to candle's ops there, 1.9x faster:
-    /// docs/scbert.md); `__bench-encoder --arch scbert --unfused` times candle's ops.
+    /// instead of candle's ops, and the linear attention's sums and denominators taken inside its
+    /// two products (a column of ones beside the values). On by default on a GPU (docs/scbert.md);
+    /// `__bench-encoder --arch scbert --unfused` times candle's ops.
     pub fused: bool,
 }
 
@@ -216,7 +217,9 @@ fn layer_prefix(i: usize) -> String {
 
 impl ScBert {
     /// Upstream's checkpoint: a torch.save dict with `model_state_dict` (or a bare state_dict).
-    pub fn load_on(path: &Path, device: Device) -> Result<ScBert> {
+    /// `dtype`: F32, or BF16 on a GPU (weights and activations in bfloat16; the features' math,
+    /// the layer norms' statistics and the final mean in f32).
+    pub fn load_on(path: &Path, dtype: DType, device: Device) -> Result<ScBert> {
         if !path.is_file() {
             return Err(Error::MissingFile { path: path.into() });
         }
@@ -250,7 +253,7 @@ impl ScBert {
         }
         let (ffn, _) = dims2(&format!("{}.1.fn.fn.w1.weight", layer_prefix(0)))?;
         let dims = Dims { num_tokens, dim, depth, heads: inner / dim_head, dim_head, nb_features, seq_len };
-        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let vb = VarBuilder::from_tensors(tensors, dtype, &device);
         Self::build(dims, ffn, vb, path, device).map_err(|e| bad(format!("is not a scBERT PerformerLM state_dict: {e}")))
     }
 
@@ -258,7 +261,7 @@ impl ScBert {
     pub fn build(dims: Dims, ffn: usize, vb: VarBuilder, path: &Path, device: Device) -> candle_core::Result<ScBert> {
         let inner = dims.heads * dims.dim_head;
         let token_emb = candle_nn::embedding(dims.num_tokens, dims.dim, vb.pp("token_emb"))?;
-        let pos = vb.pp("pos_emb.emb").get((dims.seq_len, dims.dim), "weight")?.to_dtype(DType::F32)?;
+        let pos = vb.pp("pos_emb.emb").get((dims.seq_len, dims.dim), "weight")?;
         let layers = (0..dims.depth)
             .map(|i| {
                 let a = vb.pp(format!("{}.0", layer_prefix(i)));
@@ -285,6 +288,48 @@ impl ScBert {
         self.dims.dim
     }
 
+    /// The precision the model runs in (its weights' dtype).
+    pub fn dtype(&self) -> DType {
+        self.pos.dtype()
+    }
+
+    /// The same model with its weights in `dtype` (benchmarks: bf16 against f32 with one set of
+    /// weights).
+    pub fn to_dtype(&self, dtype: DType) -> candle_core::Result<ScBert> {
+        let lin = |l: &Linear| -> candle_core::Result<Linear> { Ok(Linear::new(l.weight().to_dtype(dtype)?, l.bias().map(|b| b.to_dtype(dtype)).transpose()?)) };
+        let ln = |l: &LayerNorm| -> candle_core::Result<LayerNorm> {
+            let b = l.bias().ok_or_else(|| candle_core::Error::Msg("scbert: a layer norm without bias".into()))?;
+            Ok(LayerNorm::new(l.weight().to_dtype(dtype)?, b.to_dtype(dtype)?, LN_EPS))
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    norm1: ln(&l.norm1)?,
+                    to_q: lin(&l.to_q)?,
+                    to_k: lin(&l.to_k)?,
+                    to_v: lin(&l.to_v)?,
+                    to_out: lin(&l.to_out)?,
+                    projection_t: l.projection_t.to_dtype(dtype)?,
+                    norm2: ln(&l.norm2)?,
+                    w1: lin(&l.w1)?,
+                    w2: lin(&l.w2)?,
+                })
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(ScBert {
+            dims: self.dims,
+            path: self.path.clone(),
+            token_emb: Embedding::new(self.token_emb.embeddings().to_dtype(dtype)?, self.dims.dim),
+            pos: self.pos.to_dtype(dtype)?,
+            layers,
+            norm: ln(&self.norm)?,
+            device: self.device.clone(),
+            fused: self.fused,
+        })
+    }
+
     /// FAVOR+ features (softmax_kernel) of `data` (b, h, n, e): queries stabilised by each row's
     /// max, keys by the max over each cell's whole key tensor.
     fn softmax_kernel(&self, data: &Tensor, projection_t: &Tensor, is_query: bool) -> candle_core::Result<Tensor> {
@@ -293,12 +338,14 @@ impl ScBert {
         let normalizer = (e as f64).powf(-0.25);
         let ratio = (m as f64).powf(-0.5);
         let dash = (data * normalizer)?.reshape((b * h * n, e))?.matmul(projection_t)?.reshape((b, h, n, m))?;
-        let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
         if self.fused {
-            // the steps below in one op (one kernel on a GPU; the keys' maximum still by candle)
-            let stab = if is_query { None } else { Some(dash.max_keepdim(D::Minus1)?.reshape((b, h * n))?.max_keepdim(1)?) };
+            // the steps below in one op (one kernel on a GPU; the keys' maximum still by candle),
+            // the diagonal and the stabilisers in f32 whatever the rows' dtype
+            let diag = (data.to_dtype(DType::F32)?.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
+            let stab = if is_query { None } else { Some(dash.max_keepdim(D::Minus1)?.reshape((b, h * n))?.max_keepdim(1)?.to_dtype(DType::F32)?) };
             return crate::gpu::favor::features(&dash, &diag, stab.as_ref(), ratio, KERNEL_EPS);
         }
+        let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
         let row_max = dash.max_keepdim(D::Minus1)?;
         // keys: the max over the cell's whole key tensor, taken in two steps (rows, then the
         // cell), since one reduction over h x n x m values runs as a single CUDA block a cell
@@ -316,6 +363,19 @@ impl ScBert {
         let v = split(layer.to_v.forward(x)?)?;
         let q = self.softmax_kernel(&q, &layer.projection_t, true)?;
         let k = self.softmax_kernel(&k, &layer.projection_t, false)?;
+        if self.fused {
+            // v with a column of ones: k'^T [v | 1] is the context beside sum_n k', and q' times
+            // it the numerators beside q' . sum_n k', so neither the sum over the genes nor the
+            // denominators take a pass of their own over the features (each ~180 MB a cell);
+            // k'^T is read transposed by the product, not copied
+            let ones = Tensor::ones((b, h, n, 1), v.dtype(), v.device())?;
+            let v1 = Tensor::cat(&[&v, &ones], 3)?;
+            let ctx = k.transpose(2, 3)?.matmul(&v1)?; // (b, h, m, e + 1)
+            let o = q.matmul(&ctx)?.transpose(1, 2)?; // (b, n, h, e + 1)
+            // numerators over denominators, laid out (b, n, h, e) by the division itself
+            let out = o.narrow(3, 0, e)?.broadcast_div(&o.narrow(3, e, 1)?)?.reshape((b, n, h * e))?;
+            return layer.to_out.forward(&out);
+        }
         // linear_attention: D_inv = 1 / (q' . sum_n k'); context = k'^T v; out = q' context * D_inv
         let k_sum = k.sum_keepdim(2)?.transpose(2, 3)?.contiguous()?; // (b, h, m, 1)
         let d_inv = q.matmul(&k_sum)?.recip()?; // (b, h, n, 1)
@@ -351,7 +411,7 @@ impl ScBert {
             let flat: Vec<u32> = cells.iter().flat_map(|c| c.iter().copied()).collect();
             let ids = Tensor::from_vec(flat, (cells.len(), n), &self.device)?;
             let enc = self.encode(&ids)?;
-            enc.narrow(1, 0, n - 1)?.mean(1)?.flatten_all()?.to_vec1::<f32>()
+            enc.narrow(1, 0, n - 1)?.to_dtype(DType::F32)?.mean(1)?.flatten_all()?.to_vec1::<f32>()
         };
         run().map_err(|e| Error::Model { context: format!("scbert forward on {}", self.device_name()), detail: e.to_string() })
     }
@@ -407,9 +467,9 @@ mod tests {
         assert_eq!((t, e), (vec![0; 5], 0));
     }
 
-    #[test]
-    fn one_op_features_equal_candle_ops() {
-        // a small PerformerLM; the projections random (a VarMap's default would leave them 0)
+    /// A small PerformerLM (dim 16) on the CPU, its projections random (a VarMap's default would
+    /// leave them 0), candle's ops selected; and three cells of its 20 tokens.
+    fn small_model() -> (ScBert, Vec<Vec<u32>>) {
         let dims = Dims { num_tokens: 7, dim: 16, depth: 2, heads: 2, dim_head: 8, nb_features: 12, seq_len: 20 };
         let vm = candle_nn::VarMap::new();
         for i in 0..dims.depth {
@@ -417,8 +477,14 @@ mod tests {
             vm.get((dims.nb_features, dims.dim_head), &name, candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 }, DType::F32, &Device::Cpu).unwrap();
         }
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &Device::Cpu);
-        let mut model = ScBert::build(dims, 32, vb, Path::new("random"), Device::Cpu).unwrap();
-        let cells: Vec<Vec<u32>> = (0..3).map(|c| (0..20).map(|p| if p == 19 { 0 } else { ((c * 5 + p * 3) % 6) as u32 }).collect()).collect();
+        let model = ScBert::build(dims, 32, vb, Path::new("random"), Device::Cpu).unwrap();
+        let cells = (0..3).map(|c| (0..20).map(|p| if p == 19 { 0 } else { ((c * 5 + p * 3) % 6) as u32 }).collect()).collect();
+        (model, cells)
+    }
+
+    #[test]
+    fn one_op_features_equal_candle_ops() {
+        let (mut model, cells) = small_model();
         let rows: Vec<&[u32]> = cells.iter().map(Vec::as_slice).collect();
         let want = model.embed(&rows).unwrap();
         model.fused = true;
@@ -429,6 +495,28 @@ mod tests {
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-6 * scale, "{got:?} vs {want:?}");
         }
+    }
+
+    #[test]
+    fn bf16_weights_embed_close_to_f32() {
+        // the same random PerformerLM in f32 and, through to_dtype, in bf16 (the fused path, on
+        // the CPU through f32 conversions around the features)
+        let (mut model, cells) = small_model();
+        model.fused = true;
+        let rows: Vec<&[u32]> = cells.iter().map(Vec::as_slice).collect();
+        let want = model.embed(&rows).unwrap();
+        let half = model.to_dtype(DType::BF16).unwrap();
+        assert_eq!(half.dtype(), DType::BF16);
+        let got = half.embed(&rows).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.chunks(16).zip(want.chunks(16)) {
+            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+            let cos = dot / (a.iter().map(|x| x * x).sum::<f32>().sqrt() * b.iter().map(|x| x * x).sum::<f32>().sqrt());
+            assert!(cos > 0.99, "cosine {cos}");
+            assert!(a != b, "bf16 rounds somewhere");
+        }
+        // and back: the f32 copy of the bf16 weights is f32 again
+        assert_eq!(half.to_dtype(DType::F32).unwrap().dtype(), DType::F32);
     }
 
     #[test]

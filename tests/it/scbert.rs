@@ -69,7 +69,7 @@ fn scbert_tokens_match_upstream() {
 fn scbert_embeddings_match_upstream_at_any_batch_size() {
     let f = fixture();
     let (_, cells) = ours(&f);
-    let model = ScBert::load_on(&dir().join("scbert/panglao_pretrained.pth"), Device::Cpu).unwrap();
+    let model = ScBert::load_on(&dir().join("scbert/panglao_pretrained.pth"), candle_core::DType::F32, Device::Cpu).unwrap();
     let c = &f["config"];
     let d = model.dims;
     assert_eq!(
@@ -107,13 +107,13 @@ fn scbert_embeddings_match_upstream_at_any_batch_size() {
 #[test]
 fn scbert_bad_checkpoints() {
     let ctx = TestContext::new();
-    let e = ScBert::load_on(&ctx.path("panglao_pretrained.pth"), Device::Cpu).err().unwrap();
+    let e = ScBert::load_on(&ctx.path("panglao_pretrained.pth"), candle_core::DType::F32, Device::Cpu).err().unwrap();
     assert!(e.to_string().contains("panglao_pretrained.pth"), "{e}");
     std::fs::write(ctx.path("junk.pth"), b"not a zip").unwrap();
-    let e = ScBert::load_on(&ctx.path("junk.pth"), Device::Cpu).err().unwrap();
+    let e = ScBert::load_on(&ctx.path("junk.pth"), candle_core::DType::F32, Device::Cpu).err().unwrap();
     assert!(e.to_string().contains("junk.pth"), "{e}");
     // another model's state_dict: the missing key is named
-    let e = ScBert::load_on(&repo().join("tests/fixtures/uce/tiny.torch"), Device::Cpu).err().unwrap();
+    let e = ScBert::load_on(&repo().join("tests/fixtures/uce/tiny.torch"), candle_core::DType::F32, Device::Cpu).err().unwrap();
     assert!(e.to_string().contains("token_emb.weight"), "{e}");
 }
 

@@ -280,7 +280,8 @@ fn run_arch(a: &BenchEncoderArgs, arch: Arch) -> anyhow::Result<ExitStatus> {
 /// 10 heads of 64, 266 random features, 16,907 tokens) with random weights; --layers, --hidden,
 /// --heads and --max-len (the positions) may override. The tokens are (7919 i + 104729 p) mod 6
 /// with the last 0, as bench/scbert_torch.py; the lengths file is not read (every cell has all
-/// the positions). float32 only (FAVOR+'s exp features).
+/// the positions). `--dtype bf16`: the same weights in bfloat16, the first batch checked against
+/// them in f32 (`against_f32`).
 fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     use scfoundry::methods::scbert::{Dims, ScBert};
     let mut dims = Dims::released();
@@ -288,15 +289,26 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     dims.dim = a.hidden.unwrap_or(dims.dim);
     dims.heads = a.heads.unwrap_or(dims.heads);
     dims.seq_len = a.max_len.unwrap_or(dims.seq_len);
-    if a.dtype != "f32" {
-        return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{:?} with --arch scbert", a.dtype), hint: Some("f32 (scfoundry runs scBERT in float32)".into()) }.into());
-    }
+    let dtype = match a.dtype.as_str() {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        d => return Err(Error::BadOption { option: "--dtype".into(), detail: format!("{d:?} with --arch scbert"), hint: Some("f32 (embed's default for scBERT) or bf16".into()) }.into()),
+    };
     let device = device_of(&a.device)?;
     let vb = VarBuilder::from_backend(RandomWeights::new(a), DType::F32, device.clone());
-    let mut model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
+    let f32_model = ScBert::build(dims, a.ffn.unwrap_or(4 * dims.dim), vb, std::path::Path::new("random"), device.clone())?;
     let n = dims.seq_len;
     let cells: Vec<Vec<u32>> = (0..a.cells).map(|i| (0..n).map(|p| if p + 1 == n { 0 } else { ((i * 7919 + p * 104729) % 6) as u32 }).collect()).collect();
     let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
+    let rows = |m: &ScBert, b: &[usize]| m.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
+    // below f32: the first batch against the same weights in f32, both on their default path
+    let mut model = if dtype == DType::F32 { f32_model } else { f32_model.to_dtype(dtype)? };
+    let vs_f32 = if dtype == DType::F32 {
+        None
+    } else {
+        let f32_again = model.to_dtype(DType::F32)?;
+        first_batch_against_f32(dtype, &batches, dims.dim, |b| Ok((rows(&model, b)?, rows(&f32_again, b)?)))?
+    };
     // the one-kernel FAVOR+ features (the GPU default) against candle's ops on the first batch
     let check = fused_vs_candle_ops(&mut model, |m: &mut ScBert| &mut m.fused, a.unfused, dims.dim, |m| {
         batches.first().map(|first| Ok(m.embed(&first.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?)).transpose()
@@ -308,9 +320,9 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let out = json!({
         "tool": "scfoundry", "version": env!("CARGO_PKG_VERSION"), "arch": "scbert", "encoder": "scfoundry ScBert (methods/scbert.rs, FAVOR+ PerformerLM)",
         "layers": dims.depth, "hidden": dims.dim, "heads": dims.heads, "dim_head": dims.dim_head, "nb_features": dims.nb_features,
-        "seq_len": n, "dtype": "f32", "device": a.device, "batch": a.batch, "cells": a.cells, "fused": model.fused,
+        "seq_len": n, "dtype": a.dtype, "device": a.device, "batch": a.batch, "cells": a.cells, "fused": model.fused,
         "seconds": best, "cells_per_s": a.cells as f64 / best, "useful_tflops": dims.cell_flops() * a.cells as f64 / best / 1e12,
-        "fused_vs_candle_ops": check,
+        "fused_vs_candle_ops": check, "against_f32": vs_f32,
     });
     println!("{out}");
     Ok(ExitStatus::Success)

@@ -16,7 +16,7 @@
 //                     mask is a hash of (key, i), the same on the CPU)
 //   add_dropped_*, dropped_to_*, act_dropped_*, act_dropped_bwd_*: training's residual sum and
 //                     activations with that dropout, forward and backward (nn/train_ops.rs)
-//   favor_features_f32  Performer's FAVOR+ features from the projected rows, one pass (scBERT;
+//   favor_features_*  Performer's FAVOR+ features from the projected rows, one pass (scBERT;
 //                     gpu/favor.rs)
 //   gatv2_attention_f32  one GATv2 layer's attention over padded neighbour lists, scores,
 //                     softmax and weighted sum in one pass (gpu/gat_attention.rs; Novae)
@@ -625,19 +625,21 @@ extern "C" __global__ void gatv2_attention_f32(const float *__restrict__ xl, con
 //   out = (exp(dash - diag[row] - stab) + eps) * ratio,
 // each step rounded to f32 as candle's ops round it; stab is the row's own maximum (queries:
 // has_stab 0) or stab[row / rows_per_stab] (keys: the maximum over the cell's whole tensor).
-extern "C" __global__ void favor_features_f32(const float *__restrict__ dash, const float *__restrict__ diag,
-                                              const float *__restrict__ stab, float *__restrict__ out,
-                                              const int m, const int has_stab, const long long rows_per_stab,
-                                              const float ratio, const float eps) {
+// T = float or bf16 rows (bf16: the math in f32, one rounding of the output); diag and stab f32.
+template <typename T>
+__device__ __forceinline__ void favor_features(const T *__restrict__ dash, const float *__restrict__ diag,
+                                               const float *__restrict__ stab, T *__restrict__ out, const int m,
+                                               const int has_stab, const long long rows_per_stab, const float ratio,
+                                               const float eps) {
     __shared__ float red[32];
     const long long row = blockIdx.x;
-    const float *x = dash + row * m;
+    const T *x = dash + row * m;
     float s;
     if (has_stab) {
         s = stab[row / rows_per_stab];
     } else {
         float mx = -INFINITY;
-        for (int j = threadIdx.x; j < m; j += blockDim.x) mx = fmaxf(mx, x[j]);
+        for (int j = threadIdx.x; j < m; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
         if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
         __syncthreads();
@@ -651,11 +653,21 @@ extern "C" __global__ void favor_features_f32(const float *__restrict__ dash, co
     }
     const float dg = diag[row];
     for (int j = threadIdx.x; j < m; j += blockDim.x) {
-        const float a = x[j] - dg;
+        const float a = to_f(x[j]) - dg;
         const float b = a - s;
-        out[row * m + j] = (expf(b) + eps) * ratio;
+        from_f(out + row * m + j, (expf(b) + eps) * ratio);
     }
 }
+#define FAVOR_FEATURES(T, SUFFIX)                                                                                  \
+    extern "C" __global__ void favor_features_##SUFFIX(const T *__restrict__ dash, const float *__restrict__ diag, \
+                                                       const float *__restrict__ stab, T *__restrict__ out,         \
+                                                       const int m, const int has_stab,                             \
+                                                       const long long rows_per_stab, const float ratio,            \
+                                                       const float eps) {                                           \
+        favor_features<T>(dash, diag, stab, out, m, has_stab, rows_per_stab, ratio, eps);                           \
+    }
+FAVOR_FEATURES(float, f32)
+FAVOR_FEATURES(__nv_bfloat16, bf16)
 
 // CellFM's retention, around its two small products (gpu/retention.rs; methods/cellfm.rs
 // Retention is the rule and its reference). qkvu: rows = cells x l tokens of 4 d values (q, k, v,

@@ -52,7 +52,8 @@ pub(super) fn embed_scbert(spec: &TaskSpec, task_dir: &Path) -> Result<TaskResul
     ));
 
     let dev = TaskDevice::start(spec)?;
-    let model = ScBert::load_on(&model_path, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
+    // float32: no bf16 fidelity has been measured for scBERT (docs/scbert.md)
+    let model = ScBert::load_on(&model_path, candle_core::DType::F32, dev.device.clone()).map_err(|e| dev.load_error(e, "loading the model's weights", task_dir))?;
     dev.mark_loaded();
     if model.dims.seq_len != align.n_genes + 1 {
         return Err(Error::BadWeights {
