@@ -316,8 +316,9 @@ tput_scbert() {
   local b; b=$(default_batch scbert 3)
   record scbert info shape="Performer: 6 x 200, 10 heads, 16,907 tokens a cell; 60 cells" \
     note_upstream="upstream-style: float32 without TF32, one cell at a time (predict.py); careful: TF32 products (the script offers no bf16), every cell has the same length (nothing to sort)"
-  # its one-kernel FAVOR+ features, the GPU default (the bench checks them against candle's ops)
-  sf scbert cells_per_s no "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
+  # its one-kernel FAVOR+ features, the GPU default (the bench checks them against candle's ops);
+  # the fastest: the same weights in bf16 (the bench only: embed runs f32), checked against f32
+  sf scbert cells_per_s yes "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
   step scbert torch_upstream "$STEP_TIMEOUT" dtype=f32 order=file batch=1 metric=cells_per_s -- \
     "$PY" bench/scbert_torch.py --device cuda --cells 60 --repeat 2 --batch 1
   for x in $(sweep scbert "1 3 8 16 32"); do
