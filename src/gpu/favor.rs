@@ -58,13 +58,12 @@ pub fn features(dash: &Tensor, diag: &Tensor, stab: Option<&Tensor>, ratio: f64,
         candle_core::bail!("favor-features takes f32 diagonal values and stabilisers");
     }
     let op = Favor { m, has_stab: stab.is_some(), rows_per_stab: stab.map_or(1, |s| rows / s.elem_count()), ratio: ratio as f32, eps: eps as f32 };
-    let stab = stab.cloned().unwrap_or_else(|| diag.clone());
+    let (diag, stab) = (diag.contiguous()?, stab.cloned().unwrap_or_else(|| diag.clone()).contiguous()?);
     match dash.dtype() {
-        DType::F32 => dash.contiguous()?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op),
-        // bf16 rows: the kernel's bf16 instance on a GPU (math in f32, one rounding of the
-        // output); on the CPU, the f32 loop between two conversions (the same roundings)
-        DType::BF16 if dash.device().is_cuda() => dash.contiguous()?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op),
-        DType::BF16 => dash.to_dtype(DType::F32)?.apply_op3_no_bwd(&diag.contiguous()?, &stab.contiguous()?, &op)?.to_dtype(DType::BF16),
+        // bf16 rows on the CPU: the f32 loop between two conversions (the roundings of the
+        // kernel's bf16 instance, whose math is f32)
+        DType::BF16 if !dash.device().is_cuda() => dash.to_dtype(DType::F32)?.apply_op3_no_bwd(&diag, &stab, &op)?.to_dtype(DType::BF16),
+        DType::F32 | DType::BF16 => dash.contiguous()?.apply_op3_no_bwd(&diag, &stab, &op),
         d => candle_core::bail!("favor-features takes f32 or bf16 rows, not {d:?}"),
     }
 }

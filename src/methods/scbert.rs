@@ -338,14 +338,15 @@ impl ScBert {
         let normalizer = (e as f64).powf(-0.25);
         let ratio = (m as f64).powf(-0.5);
         let dash = (data * normalizer)?.reshape((b * h * n, e))?.matmul(projection_t)?.reshape((b, h, n, m))?;
+        // the diagonal in f32 whatever the rows' dtype
+        let diag = (data.to_dtype(DType::F32)?.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
         if self.fused {
             // the steps below in one op (one kernel on a GPU; the keys' maximum still by candle),
-            // the diagonal and the stabilisers in f32 whatever the rows' dtype
-            let diag = (data.to_dtype(DType::F32)?.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
+            // the stabilisers in f32 too
             let stab = if is_query { None } else { Some(dash.max_keepdim(D::Minus1)?.reshape((b, h * n))?.max_keepdim(1)?.to_dtype(DType::F32)?) };
             return crate::gpu::favor::features(&dash, &diag, stab.as_ref(), ratio, KERNEL_EPS);
         }
-        let diag = (data.sqr()?.sum_keepdim(D::Minus1)? * (normalizer * normalizer / 2.0))?;
+        let diag = diag.to_dtype(dash.dtype())?;
         let row_max = dash.max_keepdim(D::Minus1)?;
         // keys: the max over the cell's whole key tensor, taken in two steps (rows, then the
         // cell), since one reduction over h x n x m values runs as a single CUDA block a cell

@@ -302,17 +302,10 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     let batches: Vec<Vec<usize>> = (0..a.cells).collect::<Vec<_>>().chunks(a.batch.max(1)).map(|c| c.to_vec()).collect();
     let rows = |m: &ScBert, b: &[usize]| m.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>());
     // below f32: the first batch against the same weights in f32, both on their default path
-    let mut model = if dtype == DType::F32 { f32_model } else { f32_model.to_dtype(dtype)? };
-    let vs_f32 = if dtype == DType::F32 {
-        None
-    } else {
-        let f32_again = model.to_dtype(DType::F32)?;
-        first_batch_against_f32(dtype, &batches, dims.dim, |b| Ok((rows(&model, b)?, rows(&f32_again, b)?)))?
-    };
+    let mut model = f32_model.to_dtype(dtype)?;
+    let vs_f32 = first_batch_against_f32(dtype, &batches, dims.dim, |b| Ok((rows(&model, b)?, rows(&f32_model, b)?)))?;
     // the one-kernel FAVOR+ features (the GPU default) against candle's ops on the first batch
-    let check = fused_vs_candle_ops(&mut model, |m: &mut ScBert| &mut m.fused, a.unfused, dims.dim, |m| {
-        batches.first().map(|first| Ok(m.embed(&first.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?)).transpose()
-    })?;
+    let check = fused_vs_candle_ops(&mut model, |m: &mut ScBert| &mut m.fused, a.unfused, dims.dim, |m| batches.first().map(|first| Ok(rows(m, first)?)).transpose())?;
     let best = time_batches(&device, &batches, a.repeat, |b| {
         model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
         Ok(())
