@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Summarise an Nsight Compute CSV (`ncu --csv --print-units base`, one row a launch and metric)
-by kernel group: device-time share and time-weighted counters in % of peak (bench/ncu_bound.sh)."""
+by kernel group: device-time share and time-weighted counters in % of peak (bench/ncu_bound.sh).
+
+    ncu_bound.py CSV                 the table
+    ncu_bound.py --first REGEX CSV   the index of the first launch whose kernel name matches"""
 import collections
 import csv
 import re
@@ -12,6 +15,7 @@ SHORT = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM",
     "sm__inst_issued.avg.pct_of_peak_sustained_active": "issue",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor (wgmma)",
     "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": "FMA",
     "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active": "ALU",
 }
@@ -24,11 +28,25 @@ def group(name):
     return name[:56]
 
 
-def main(path):
+def read(path):
     rows = [r for r in csv.reader(open(path)) if len(r) > 10]
     if not rows:
         sys.exit(f"{path}: no ncu rows (see the .err beside it)")
-    head, rows = rows[0], rows[1:]
+    return rows[0], rows[1:]
+
+
+def first(pattern, path):
+    """The launch index (ncu's ID, in launch order when nothing is filtered) of the first match."""
+    head, rows = read(path)
+    ki, ii = head.index("Kernel Name"), head.index("ID")
+    hits = sorted(int(r[ii]) for r in rows if re.search(pattern, r[ki]))
+    if not hits:
+        sys.exit(1)
+    print(hits[0])
+
+
+def main(path):
+    head, rows = read(path)
     ki, ni, vi, ii = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value"), head.index("ID")
     launches = collections.defaultdict(dict)
     names = {}
@@ -63,4 +81,7 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--first":
+        first(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # bf16 against f32 on real cells, for the methods whose `--precision auto` (the default) runs
-# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S, CellFM, CellPLM and CELLama at their
+# bf16 on a GPU: Geneformer V1, scGPT, UCE, scCello, LangCell, scFoundation, scPRINT, C2S, CellFM, CellPLM, CELLama and scBERT at their
 # released sizes with random weights in the upstream file formats (bench/fullsize_checkpoints.py;
-# scFoundation's, scPRINT's, C2S-Pythia-410M's, CellFM's and CellPLM's: bench/random_models.py; the
+# scFoundation's, scPRINT's, C2S-Pythia-410M's, CellFM's, CellPLM's and scBERT's: bench/random_models.py; the
 # CELLama's all-MiniLM-L6-v2: its real config and tokenizer with seeded random weights,
 # bench/random_minilm.py, from .devcarry/minilm (scripts/devcarry.sh); the
 # Geneformer-family dictionaries and scGPT's vocabulary rebuilt over the data's genes, so every
 # cell is tokenised at its real length). Each method embeds demo/wu2020_tcells.h5ad (200 T cells,
 # 14 batches, 16 cell types; var['gene_ids'] as the gene ids, var_names as the symbols) twice:
 # `--precision f32` and the default (`--precision bf16` where methods/<name>.toml keeps f32 as
-# the GPU default and offers bf16: CellFM). Per method, one TSV row: the precision the default
+# the GPU default and offers bf16: CellFM, scBERT). Per method, one TSV row: the precision the default
 # resolved to (from the output's uns['scfoundry']['parameters']), the lowest cosine and the
 # largest relative error (||a - b|| / ||a||) of a cell's embedding, the scIB totals of both
 # embeddings (`scfoundry benchmark --batch-key batch --label-key cell_type`), and each run's
@@ -52,7 +52,8 @@ for m in $MODELS; do
     uce) f=uce/33l_8ep_1024t_1280.torch ;; sccello) f=sccello/pytorch_model.bin ;; langcell) f=langcell/cell_proj.bin ;;
     scfoundation) f=scfoundation/models/models.ckpt ;; scprint) f=scprint/medium-v1.5.ckpt ;; c2s) f=c2s/model.safetensors ;;
     cellfm) f=cellfm/cellfm_torch.pt ;; cellplm) f=cellplm/20231027_85M.best.ckpt ;; cellama) f=cellama/manifest.toml ;;
-    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm cellplm cellama)" >&2; exit 1 ;;
+    scbert) f=scbert/panglao_pretrained.pth ;;
+    *) echo "unknown model $m (MODELS: geneformer scgpt uce sccello langcell scfoundation scprint c2s cellfm cellplm cellama scbert)" >&2; exit 1 ;;
   esac
   [[ -f $W/$f ]] && continue
   if [[ $m == cellama ]]; then
@@ -61,8 +62,8 @@ for m in $MODELS; do
     [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
     continue
   fi
-  # scFoundation's, scPRINT's, C2S's, CellFM's and CellPLM's random models need no torch (bench/random_models.py)
-  if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm || $m == cellplm ]]; then
+  # scFoundation's, scPRINT's, C2S's, CellFM's, CellPLM's and scBERT's random models need no torch (bench/random_models.py)
+  if [[ $m == scfoundation || $m == scprint || $m == c2s || $m == cellfm || $m == cellplm || $m == scbert ]]; then
     "$PY" bench/random_models.py "$m" "$DATA" "$W/$m" | tee -a "$OUT/checkpoints.jsonl"
     [[ ${PIPESTATUS[0]} == 0 ]] || exit 1
   else
@@ -88,6 +89,7 @@ args_of() {
     c2s) echo "embed -m c2s --model-dir $W/c2s" ;;
     cellfm) echo "embed -m cellfm --model-dir $W/cellfm" ;;
     cellplm) echo "embed -m cellplm --model-dir $W/cellplm --gene-column gene_ids" ;;
+    scbert) echo "embed -m scbert --model-dir $W/scbert" ;;
     cellama) echo "--weights-dir $W/cellama/weights embed -m cellama" ;;
   esac
 }

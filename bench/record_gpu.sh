@@ -315,7 +315,7 @@ tput_cellfm() {
 tput_scbert() {
   local b; b=$(default_batch scbert 3)
   record scbert info shape="Performer: 6 x 200, 10 heads, 16,907 tokens a cell; 60 cells" \
-    note_upstream="upstream-style: float32 without TF32, one cell at a time (predict.py); careful: TF32 products (the script offers no bf16), every cell has the same length (nothing to sort)"
+    note_upstream="upstream-style: float32 without TF32, one cell at a time (predict.py); careful: TF32 products or bf16 autocast, the faster, every cell has the same length (nothing to sort)"
   # its one-kernel FAVOR+ features, the GPU default (the bench checks them against candle's ops);
   # the fastest: the same weights in bf16 (the bench only: embed runs f32), checked against f32
   sf scbert cells_per_s yes "$b" -- "$BB" __bench-encoder --arch scbert --lengths bench/pbmc68k_genes.txt --device cuda --cells 60 --repeat 2
@@ -324,6 +324,8 @@ tput_scbert() {
   for x in $(sweep scbert "1 3 8 16 32"); do
     step scbert torch_careful "$STEP_TIMEOUT" dtype=tf32 order=file batch="$x" metric=cells_per_s -- \
       "$PY" bench/scbert_torch.py --device cuda --cells 60 --repeat 2 --tf32 --batch "$x"
+    step scbert torch_careful "$STEP_TIMEOUT" dtype=bf16 order=file batch="$x" metric=cells_per_s -- \
+      "$PY" bench/scbert_torch.py --device cuda --cells 60 --repeat 2 --bf16 --batch "$x"
   done
 }
 tput_cellplm() {

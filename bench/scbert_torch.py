@@ -10,7 +10,9 @@ keys by the max of the key tensor, eps 1e-4, non-causal linear attention, to_out
 feed-forward (x4); the final LayerNorm; the cell embedding is the mean over the gene positions
 (the appended last one left out), as scfoundry writes it. Defaults: dim 200, depth 6, heads 10,
 dim_head 64, nb_features 266, 16,907 positions, batch 3 (methods/scbert.toml). Random weights
-(normal sd 0.02, LayerNorms at 1/0), eval mode, torch.inference_mode, float32.
+(normal sd 0.02, LayerNorms at 1/0), eval mode, torch.inference_mode, float32 (--tf32: TF32
+products; --bf16: under torch.autocast to bfloat16, which runs the products in bf16 and the
+exponentials, sums and norms in float32).
 
 The tokens are the formula scfoundry uses: position p of cell i has (7919 i + 104729 p) mod 6,
 and the last position 0. Best of --repeat timed passes after one warm-up batch. Prints one JSON
@@ -103,6 +105,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (off: full float32, as scfoundry)")
+    ap.add_argument("--bf16", action="store_true", help="run under torch.autocast(bfloat16)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.manual_seed(0)
@@ -124,7 +127,8 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    with torch.inference_mode():
+    cast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16)
+    with torch.inference_mode(), cast:
         model(batches[0].to(dev)).cpu()
         sync()
         best = float("inf")
@@ -137,7 +141,7 @@ def main():
     print(json.dumps({
         "tool": "torch", "version": torch.__version__, "arch": "scbert", "encoder": "PerformerLM (bench/scbert_torch.py)",
         "layers": a.depth, "hidden": a.dim, "heads": a.heads, "dim_head": a.dim_head, "nb_features": a.nb_features,
-        "seq_len": a.seq_len, "dtype": "f32", "tf32": a.tf32, "device": a.device, "batch": a.batch, "cells": a.cells,
+        "seq_len": a.seq_len, "dtype": "bf16 autocast" if a.bf16 else "f32", "tf32": a.tf32, "device": a.device, "batch": a.batch, "cells": a.cells,
         "seconds": best, "cells_per_s": a.cells / best,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
     }))
