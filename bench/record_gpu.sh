@@ -2,8 +2,9 @@
 # The GPU table of record, one family of methods per run: for each method of FAMILY,
 #   (a) scfoundry at its default settings (`--precision auto` as methods/<name>.toml resolves it on
 #       a GPU, the method's default batch): scfoundry-bench's `__bench-*` command as `embed` runs it;
-#   (b) scfoundry at its fastest precision (bf16 where the model's bench path has it; the same
-#       run as (a) when the default already is bf16);
+#   (b) scfoundry at its fastest precision (bf16 where the model's bench path has it) and the best
+#       batch of its own sweep (SF_SWEEP below: where the default batch was not the fastest; the
+#       default batch elsewhere); the same run as (a) when neither differs from the default;
 #   (c) upstream-style PyTorch: bench/<model>_torch.py with upstream's dtype, order and batch;
 #   (d) careful PyTorch: bf16 (bf16 weights: what the torch scripts offer), SDPA where the script
 #       has a choice, cells sorted by length, the best of a batch sweep (MLP / VAE encoders:
@@ -36,6 +37,7 @@
 #   STEPS ["throughput accuracy e2e"]: which measurements to make
 #   STEP_TIMEOUT [300]: seconds a throughput command may run
 #   LONG_TIMEOUT [1500]: seconds an accuracy or end-to-end command may run (model writing included)
+#   SF_BATCHES: scfoundry's own sweep for (b), every method [per method: SF_SWEEP]
 #   BATCHES: the careful PyTorch sweep of every transformer method [per method, "8 16 32 64 128"
 #     for most]; MLP_BATCHES ["1024 2048 4096 8192 16384"]: scvi's and scimilarity's;
 #     NOVAE_BATCHES ["256 1024 4096"]
@@ -200,20 +202,33 @@ fi
 sweep() {  # METHOD DEFAULT_LIST: the careful sweep's batches (BATCHES overrides)
   echo "${BATCHES:-$2}"
 }
-# scfoundry (a) and (b): sf METHOD METRIC BF16_IN_BENCH BATCH -- COMMAND (without --dtype / --batch)
+# scfoundry's own batch sweep for (b), where the default batch is not the fastest one measured
+# (SF_BATCHES overrides; the default batch alone elsewhere): each side at its best batch
+declare -A SF_SWEEP=(
+  [scbert]="3 8 32" [cellfm]="4 16 32" [scimilarity]="2048 8192 16384" [scvi]="8192 16384 65536"
+)
+# scfoundry (a) and (b): sf METHOD METRIC BF16_IN_BENCH BATCH -- COMMAND (without --dtype / --batch).
+# (b) is the fastest precision (bf16 where the bench has it) at each batch of the method's sweep;
+# bench/record_table.py keeps the fastest of (a) and (b)'s runs
 sf() {
   local m=$1 metric=$2 bf=$3 b=$4; shift 5
   local p; p=$(default_precision "$m")
   local dt=(--dtype "$p"); [[ $bf == none ]] && dt=()   # benches with no --dtype (f32 only)
   step "$m" sf_default "$STEP_TIMEOUT" precision="$p" batch="$b" metric="$metric" -- "$@" --batch "$b" "${dt[@]}"
-  if [[ $bf != yes || $p == bf16 ]]; then
-    record "$m" sf_fastest same_as=sf_default precision="$p" \
-      why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || echo "f32 is the only precision of this method's path")"
-  else
-    local why="bf16"
-    has_precision_knob "$m" || why="bf16 in the bench only: methods/$m.toml has no --precision for embed"
-    step "$m" sf_fastest "$STEP_TIMEOUT" precision=bf16 batch="$b" metric="$metric" note="$why" -- "$@" --batch "$b" --dtype bf16
+  local fp=$p why
+  [[ $bf == yes ]] && fp=bf16
+  why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || { [[ $fp == f32 ]] && echo "f32 is the only precision of this method's path"; })"
+  local note="" ran=0 x
+  if [[ $fp == bf16 && $p != bf16 ]]; then
+    note="bf16"; has_precision_knob "$m" || note="bf16 in the bench only: methods/$m.toml has no --precision for embed"
   fi
+  for x in ${SF_BATCHES:-${SF_SWEEP[$m]:-$b}}; do
+    [[ $x == "$b" && $fp == "$p" ]] && continue   # the default's own run
+    local fdt=(--dtype "$fp"); [[ $bf == none ]] && fdt=()
+    step "$m" sf_fastest "$STEP_TIMEOUT" precision="$fp" batch="$x" metric="$metric" ${note:+note="$note"} -- "$@" --batch "$x" "${fdt[@]}"
+    ran=1
+  done
+  (( ran )) || record "$m" sf_fastest same_as=sf_default precision="$p" why="$why"
 }
 
 # careful METHOD BATCHES ATTENTION -- COMMAND...: the careful PyTorch sweep (bf16, cells sorted),
