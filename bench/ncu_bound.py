@@ -2,10 +2,11 @@
 """Summarise an Nsight Compute CSV (`ncu --csv --print-units base`, one row a launch and metric)
 by kernel group: device-time share and time-weighted counters in % of peak (bench/ncu_bound.sh).
 
-    ncu_bound.py CSV                 the table
+    ncu_bound.py CSV                 the table, then the same as one JSON line
     ncu_bound.py --first REGEX CSV   the index of the first launch whose kernel name matches"""
 import collections
 import csv
+import json
 import re
 import sys
 
@@ -71,6 +72,7 @@ def main(path):
         for k in present:
             agg[g][k] += t * m.get(k, 0.0)
     cols = [SHORT[k] for k in present]
+    groups = []
     print(f"{len(launches)} launches, device time {total / 1e6:.3f} ms; counters in % of peak, weighted by each launch's time")
     print(f"{'kernel':<58}{'n':>5}{'time %':>8}" + "".join(f"{c:>15}" for c in cols) + "  highest")
     for g, a in sorted(agg.items(), key=lambda kv: -kv[1]["time"]):
@@ -78,6 +80,11 @@ def main(path):
         hi = max(range(len(vals)), key=lambda i: vals[i]) if vals else None
         tag = f"{cols[hi]} {vals[hi]:.0f}%" if hi is not None else "-"
         print(f"{g:<58}{count[g]:>5}{100 * a['time'] / total:>8.1f}" + "".join(f"{v:>15.1f}" for v in vals) + f"  {tag}")
+        groups.append({"kernel": g, "launches": count[g], "time_pct": round(100 * a["time"] / total, 1),
+                       "counters": {c: round(v, 1) for c, v in zip(cols, vals)},
+                       "highest": cols[hi] if hi is not None else None, "highest_pct": round(vals[hi], 1) if hi is not None else None})
+    # the same as one JSON line, last (bench/record_table.py reads it)
+    print(json.dumps({"tool": "ncu_bound", "launches": len(launches), "device_ms": round(total / 1e6, 3), "groups": groups}))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@
 #       sampled beside it where the run is made here);
 #   (g) accuracy against f32 (bench/precision_fidelity_gpu.sh on wu2020's 200 cells) where the
 #       default resolves to bf16; "f32 (exact)" where it is f32.
+#   (h) with STEPS containing ncu: what bounds (b)'s run at the default batch, by Nsight Compute
+#       (bench/ncu_bound.sh: each kernel group's share of the device time and its highest
+#       throughput counter in % of peak), the window starting at the method's first own kernel
+#       (NCU_START below) so that it covers a forward pass, not the random weights' making.
 #
 #   bash bench/record_gpu.sh list                     # the families, their methods, rough run times
 #   bash bench/record_gpu.sh FAMILY OUT_DIR           # on the GPU machine; one family a run
@@ -34,7 +38,8 @@
 #   BIN [dist/cuda12/scfoundry, unpacked from its .xz when only that is there]
 #   BENCH_BIN [scfoundry-bench beside BIN, or its .xz]
 #   PY [/opt/torch/.venv/bin/python, else python3; PYTHON is read too]: torch, numpy, h5py
-#   STEPS ["throughput accuracy e2e"]: which measurements to make
+#   STEPS ["throughput accuracy e2e"]: which measurements to make; "ncu" (not in the default:
+#     it needs ncu and a driver that lets it read the counters) adds (h)
 #   STEP_TIMEOUT [300]: seconds a throughput command may run
 #   LONG_TIMEOUT [1500]: seconds an accuracy or end-to-end command may run (model writing included)
 #   SF_BATCHES: scfoundry's own sweep for (b), every method [per method: SF_SWEEP]
@@ -102,9 +107,13 @@ jmeta() {  # k=v ... -> {"k": "v", ...}
   printf '{%s}' "$out"
 }
 N=0
+# the throughput functions also run for STEPS=ncu alone (they hold each method's bench command),
+# their throughput measurements then skipped
+skipped() { case $1 in sf_default|sf_fastest|torch_upstream|torch_careful|ceiling) ! wants throughput ;; *) return 1 ;; esac; }
 # record METHOD FIELD k=v...: a line with no command (what a method is, or "the same as ...")
 record() {
   local method=$1 field=$2; shift 2
+  skipped "$field" && return 0
   N=$((N + 1))
   say "# $method $field: $*"
   [[ $DRY == 1 ]] && return 0
@@ -116,6 +125,7 @@ record() {
 # beside it (meta smi= the samples' file).
 step() {
   local method=$1 field=$2 limit=$3; shift 3
+  skipped "$field" && return 0
   local meta=()
   while [[ $# -gt 0 && $1 != -- ]]; do meta+=("$1"); shift; done
   shift
@@ -229,6 +239,29 @@ sf() {
     ran=1
   done
   (( ran )) || record "$m" sf_fastest same_as=sf_default precision="$p" why="$why"
+  # (h) for the default precision and the fastest where it differs, both at the default batch
+  local q ndt
+  for q in $p $([[ $fp != "$p" ]] && echo "$fp"); do
+    ndt=(--dtype "$q"); [[ $bf == none ]] && ndt=()
+    wants ncu && ncu_bound "$m" "$q" "$b" -- "$@" --batch "$b" "${ndt[@]}"
+  done
+}
+
+# (h): ncu_bound METHOD PRECISION BATCH -- COMMAND. The window: from NCU_START's first launch
+# (a regex on kernel names; {dtype} is the precision) plus NCU_OFFSET, NCU_COUNT launches
+declare -A NCU_START=(
+  [cellfm]='retention_split_{dtype}' [scbert]='favor_features_{dtype}' [novae]=gatv2_attention
+  [scimilarity]=csr_to_dense [scvi]=csr_to_dense [cellplm]='nvjet|gemm|cutlass|sm90_xmma'
+)
+declare -A NCU_OFFSET=([cellfm]=-3 [scbert]=-4 [novae]=-4 [scimilarity]=0 [scvi]=0 [cellplm]=-2)
+declare -A NCU_COUNT=([geneformer]=120 [scimilarity]=40 [scvi]=40)
+ncu_bound() {
+  local m=$1 p=$2 b=$3; shift 4
+  local st=${NCU_START[$m]:-varlen_attention}   # the fused encoders' attention
+  st=${st//\{dtype\}/$p}
+  step "$m" ncu "$STEP_TIMEOUT" precision="$p" batch="$b" start="$st" -- \
+    env START="$st" START_OFFSET="${NCU_OFFSET[$m]:--6}" LAUNCH_COUNT="${NCU_COUNT[$m]:-150}" LIST_COUNT="${NCU_LIST:-8000}" \
+    bash bench/ncu_bound.sh "$OUT/ncu" "$m-$p-$RUN" -- "$@"
 }
 
 # careful METHOD BATCHES ATTENTION -- COMMAND...: the careful PyTorch sweep (bf16, cells sorted),
@@ -501,7 +534,7 @@ e2e() {  # METHOD
 }
 
 # --- the run --------------------------------------------------------------------------------------
-if wants throughput; then
+if wants throughput || wants ncu; then
   # the bf16 matrix ceiling of the card (and a first CUDA process before anything is timed)
   step _family ceiling "$STEP_TIMEOUT" metric=ceiling_tflops -- "$BB" __bench-encoder --arch gemm --dtype bf16 --repeat 3 --lengths "$L"
   for m in ${FAMILY_METHODS[$FAMILY]}; do "tput_$m"; done

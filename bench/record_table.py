@@ -279,6 +279,13 @@ def assemble(out):
         rec["torch_upstream"] = fields["torch_upstream"]
         rec["torch_careful"] = fields["torch_careful"]
         rec["end_to_end"], rec["peak_gpu_memory"] = end_to_end(out, steps, m)
+        rec["ncu"] = {}
+        for st in latest(steps, m, "ncu"):
+            d = measurement(out, st)
+            res = d.get("result")
+            rec["ncu"][str(d.get("precision"))] = (
+                {"groups": res.get("groups"), "launches": res.get("launches"), "device_ms": res.get("device_ms"), "command": d.get("command")}
+                if isinstance(res, dict) and res.get("groups") else {"error": d.get("error") or "no ncu_bound line in its output", "command": d.get("command")})
         exact = latest(steps, m, "accuracy")
         if exact:
             rec["accuracy"] = {"kind": "exact", "text": "f32 (exact)", "why": exact[-1]["meta"].get("why"), "command": None}
@@ -388,8 +395,26 @@ def row(r):
         accuracy = recorded_accuracy(r["method"]) or "not measured"
     else:
         accuracy = "not measured"
-    cells = [name, default, fastest, torch_cell(up), torch_cell(ca), r_up, r_ca, end, peak, accuracy]
+    cells = [name, default, fastest, torch_cell(up), torch_cell(ca), r_up, r_ca, end, peak, accuracy, bound(r.get("ncu") or {})]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def bound(ncu, top=2):
+    """What bounds a run, per precision measured: its `top` kernel groups by device time, each
+    with its share of the time and its highest throughput counter in % of peak."""
+    if not ncu:
+        return "-"
+    parts = []
+    for p, d in ncu.items():
+        if d.get("error"):
+            parts.append(f"{p}: failed")
+            continue
+        groups = sorted(d["groups"], key=lambda g: -g["time_pct"])[:top]
+        text = ", ".join(f"{'products' if g['kernel'].startswith('cuBLAS') else g['kernel']} {g['time_pct']:.0f}% of the time "
+                         f"({g['highest']} {g['highest_pct']:.0f}%)" if g.get("highest") else f"{g['kernel']} {g['time_pct']:.0f}%"
+                         for g in groups)
+        parts.append(f"{p}: {text}")
+    return "; ".join(parts)
 
 
 def recorded_accuracy(method):
@@ -481,14 +506,19 @@ def table(out_dirs):
     lines.append("")
     lines.append("| method (shape) | scfoundry default, cells/s (precision) | fastest, cells/s (precision) | upstream-style PyTorch (dtype, order, batch) "
                  "| careful PyTorch (dtype, order, batch) | default / upstream-style | fastest / careful | `embed` end to end, cells/s "
-                 "| peak GPU memory | accuracy vs f32 (lowest cosine / largest rel. error) |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+                 "| peak GPU memory | accuracy vs f32 (lowest cosine / largest rel. error) "
+                 "| what bounds it (ncu: largest kernel groups, highest counter in % of peak) |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     lines += [row(r) for r in rows]
     lines.append("")
     lines.append(f"Targets: scfoundry's default at least {TARGET_DEFAULT[0]:g}x and {TARGET_DEFAULT[1]:g}x upstream-style PyTorch, its fastest "
                  f"precision at least {TARGET_CAREFUL:g}x the careful PyTorch; a ratio below its target says which, in bold where "
                  "scfoundry is the slower. Peak GPU memory: the allocator's peak in the "
-                 "end-to-end run's report.json (nvidia-smi's peak for the whole card, CUDA context included, in brackets).")
+                 "end-to-end run's report.json (nvidia-smi's peak for the whole card, CUDA context included, in brackets). "
+                 "What bounds it: bench/ncu_bound.sh over one forward pass of the bench's run at the default batch (per precision "
+                 "measured), its two largest kernel groups by device time with the highest of their SM, memory, DRAM, "
+                 "issue, tensor and FMA / ALU throughputs; 70% or more of peak is that resource's bound, less is latency "
+                 "or occupancy; \"-\" where no ncu run was made (STEPS=ncu).")
     missing = [m for m in METHODS if m not in by_method]
     if missing:
         lines.append("")
@@ -612,6 +642,40 @@ esac
 '''
 
 
+# `ncu` on PATH: the launches of a run (the random weights' making, then forward passes) as
+# bench/ncu_bound.sh asks for them, with made-up counters
+STUB_NCU = r'''#!/usr/bin/env python3
+import csv, sys
+a = sys.argv[1:]
+if "--query-metrics" in a:
+    print("sm__pipe_tensor_op_gmma_cycles_active   Counter   # of cycles where the GMMA pipe was active"); sys.exit(0)
+def opt(name, default=None):
+    return a[a.index(name) + 1] if name in a else default
+metrics = opt("--metrics").split(",")
+skip, count = int(opt("--launch-skip", "0")), int(opt("--launch-count", "60"))
+dtype = opt("--dtype", "bf16")
+if "scbert" in a:  # four products before the first features
+    forward = ["nvjet_sm90_sss_128x64(x)"] * 4 + [f"favor_features_{dtype}", f"favor_features_{dtype}", "gelu_erf_f32"]
+else:  # six launches before the attention
+    forward = ["layer_norm_bf16_p2", "nvjet_hsh_128x256(x)", "nvjet_hsh_64x128(x)"] * 2 + ["varlen_attention_bf16_d64_sm90"]
+names = ["gen_sequenced<curandStateXORWOW>(x)"] * 7 + ["cast_f32_bf16"] * 3 + forward * 50
+# kernel -> (ns, counters by metric prefix)
+KINDS = {"nvjet": (3000, dict(sm__throughput=70, gpu__compute_memory=40, dram=30, sm__inst=20, sm__pipe_tensor_op_hmma=0, sm__pipe_fma=5, sm__pipe_alu=3, sm__pipe_tensor_op_gmma=72)),
+         "varlen": (2000, dict(sm__throughput=60, gpu__compute_memory=50, dram=20, sm__inst=45, sm__pipe_tensor_op_hmma=0, sm__pipe_fma=10, sm__pipe_alu=15, sm__pipe_tensor_op_gmma=48)),
+         "favor": (2500, dict(sm__throughput=30, gpu__compute_memory=85, dram=83, sm__inst=20, sm__pipe_tensor_op_hmma=0, sm__pipe_fma=12, sm__pipe_alu=9, sm__pipe_tensor_op_gmma=0)),
+         "": (500, dict(sm__throughput=20, gpu__compute_memory=80, dram=75, sm__inst=10, sm__pipe_tensor_op_hmma=0, sm__pipe_fma=2, sm__pipe_alu=4, sm__pipe_tensor_op_gmma=0))}
+with open(opt("--log-file"), "w", newline="") as f:
+    w = csv.writer(f, quoting=csv.QUOTE_ALL)
+    w.writerow(["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size", "Grid Size",
+                "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+    for i in range(skip, min(skip + count, len(names))):
+        ns, counters = next(v for k, v in KINDS.items() if k in names[i])
+        for m in metrics:
+            v = ns if m.startswith("gpu__time_duration") else next((c for k, c in counters.items() if m.startswith(k)), 0)
+            w.writerow([i - skip, 1, "stub", "host", names[i], 1, 7, "(128, 1, 1)", "(132, 1, 1)", 0, "9.0", "", m, "%", v])
+'''
+
+
 def self_test():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
@@ -620,7 +684,7 @@ def self_test():
         stubs = os.path.join(tmp, "stubs")
         os.makedirs(stubs)
         for name, text in (("python", STUB_PY), ("scfoundry-bench", STUB_BENCH), ("scfoundry", STUB_SCFOUNDRY),
-                           ("bash", STUB_BASH), ("nvidia-smi", STUB_SMI)):
+                           ("bash", STUB_BASH), ("nvidia-smi", STUB_SMI), ("ncu", STUB_NCU)):
             p = os.path.join(stubs, name)
             with open(p, "w") as f:
                 f.write(text.replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1))
@@ -638,6 +702,11 @@ def self_test():
                                capture_output=True, text=True, timeout=600)
             assert p.returncode == 0, f"record_gpu.sh {family}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
             outs[family] = out
+        # STEPS=ncu alone into the same folders: the bound of each bench run, throughput kept
+        for family in ("bert", "scbert"):
+            p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), family, outs[family]], cwd=repo,
+                               env=dict(env, STEPS="ncu"), capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, f"record_gpu.sh {family} STEPS=ncu: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         # a dry run prints the commands and writes nothing
         dry = os.path.join(tmp, "dry")
         p = subprocess.run(["/bin/bash", os.path.join(here, "record_gpu.sh"), "uce", dry], cwd=repo,
@@ -674,6 +743,14 @@ def self_test():
         # geneformer: no sweep of its own, the default is the fastest; scvi: the default's batch
         # loses to 16,384
         assert recs["scvi"]["scfoundry_fastest"]["batch"] == 16384 and recs["scvi"]["scfoundry_fastest"]["cells_per_s"] == 5600000.0
+        # ncu: the window starts at the method's own kernel, past the random weights' making
+        gb = g["ncu"]["bf16"]["groups"]
+        assert [x["kernel"] for x in gb] == ["cuBLAS/cuBLASLt products", "varlen_attention_bf16_d64_sm90", "layer_norm_bf16_p2"], gb
+        assert gb[0]["highest"] == "tensor (wgmma)" and gb[0]["highest_pct"] == 72.0 and gb[0]["time_pct"] == 79.8, gb[0]
+        assert g["ncu"]["bf16"]["launches"] == 120, g["ncu"]  # NCU_COUNT's for geneformer
+        assert sorted(b["ncu"]) == ["bf16", "f32"] and "--dtype f32" in b["ncu"]["f32"]["command"], b["ncu"]
+        assert [x["kernel"] for x in b["ncu"]["bf16"]["groups"]] == ["cuBLAS/cuBLASLt products", "favor_features_bf16", "gelu_erf_f32"], b["ncu"]["bf16"]
+        assert g["scfoundry_default"]["cells_per_s"] == 30151.0  # the throughput run's, kept
         c = recs["cellplm"]
         assert c["torch_careful"]["cells_per_s"] == 150000.0 and c["torch_careful"]["dtype"] == "bf16", c["torch_careful"]
         # bf16, its GPU default (methods/cellplm.toml): the fastest is the same run
@@ -695,6 +772,10 @@ def self_test():
                      "| 28.3x |", "| 11.4x |", "440 MiB", "0.999981 / 6.1e-3"):
             assert want in gr, (want, gr)
         assert "| 125 (1,000 cells) |" in gr, gr  # 1,000 cells in 8.03 s
+        assert gr.endswith("| bf16: products 80% of the time (tensor (wgmma) 72%), varlen_attention_bf16_d64_sm90 13% of the time (SM 60%) |"), gr
+        assert rows["scbert"].endswith("| f32: products 69% of the time (tensor (wgmma) 72%), favor_features_f32 28% of the time (memory 85%); "
+                                       "bf16: products 69% of the time (tensor (wgmma) 72%), favor_features_bf16 28% of the time (memory 85%) |"), rows["scbert"]
+        assert rows["cellplm"].endswith("| - |"), rows["cellplm"]
         assert "| 2.00x (below 3x) |" in rows["scbert"] and "| 1.40x |" in rows["scbert"], rows["scbert"]
         assert "f32 (exact)" in rows["scbert"], rows["scbert"]
         assert "250,000 (bf16) | 250,000 (bf16, = default)" in rows["cellplm"] and "150,000 (bf16, file, 50,000)" in rows["cellplm"], rows["cellplm"]

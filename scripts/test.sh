@@ -85,6 +85,9 @@ slurm_env="$(scripts/slurm-up.sh "$slurm_dir")"   # exports SLURM_CONF and SCFOU
 eval "$slurm_env"
 
 "$venv/bin/python" scripts/check_registry.py
+# The GPU table of record's scripts (bench/record_gpu.sh, record_table.py, ncu_bound.sh) against
+# stand-ins for the GPU binaries, PyTorch, nvidia-smi and ncu (about 10 s)
+"$venv/bin/python" bench/record_table.py --self-test > /dev/null && echo "test.sh: bench/record_table.py --self-test passed"
 # One build: the release binary (cargo zigbuild for $SCF_ZIG_TARGET, glibc 2.28) and the tests,
 # built by cargo-zigbuild for the same target into the same folder, so that the dependencies
 # compile once and the tests run the binary that ships (CARGO_BIN_EXE_scfoundry is
