@@ -32,8 +32,12 @@ filter=(); [[ -n ${KERNELS:-} ]] && filter=(--kernel-name "$KERNELS")
 skip=${LAUNCH_SKIP:-0}
 if [[ -n ${START:-} ]]; then
   "$NCU" --metrics gpu__time_duration.sum --csv --print-units base --launch-count "${LIST_COUNT:-4000}" \
-    --log-file "$OUT/$NAME.list.csv" "$@" > /dev/null 2> "$OUT/$NAME.list.err"
-  skip=$(python3 bench/ncu_bound.py --first "$START" "$OUT/$NAME.list.csv") || { echo "ncu_bound: no launch matches START=$START" >&2; exit 1; }
+    --log-file "$OUT/$NAME.list.csv" "$@" > "$OUT/$NAME.list.out" 2> "$OUT/$NAME.list.err"
+  skip=$(python3 bench/ncu_bound.py --first "$START" "$OUT/$NAME.list.csv") || {
+    echo "ncu_bound: no launch of the first ${LIST_COUNT:-4000} matches START=$START" >&2
+    grep -h '==ERROR==' "$OUT/$NAME.list.out" "$OUT/$NAME.list.err" 2>/dev/null | head -3 >&2
+    exit 1
+  }
   skip=$(( skip + ${START_OFFSET:-0} )); (( skip < 0 )) && skip=0
   echo "ncu_bound: $NAME's window starts at launch $skip (START=$START)" >&2
 fi
@@ -42,5 +46,8 @@ gmma=""
 METRICS=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,${PIPE_METRICS:-sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active}$gmma
 "$NCU" --metrics "$METRICS" --clock-control none --csv --print-units base --launch-skip "$skip" \
   --launch-count "${LAUNCH_COUNT:-60}" "${filter[@]}" --log-file "$OUT/$NAME.csv" "$@" > "$OUT/$NAME.out" 2> "$OUT/$NAME.err"
-echo "ncu rc $? for $NAME" >&2
+rc=$?
+echo "ncu rc $rc for $NAME" >&2
+# ncu's own errors (no permission for the counters: ERR_NVGPUCTRPERM, an unknown metric, ...)
+grep -h '==ERROR==' "$OUT/$NAME.out" "$OUT/$NAME.err" 2>/dev/null | head -3 >&2
 python3 bench/ncu_bound.py "$OUT/$NAME.csv" | tee "$OUT/$NAME.txt"
