@@ -40,10 +40,10 @@ def first(pattern, path):
     """The launch index (ncu's ID, in launch order when nothing is filtered) of the first match."""
     head, rows = read(path)
     ki, ii = head.index("Kernel Name"), head.index("ID")
-    hits = sorted(int(r[ii]) for r in rows if re.search(pattern, r[ki]))
+    hits = [int(r[ii]) for r in rows if re.search(pattern, r[ki])]
     if not hits:
         sys.exit(1)
-    print(hits[0])
+    print(min(hits))
 
 
 def main(path):

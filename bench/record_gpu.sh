@@ -17,7 +17,8 @@
 #       sampled beside it where the run is made here);
 #   (g) accuracy against f32 (bench/precision_fidelity_gpu.sh on wu2020's 200 cells) where the
 #       default resolves to bf16; "f32 (exact)" where it is f32.
-#   (h) with STEPS containing ncu: what bounds (b)'s run at the default batch, by Nsight Compute
+#   (h) with STEPS containing ncu: what bounds the bench run at the default batch (the default
+#       precision, and the fastest where it differs), by Nsight Compute
 #       (bench/ncu_bound.sh: each kernel group's share of the device time and its highest
 #       throughput counter in % of peak), the window starting at the method's first own kernel
 #       (NCU_START below) so that it covers a forward pass, not the random weights' making.
@@ -217,33 +218,36 @@ sweep() {  # METHOD DEFAULT_LIST: the careful sweep's batches (BATCHES overrides
 declare -A SF_SWEEP=(
   [scbert]="3 8 32" [cellfm]="4 16 32" [scimilarity]="2048 8192 16384" [scvi]="8192 16384 65536"
 )
+# dtype_arg BF16_IN_BENCH PRECISION: --dtype PRECISION, nothing for the benches with no --dtype (f32 only)
+dtype_arg() { [[ $1 == none ]] || echo "--dtype $2"; }
 # scfoundry (a) and (b): sf METHOD METRIC BF16_IN_BENCH BATCH -- COMMAND (without --dtype / --batch).
 # (b) is the fastest precision (bf16 where the bench has it) at each batch of the method's sweep;
 # bench/record_table.py keeps the fastest of (a) and (b)'s runs
 sf() {
   local m=$1 metric=$2 bf=$3 b=$4; shift 5
   local p; p=$(default_precision "$m")
-  local dt=(--dtype "$p"); [[ $bf == none ]] && dt=()   # benches with no --dtype (f32 only)
-  step "$m" sf_default "$STEP_TIMEOUT" precision="$p" batch="$b" metric="$metric" -- "$@" --batch "$b" "${dt[@]}"
-  local fp=$p why
+  # shellcheck disable=SC2046
+  step "$m" sf_default "$STEP_TIMEOUT" precision="$p" batch="$b" metric="$metric" -- "$@" --batch "$b" $(dtype_arg "$bf" "$p")
+  local fp=$p note="" ran=0 x
   [[ $bf == yes ]] && fp=bf16
-  why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || { [[ $fp == f32 ]] && echo "f32 is the only precision of this method's path"; })"
-  local note="" ran=0 x
   if [[ $fp == bf16 && $p != bf16 ]]; then
     note="bf16"; has_precision_knob "$m" || note="bf16 in the bench only: methods/$m.toml has no --precision for embed"
   fi
   for x in ${SF_BATCHES:-${SF_SWEEP[$m]:-$b}}; do
     [[ $x == "$b" && $fp == "$p" ]] && continue   # the default's own run
-    local fdt=(--dtype "$fp"); [[ $bf == none ]] && fdt=()
-    step "$m" sf_fastest "$STEP_TIMEOUT" precision="$fp" batch="$x" metric="$metric" ${note:+note="$note"} -- "$@" --batch "$x" "${fdt[@]}"
+    # shellcheck disable=SC2046
+    step "$m" sf_fastest "$STEP_TIMEOUT" precision="$fp" batch="$x" metric="$metric" ${note:+note="$note"} -- "$@" --batch "$x" $(dtype_arg "$bf" "$fp")
     ran=1
   done
-  (( ran )) || record "$m" sf_fastest same_as=sf_default precision="$p" why="$why"
+  if (( ! ran )); then
+    record "$m" sf_fastest same_as=sf_default precision="$p" \
+      why="$([[ $p == bf16 ]] && echo "the default already runs bf16" || echo "f32 is the only precision of this method's path")"
+  fi
   # (h) for the default precision and the fastest where it differs, both at the default batch
-  local q ndt
+  local q
   for q in $p $([[ $fp != "$p" ]] && echo "$fp"); do
-    ndt=(--dtype "$q"); [[ $bf == none ]] && ndt=()
-    wants ncu && ncu_bound "$m" "$q" "$b" -- "$@" --batch "$b" "${ndt[@]}"
+    # shellcheck disable=SC2046
+    wants ncu && ncu_bound "$m" "$q" "$b" -- "$@" --batch "$b" $(dtype_arg "$bf" "$q")
   done
 }
 

@@ -249,22 +249,23 @@ def assemble(out):
         ok = [d for d in fast if value(d) is not None]
         if same or not fast:
             fields["sf_fastest"] = same[-1] if same else None
-        elif ok and value(fields["sf_default"]) is not None and value(fields["sf_default"]) >= max(map(value, ok)):
-            fields["sf_fastest"] = {"same_as": "sf_default", "why": "the default's precision and batch were the fastest of the sweep",
-                                    "sweep": [{k: d.get(k) for k in ("batch", "precision", "cells_per_s", "rc", "error", "command")} for d in fast]}
         else:
-            best = dict(max(ok, key=value)) if ok else dict(fast[-1], error="every batch of the sweep failed")
-            if len(fast) > 1:
-                best["sweep"] = [{k: d.get(k) for k in ("batch", "precision", "cells_per_s", "rc", "error", "command")} for d in fast]
-            fields["sf_fastest"] = best
+            runs = summary(fast, ("batch", "precision", "cells_per_s", "rc", "error", "command"))
+            if ok and value(fields["sf_default"]) is not None and value(fields["sf_default"]) >= max(map(value, ok)):
+                fields["sf_fastest"] = {"same_as": "sf_default", "why": "the default's precision and batch were the fastest of the sweep", "sweep": runs}
+            else:
+                best = dict(max(ok, key=value)) if ok else dict(fast[-1], error="every batch of the sweep failed")
+                if len(fast) > 1:
+                    best["sweep"] = runs
+                fields["sf_fastest"] = best
         sweep = [measurement(out, s) for s in latest(steps, m, "torch_careful")]
         same = [d for d in sweep if "same_as" in d]
         if same:
             fields["torch_careful"] = same[-1]
         elif sweep:
-            ok = [d for d in sweep if isinstance(d.get("cells_per_s"), (int, float))]
-            best = dict(max(ok, key=lambda d: d["cells_per_s"])) if ok else {"error": "every batch of the sweep failed", "command": sweep[-1]["command"]}
-            best["sweep"] = [{k: d.get(k) for k in ("batch", "cells_per_s", "rc", "error", "command")} for d in sweep]
+            ok = [d for d in sweep if value(d) is not None]
+            best = dict(max(ok, key=value)) if ok else {"error": "every batch of the sweep failed", "command": sweep[-1]["command"]}
+            best["sweep"] = summary(sweep, ("batch", "cells_per_s", "rc", "error", "command"))
             fields["torch_careful"] = best
         else:
             fields["torch_careful"] = None
@@ -332,6 +333,11 @@ def failed(d):
     if rc not in (0, None):
         return f"failed (exit {rc})"
     return "failed"
+
+
+def summary(runs, keys):
+    """A sweep's runs as their `keys` (record.jsonl's `sweep` lists)."""
+    return [{k: d.get(k) for k in keys} for d in runs]
 
 
 def value(d):
@@ -409,11 +415,12 @@ def bound(ncu, top=2):
         if d.get("error"):
             parts.append(f"{p}: failed")
             continue
-        groups = sorted(d["groups"], key=lambda g: -g["time_pct"])[:top]
-        text = ", ".join(f"{'products' if g['kernel'].startswith('cuBLAS') else g['kernel']} {g['time_pct']:.0f}% of the time "
-                         f"({g['highest']} {g['highest_pct']:.0f}%)" if g.get("highest") else f"{g['kernel']} {g['time_pct']:.0f}%"
-                         for g in groups)
-        parts.append(f"{p}: {text}")
+        shown = []
+        for g in sorted(d["groups"], key=lambda g: -g["time_pct"])[:top]:
+            name = "products" if g["kernel"].startswith("cuBLAS") else g["kernel"]
+            highest = f" ({g['highest']} {g['highest_pct']:.0f}%)" if g.get("highest") else ""
+            shown.append(f"{name} {g['time_pct']:.0f}% of the time{highest}")
+        parts.append(f"{p}: {', '.join(shown)}")
     return "; ".join(parts)
 
 

@@ -307,7 +307,7 @@ fn run_scbert(a: &BenchEncoderArgs) -> anyhow::Result<ExitStatus> {
     // the one-kernel FAVOR+ features (the GPU default) against candle's ops on the first batch
     let check = fused_vs_candle_ops(&mut model, |m: &mut ScBert| &mut m.fused, a.unfused, dims.dim, |m| batches.first().map(|first| Ok(rows(m, first)?)).transpose())?;
     let best = time_batches(&device, &batches, a.repeat, |b| {
-        model.embed(&b.iter().map(|&i| cells[i].as_slice()).collect::<Vec<_>>())?;
+        rows(&model, b)?;
         Ok(())
     })?;
     let out = json!({
